@@ -1,0 +1,61 @@
+"""torchless: read PyTorch checkpoints without PyTorch and without running pickle code."""
+
+from __future__ import annotations
+
+from ._checkpoint import Checkpoint, load, open
+from ._dtypes import DType
+from ._errors import (
+    AmbiguousArchiveError,
+    ArchiveFormatError,
+    CheckpointError,
+    ChecksumError,
+    ConversionError,
+    FormatError,
+    InvalidKeyError,
+    LimitError,
+    NotACheckpointError,
+    PickleError,
+    StorageError,
+    TensorGeometryError,
+    TruncatedInputError,
+    UnsafeGlobalError,
+    UnsafePathError,
+    UnsupportedError,
+    UnsupportedOpcodeError,
+)
+from ._limits import Limits
+from ._rules import GlobalRecord
+from ._tensor import Tensor, UnsupportedTensor
+from ._values import Global, Opaque
+from ._version import __version__
+
+__all__ = [
+    "AmbiguousArchiveError",
+    "ArchiveFormatError",
+    "Checkpoint",
+    "CheckpointError",
+    "ChecksumError",
+    "ConversionError",
+    "DType",
+    "FormatError",
+    "Global",
+    "GlobalRecord",
+    "InvalidKeyError",
+    "LimitError",
+    "Limits",
+    "NotACheckpointError",
+    "Opaque",
+    "PickleError",
+    "StorageError",
+    "Tensor",
+    "TensorGeometryError",
+    "TruncatedInputError",
+    "UnsafeGlobalError",
+    "UnsafePathError",
+    "UnsupportedError",
+    "UnsupportedOpcodeError",
+    "UnsupportedTensor",
+    "__version__",
+    "load",
+    "open",
+]

@@ -1,0 +1,182 @@
+"""The public entry points: :func:`open` a checkpoint lazily, :func:`load` it whole."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+import numpy as np
+
+from ._detect import Layout, detect
+from ._errors import CheckpointError, LimitError, UnsupportedError
+from ._graph import finish, flatten
+from ._limits import Limits
+from ._rules import GlobalRecord, TorchResolver
+from ._source import Source
+from ._tensor import Tensor, UnsupportedTensor
+from ._torchzip import TorchZip
+
+__all__ = ["Checkpoint", "load", "open"]
+
+
+class Checkpoint:
+    """An opened checkpoint. Tensors are read only when asked for.
+
+    Attributes:
+        path: the file.
+        format: ``"zip"``, ``"torchscript"``, ``"legacy"``, ``"tar"`` or ``"pickle"``.
+        tree: the whole saved object, with :class:`Tensor` leaves, modules saved
+            whole replaced by their ``state_dict()``, and unknown objects as
+            :class:`Opaque` records.
+        tensors: every tensor by flat name (dict keys and sequence indices joined by '.').
+        unsupported: tensors torchless will not read (sparse, quantized …) by flat name,
+            with what kind they are.
+        opaque: the globals kept as inert records (class paths and offsets).
+        info: container details (archive prefix, format version, byte order …).
+    """
+
+    def __init__(self, path: str, source: Source, layout: str, tree: Any,
+                 tensors: dict[str, Tensor], unsupported: dict[str, UnsupportedTensor],
+                 globals_: list[GlobalRecord], info: dict[str, Any]) -> None:
+        self.path = path
+        self._source = source
+        self.format = layout
+        self.tree = tree
+        self.tensors: Mapping[str, Tensor] = MappingProxyType(tensors)
+        self.unsupported: Mapping[str, str] = MappingProxyType(
+            {k: v.kind for k, v in unsupported.items()})
+        self.globals: tuple[GlobalRecord, ...] = tuple(globals_)
+        self.opaque: tuple[GlobalRecord, ...] = tuple(g for g in globals_ if g.verdict == "opaque")
+        self.info = MappingProxyType(info)
+
+    def numpy(self, name: str) -> np.ndarray[Any, Any]:
+        """One tensor as a read-only ndarray."""
+        if name in self.unsupported:
+            raise UnsupportedError(f"{self.unsupported[name]} tensors are not supported",
+                                   path=self.path, member=name)
+        try:
+            tensor = self.tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r} in {self.path}") from None
+        try:
+            return tensor.numpy()
+        except CheckpointError as e:
+            raise e.add_context(path=self.path, member=name) from None
+
+    def close(self) -> None:
+        """Release the file. Arrays already returned stay valid."""
+        self._source.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<Checkpoint {self.path!r} format={self.format} "
+                f"tensors={len(self.tensors)}>")
+
+
+def open(  # noqa: A001 - the library's main verb, like builtins.open
+    path: str | os.PathLike[str],
+    *,
+    limits: Limits | None = None,
+    strict: bool = False,
+    allow_globals: Iterable[str] = (),
+    root_name: str = "",
+    verify_crc: bool = False,
+) -> Checkpoint:
+    """Open a torch checkpoint without torch and without running pickle code.
+
+    Reads only the container directory and the object pickle; tensor bytes
+    stay in the file until :meth:`Tensor.numpy` is called.
+
+    Args:
+        path: the checkpoint file (its format is sniffed from its bytes).
+        limits: resource bounds (see :class:`Limits`).
+        strict: refuse every global outside torchless's rebuild rules.
+        allow_globals: exact ``"module.name"`` strings to keep as inert records
+            even though the policy would refuse them (for files you trust).
+        root_name: the name of the tensor when the whole file is one bare tensor.
+        verify_crc: check each storage's CRC-32 when it is first read.
+
+    Raises:
+        CheckpointError: (a subclass of it) for anything wrong with the file.
+    """
+    lim = limits if limits is not None else Limits()
+    spath = os.fspath(path)
+    try:
+        return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc)
+    except CheckpointError as e:
+        raise e.add_context(path=spath) from None
+    except RecursionError as e:
+        raise LimitError("max_depth", lim.max_depth, -1, "recursion", path=spath) from e
+    except MemoryError as e:
+        raise LimitError("memory", 0, 0, "out of memory", path=spath) from e
+    except Exception as e:  # a bug of ours must still surface as our error
+        raise CheckpointError(f"internal error while reading ({type(e).__name__}: {e}); "
+                              "please report this file", path=spath) from e
+
+
+def _open(path: str, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
+          verify_crc: bool) -> Checkpoint:
+    source = Source(path)
+    try:
+        layout = detect(source)
+        if layout is not Layout.ZIP:
+            raise UnsupportedError(f"{layout.value} checkpoints are not supported yet")
+        container = TorchZip(source, limits, verify_crc=verify_crc)
+        resolver = TorchResolver(limits, container.persistent_load, strict=strict, allow=allow)
+        raw = container.load(resolver)
+        tree = finish(raw, limits, container.module_hook())
+        tensors, unsupported = flatten(tree, limits, root_name)
+        info = {"prefix": container.prefix.rstrip("/"), "version": container.version,
+                "byteorder": container.byteorder, "crc": container.has_crc}
+        fmt = "torchscript" if container.is_torchscript else "zip"
+        return Checkpoint(path, source, fmt, tree, tensors, unsupported, resolver.globals, info)
+    except BaseException:
+        source.close()
+        raise
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    limits: Limits | None = None,
+    strict: bool = False,
+    allow_globals: Iterable[str] = (),
+    copy: bool = False,
+) -> Any:
+    """The whole saved object with NumPy arrays in place of tensors.
+
+    Arrays are read-only views of the file unless ``copy=True``. Raises
+    :class:`UnsupportedError` if the file holds tensors torchless will not read.
+    """
+    lim = limits if limits is not None else Limits()
+    ckpt = open(path, limits=lim, strict=strict, allow_globals=allow_globals)
+    try:
+        if ckpt.unsupported:
+            name, kind = next(iter(ckpt.unsupported.items()))
+            raise UnsupportedError(f"{kind} tensors are not supported", path=ckpt.path,
+                                   member=name)
+        cache: dict[int, Any] = {}
+
+        def to_numpy(t: Any) -> Any:
+            arr = cache.get(id(t))
+            if arr is None:
+                arr = t.numpy()
+                if copy:
+                    arr = np.array(arr)
+                cache[id(t)] = arr
+            return arr
+
+        try:
+            return finish(ckpt.tree, lim, lambda o: None, to_numpy)
+        except CheckpointError as e:
+            raise e.add_context(path=ckpt.path) from None
+    finally:
+        ckpt.close()

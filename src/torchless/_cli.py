@@ -1,0 +1,212 @@
+"""The ``torchless`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from . import _checkpoint
+from ._errors import CheckpointError
+from ._graph import ModuleDict
+from ._tensor import Tensor, UnsupportedTensor
+from ._values import Global, Opaque
+from ._version import __version__
+
+__all__ = ["main"]
+
+_EXAMPLES = """\
+examples:
+  torchless inspect model.pt
+  torchless inspect model.pt --json | jq '.tensors[].name'
+  torchless inspect checkpoint.ckpt --strict
+"""
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _describe_format(ckpt: _checkpoint.Checkpoint) -> str:
+    info = ckpt.info
+    if ckpt.format in ("zip", "torchscript"):
+        kind = "TorchScript archive (torch.jit.save)" if ckpt.format == "torchscript" \
+            else "ZIP checkpoint (torch.save, torch >= 1.6)"
+        return (f"{kind}, archive format version {info.get('version')}, "
+                f"{info.get('byteorder')}-endian, prefix {info.get('prefix')!r}")
+    return ckpt.format
+
+
+def _short(value: Any, width: int = 60) -> str:
+    if isinstance(value, Opaque):
+        text = f"<{value.class_path}>"
+    elif isinstance(value, Global):
+        text = f"<global {value.path}>"
+    elif isinstance(value, (str, int, float, bool, type(None), bytes)):
+        text = repr(value)
+    else:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
+    """(flat name, value) for non-tensor leaves, breadth-limited and shared-safe."""
+    seen: set[int] = set()
+    stack: list[tuple[str, Any]] = [("", tree)]
+    count = 0
+    while stack and count < limit:
+        name, obj = stack.pop()
+        if isinstance(obj, (Tensor, UnsupportedTensor)):
+            continue
+        if isinstance(obj, (dict, list, tuple)) and not isinstance(obj, ModuleDict):
+            if id(obj) in seen:
+                yield name, "<shared reference>"
+                count += 1
+                continue
+            seen.add(id(obj))
+            items = list(obj.items()) if isinstance(obj, dict) else list(enumerate(obj))
+            if not items:
+                yield name or "<root>", obj
+                count += 1
+            for key, value in reversed(items):
+                stack.append((f"{name}.{key}" if name else str(key), value))
+            continue
+        if isinstance(obj, ModuleDict):
+            continue
+        if isinstance(obj, argparse.Namespace):
+            yield name, f"Namespace({len(vars(obj))} fields)"
+            count += 1
+            for key, value in reversed(list(vars(obj).items())):
+                stack.append((f"{name}.{key}", value))
+            continue
+        yield name or "<root>", obj
+        count += 1
+
+
+def _shared_keys(ckpt: _checkpoint.Checkpoint) -> set[str]:
+    users = collections.Counter(id(t.storage) for t in ckpt.tensors.values())
+    return {n for n, t in ckpt.tensors.items() if users[id(t.storage)] > 1}
+
+
+def _inspect_json(ckpt: _checkpoint.Checkpoint) -> dict[str, Any]:
+    shared = _shared_keys(ckpt)
+    totals: dict[str, dict[str, int]] = {}
+    tensors = []
+    for name, t in ckpt.tensors.items():
+        tot = totals.setdefault(t.dtype.name, {"count": 0, "bytes": 0})
+        tot["count"] += 1
+        tot["bytes"] += t.nbytes
+        tensors.append({
+            "name": name, "dtype": t.dtype.name, "shape": list(t.shape),
+            "stride": list(t.stride), "storage_offset": t.storage_offset, "nbytes": t.nbytes,
+            "contiguous": t.is_contiguous(), "shared_storage": name in shared,
+            "parameter": t.is_parameter, "requires_grad": t.requires_grad,
+        })
+    return {
+        "path": ckpt.path, "format": ckpt.format, "description": _describe_format(ckpt),
+        "info": dict(ckpt.info), "tensor_count": len(tensors),
+        "total_bytes": sum(t["nbytes"] for t in tensors), "tensors": tensors,
+        "totals_by_dtype": totals, "unsupported": dict(ckpt.unsupported),
+        "opaque_globals": sorted({g.module + "." + g.name for g in ckpt.opaque}),
+        "values": {k: _short(v, 200) for k, v in _values(ckpt.tree, 200)},
+    }
+
+
+def _inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
+    data = _inspect_json(ckpt)
+    w = out.write
+    w(f"{ckpt.path}\n  format: {data['description']}\n")
+    w(f"  tensors: {data['tensor_count']}, {_human(data['total_bytes'])}\n")
+    rows = data["tensors"]
+    if rows:
+        name_w = min(60, max(len(r["name"]) for r in rows))
+        w(f"\n  {'name':<{name_w}}  {'dtype':<14} {'shape':<20} {'size':>10}  notes\n")
+        for r in rows[:max_rows]:
+            notes = []
+            if not r["contiguous"]:
+                notes.append("strided")
+            if r["shared_storage"]:
+                notes.append("shared")
+            if r["parameter"]:
+                notes.append("param")
+            shape = "x".join(map(str, r["shape"])) or "scalar"
+            w(f"  {r['name']:<{name_w}}  {r['dtype']:<14} {shape:<20} "
+              f"{_human(r['nbytes']):>10}  {' '.join(notes)}\n")
+        if len(rows) > max_rows:
+            w(f"  ... {len(rows) - max_rows} more (use --all or --json)\n")
+        w("\n  by dtype:\n")
+        for dt, tot in sorted(data["totals_by_dtype"].items()):
+            w(f"    {dt:<14} {tot['count']:>6} tensors  {_human(tot['bytes']):>10}\n")
+    if data["unsupported"]:
+        w("\n  unsupported tensors (not readable):\n")
+        for name, kind in data["unsupported"].items():
+            w(f"    {name}: {kind}\n")
+    values = list(_values(ckpt.tree, 40))
+    if values:
+        w("\n  other values:\n")
+        for name, value in values:
+            w(f"    {name}: {_short(value)}\n")
+    if data["opaque_globals"]:
+        w("\n  kept as inert records (never imported or called):\n")
+        for g in data["opaque_globals"]:
+            w(f"    {g}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchless",
+        description="Read PyTorch checkpoints without PyTorch and without running pickle code.",
+        epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"torchless {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ins = sub.add_parser(
+        "inspect", help="show what a checkpoint holds",
+        description="Show a checkpoint's format, tensors (name, dtype, shape, size), totals "
+                    "by dtype, other values and the globals kept as inert records.",
+        epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ins.add_argument("file", help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …)")
+    ins.add_argument("--json", action="store_true", help="print a JSON document")
+    ins.add_argument("--all", action="store_true", help="list every tensor (default: 100)")
+    ins.add_argument("--strict", action="store_true",
+                     help="refuse every global outside the rebuild rules")
+    ins.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
+                     help="keep this refused global as an inert record (repeatable)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "inspect":
+            ckpt = _checkpoint.open(args.file, strict=args.strict,
+                                    allow_globals=args.allow_global)
+            with ckpt:
+                if args.json:
+                    json.dump(_inspect_json(ckpt), sys.stdout, indent=1)
+                    sys.stdout.write("\n")
+                else:
+                    _inspect_text(ckpt, sys.stdout, 10**9 if args.all else 100)
+        return 0
+    except CheckpointError as e:
+        sys.stderr.write(f"torchless: error: {e}\n")
+        return 1
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        sys.stderr.write("torchless: interrupted\n")
+        return 130
+
+
+

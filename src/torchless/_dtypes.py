@@ -1,0 +1,89 @@
+"""Torch element types and their NumPy equivalents.
+
+One table: the torch dtype name and its aliases, the legacy ``<Name>Storage``
+class torch pickles for it, the NumPy dtype that views its bytes (ml_dtypes
+for bfloat16 and float8), and the safetensors name where there is one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["DTYPES", "DType", "by_storage_name", "by_torch_name"]
+
+
+@dataclass(frozen=True)
+class DType:
+    """A torch element type. ``numpy`` is None for types torchless cannot view."""
+
+    name: str
+    itemsize: int
+    numpy: np.dtype | None = field(compare=False)
+    safetensors: str | None = None
+    storage: str | None = None
+    aliases: tuple[str, ...] = ()
+    note: str = ""
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+_COMPLEX32 = np.dtype([("real", "<f2"), ("imag", "<f2")])
+
+DTYPES: tuple[DType, ...] = (
+    DType("float64", 8, np.dtype("<f8"), "F64", "DoubleStorage", ("double",)),
+    DType("float32", 4, np.dtype("<f4"), "F32", "FloatStorage", ("float",)),
+    DType("float16", 2, np.dtype("<f2"), "F16", "HalfStorage", ("half",)),
+    DType("bfloat16", 2, np.dtype(ml_dtypes.bfloat16), "BF16", "BFloat16Storage"),
+    DType("float8_e4m3fn", 1, np.dtype(ml_dtypes.float8_e4m3fn), "F8_E4M3"),
+    DType("float8_e5m2", 1, np.dtype(ml_dtypes.float8_e5m2), "F8_E5M2"),
+    DType("float8_e4m3fnuz", 1, np.dtype(ml_dtypes.float8_e4m3fnuz)),
+    DType("float8_e5m2fnuz", 1, np.dtype(ml_dtypes.float8_e5m2fnuz)),
+    DType("float8_e8m0fnu", 1, np.dtype(ml_dtypes.float8_e8m0fnu), "F8_E8M0"),
+    DType("int64", 8, np.dtype("<i8"), "I64", "LongStorage", ("long",)),
+    DType("int32", 4, np.dtype("<i4"), "I32", "IntStorage", ("int",)),
+    DType("int16", 2, np.dtype("<i2"), "I16", "ShortStorage", ("short",)),
+    DType("int8", 1, np.dtype("i1"), "I8", "CharStorage"),
+    DType("uint8", 1, np.dtype("u1"), "U8", "ByteStorage"),
+    DType("uint16", 2, np.dtype("<u2"), "U16"),
+    DType("uint32", 4, np.dtype("<u4"), "U32"),
+    DType("uint64", 8, np.dtype("<u8"), "U64"),
+    DType("bool", 1, np.dtype("?"), "BOOL", "BoolStorage"),
+    DType("complex64", 8, np.dtype("<c8"), "C64", "ComplexFloatStorage", ("cfloat",)),
+    DType("complex128", 16, np.dtype("<c16"), None, "ComplexDoubleStorage", ("cdouble",)),
+    DType("complex32", 4, _COMPLEX32, None, None, ("chalf",),
+          "viewed as a structured (real, imag) float16 pair"),
+    DType("qint8", 1, None, None, "QInt8Storage", note="quantized"),
+    DType("quint8", 1, None, None, "QUInt8Storage", note="quantized"),
+    DType("qint32", 4, None, None, "QInt32Storage", note="quantized"),
+    DType("quint4x2", 1, None, None, "QUInt4x2Storage", note="quantized"),
+    DType("quint2x4", 1, None, None, "QUInt2x4Storage", note="quantized"),
+    DType("float4_e2m1fn_x2", 1, None, note="packed 4-bit"),
+    DType("bits8", 1, None, note="bits"),
+    DType("bits16", 2, None, note="bits"),
+    DType("bits1x8", 1, None, note="bits"),
+    DType("bits2x4", 1, None, note="bits"),
+    DType("bits4x2", 1, None, note="bits"),
+)
+
+_BY_NAME: dict[str, DType] = {}
+for _d in DTYPES:
+    _BY_NAME[_d.name] = _d
+    for _a in _d.aliases:
+        _BY_NAME[_a] = _d
+_BY_STORAGE: dict[str, DType] = {d.storage: d for d in DTYPES if d.storage}
+
+UINT8 = _BY_NAME["uint8"]
+
+
+def by_torch_name(name: str) -> DType | None:
+    """``float32`` / ``float`` / … → DType (None if not a torch dtype name)."""
+    return _BY_NAME.get(name)
+
+
+def by_storage_name(name: str) -> DType | None:
+    """``FloatStorage`` … → DType (None if unknown)."""
+    return _BY_STORAGE.get(name)

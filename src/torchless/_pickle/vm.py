@@ -1,0 +1,726 @@
+"""A pickle interpreter that never imports or calls anything.
+
+It decodes every opcode of protocols 0-5 into plain Python data (dict, list,
+tuple, set, frozenset, str, bytes, bytearray, int, float, bool, None) and
+hands everything that would touch code to a :class:`Resolver`: names
+(``GLOBAL``/``STACK_GLOBAL``/``INST``/``EXT*``), calls (``REDUCE``,
+``NEWOBJ``, ``NEWOBJ_EX``, ``INST``/``OBJ``), ``BUILD``, persistent ids, and
+``APPEND``/``SETITEM``/``ADDITEMS`` on objects that are not plain containers.
+The default resolver turns them into inert :class:`~torchless._values.Global`
+and :class:`~torchless._values.Opaque` records.
+
+Limits are checked as the stream runs: every declared length against the
+bytes actually present (before anything is allocated), opcode count, memo
+size, MARK depth, container length and tuple nesting (a deeply nested tuple
+would otherwise overflow the C stack when hashed as a dict key).
+
+Only our own errors leave :meth:`Machine.run`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import (
+    CheckpointError,
+    LimitError,
+    PickleError,
+    TruncatedInputError,
+    UnsupportedError,
+    UnsupportedOpcodeError,
+)
+from .._limits import Limits
+from .._values import Global, Opaque
+from .opcodes import HIGHEST_PROTOCOL, OPCODES
+
+__all__ = ["Machine", "Resolver", "run_pickle"]
+
+_INT_RE = re.compile(rb"[+-]?[0-9]+\Z")
+_FLOAT_RE = re.compile(
+    rb"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
+    re.IGNORECASE,
+)
+_unpack_int4 = struct.Struct("<i").unpack_from
+_unpack_uint2 = struct.Struct("<H").unpack_from
+_unpack_uint4 = struct.Struct("<I").unpack_from
+_unpack_uint8 = struct.Struct("<Q").unpack_from
+_unpack_float8 = struct.Struct(">d").unpack_from
+
+
+class _Mark:
+    """Sentinel for MARK on the stack-of-stacks; never escapes."""
+
+
+class Resolver:
+    """What the interpreter does with names, calls and updates of objects.
+
+    This default keeps everything inert. Subclasses (the torch rules) rebuild
+    what they know and may refuse what they must by raising a CheckpointError.
+    """
+
+    def find_global(self, module: str, name: str, offset: int) -> Any:
+        return Global(module, name, offset)
+
+    def extension(self, code: int, offset: int) -> Any:
+        return Global("copyreg._extension_registry", str(code), offset)
+
+    def call(self, func: Any, args: Any, offset: int) -> Any:
+        """REDUCE, INST and OBJ: ``func(*args)``."""
+        return Opaque(func, args if isinstance(args, tuple) else (args,))
+
+    def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
+        """NEWOBJ and NEWOBJ_EX: ``cls.__new__(cls, *args, **kwargs)``."""
+        return Opaque(
+            cls,
+            args if isinstance(args, tuple) else (args,),
+            kwargs if isinstance(kwargs, dict) else None,
+            newobj=True,
+        )
+
+    def build(self, obj: Any, state: Any, offset: int) -> Any:
+        """BUILD: ``obj.__setstate__(state)``; returns what replaces obj on the stack."""
+        if isinstance(obj, Opaque):
+            if isinstance(obj.state, dict) and isinstance(state, dict):
+                obj.state = {**obj.state, **state}
+            else:
+                obj.state = state
+            return obj
+        raise PickleError(f"BUILD applied to a {type(obj).__name__}", offset=offset)
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        raise PickleError("persistent id found but this file has no storages", offset=offset)
+
+    def append(self, obj: Any, items: list[Any], offset: int) -> None:
+        """APPEND/APPENDS on something that is not a list."""
+        if isinstance(obj, Opaque):
+            obj.items.extend(items)
+            return
+        raise PickleError(f"APPEND applied to a {type(obj).__name__}", offset=offset)
+
+    def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
+        """SETITEM/SETITEMS on something that is not a dict."""
+        if isinstance(obj, Opaque):
+            obj.dict_items.extend(pairs)
+            return
+        raise PickleError(f"SETITEM applied to a {type(obj).__name__}", offset=offset)
+
+    def additems(self, obj: Any, items: list[Any], offset: int) -> None:
+        """ADDITEMS on something that is not a set."""
+        if isinstance(obj, Opaque):
+            obj.items.extend(items)
+            return
+        raise PickleError(f"ADDITEMS applied to a {type(obj).__name__}", offset=offset)
+
+
+class Machine:
+    """One run of the interpreter over one pickle stream."""
+
+    def __init__(
+        self,
+        data: bytes | bytearray | memoryview,
+        resolver: Resolver | None = None,
+        limits: Limits | None = None,
+        *,
+        encoding: str = "utf-8",
+    ) -> None:
+        self.data = bytes(data) if not isinstance(data, bytes) else data
+        self.resolver = resolver if resolver is not None else Resolver()
+        self.limits = limits if limits is not None else Limits()
+        self.encoding = encoding
+        self.pos = 0
+        self.op_start = 0
+        self.frame_end = -1
+        self.stack: list[Any] = []
+        self.metastack: list[list[Any]] = []
+        self.memo: dict[int, Any] = {}
+        self.proto = 0
+        # id(tuple or frozenset) -> (object, nesting depth); immutables only, so exact.
+        self.depths: dict[int, tuple[Any, int]] = {}
+        self.dispatch: list[Callable[[], None] | None] = [None] * 256
+        for op in OPCODES:
+            self.dispatch[op.code] = getattr(self, "op_" + op.name)
+
+    # ---- running -------------------------------------------------------------------
+
+    def run(self, start: int = 0) -> tuple[Any, int]:
+        """Interpret one pickle starting at ``start``; return (value, offset after STOP)."""
+        try:
+            return self._run(start)
+        except CheckpointError:
+            raise
+        except RecursionError as e:  # pragma: no cover - defensive
+            raise LimitError("max_depth", self.limits.max_depth, -1, "recursion") from e
+        except MemoryError as e:
+            raise LimitError("memory", 0, 0, "out of memory while unpickling",
+                             offset=self.op_start) from e
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError,
+                UnicodeError, struct.error) as e:
+            raise PickleError(f"malformed pickle: {type(e).__name__}: {e}",
+                              offset=self.op_start) from e
+
+    def _run(self, start: int) -> tuple[Any, int]:
+        self.pos = start
+        data = self.data
+        end = len(data)
+        dispatch = self.dispatch
+        max_ops = self.limits.max_opcodes
+        count = 0
+        while True:
+            pos = self.pos
+            if pos == self.frame_end:
+                self.frame_end = -1
+            if pos >= end:
+                raise TruncatedInputError(
+                    "pickle ends without a STOP opcode", offset=pos)
+            code = data[pos]
+            self.op_start = pos
+            self.pos = pos + 1
+            count += 1
+            if count > max_ops:
+                raise LimitError("max_opcodes", max_ops, count, offset=pos)
+            handler = dispatch[code]
+            if handler is None:
+                raise UnsupportedOpcodeError(f"unknown opcode byte 0x{code:02x}", offset=pos)
+            if code == 0x2E:  # STOP
+                return self._stop(), self.pos
+            handler()
+
+    def _stop(self) -> Any:
+        if self.metastack:
+            raise PickleError("MARK still open at STOP", offset=self.op_start)
+        if len(self.stack) != 1:
+            raise PickleError(
+                f"STOP with {len(self.stack)} values on the stack (expected 1)",
+                offset=self.op_start)
+        return self.stack[0]
+
+    # ---- argument readers ----------------------------------------------------------
+
+    def _take(self, n: int) -> bytes:
+        pos = self.pos
+        stop = pos + n
+        if self.frame_end >= 0 and stop > self.frame_end:
+            if stop > len(self.data):
+                raise TruncatedInputError(
+                    f"argument of {n} bytes runs past the end of the pickle "
+                    f"({len(self.data) - pos} left)", offset=self.op_start)
+            raise PickleError("opcode argument straddles the end of its FRAME",
+                              offset=self.op_start)
+        if stop > len(self.data):
+            raise TruncatedInputError(
+                f"expected {n} bytes, got {len(self.data) - pos}", offset=self.op_start)
+        self.pos = stop
+        return self.data[pos:stop]
+
+    def _line(self) -> bytes:
+        data = self.data
+        limit = self.frame_end if self.frame_end >= 0 else len(data)
+        nl = data.find(b"\n", self.pos, limit)
+        if nl < 0:
+            if self.frame_end >= 0 and data.find(b"\n", self.pos) >= 0:
+                raise PickleError("text argument straddles the end of its FRAME",
+                                  offset=self.op_start)
+            raise TruncatedInputError("text argument has no end of line", offset=self.op_start)
+        if nl - self.pos > self.limits.max_str_bytes:
+            raise LimitError("max_str_bytes", self.limits.max_str_bytes, nl - self.pos,
+                             offset=self.op_start)
+        line = data[self.pos:nl]
+        self.pos = nl + 1
+        return line
+
+    def _sized(self, n: int) -> bytes:
+        """Read a length-prefixed payload after checking n against what is present."""
+        if n < 0:
+            raise PickleError(f"negative length {n}", offset=self.op_start)
+        left = (self.frame_end if self.frame_end >= 0 else len(self.data)) - self.pos
+        if n > left:
+            if self.frame_end >= 0 and n <= len(self.data) - self.pos:
+                raise PickleError("opcode argument straddles the end of its FRAME",
+                                  offset=self.op_start)
+            raise TruncatedInputError(
+                f"declares {n} bytes but only {max(0, len(self.data) - self.pos)} remain",
+                offset=self.op_start)
+        if n > self.limits.max_str_bytes:
+            raise LimitError("max_str_bytes", self.limits.max_str_bytes, n,
+                             offset=self.op_start)
+        return self._take(n)
+
+    def _uint1(self) -> int:
+        return self._take(1)[0]
+
+    def _uint2(self) -> int:
+        return int(_unpack_uint2(self._take(2))[0])
+
+    def _int4(self) -> int:
+        return int(_unpack_int4(self._take(4))[0])
+
+    def _uint4(self) -> int:
+        return int(_unpack_uint4(self._take(4))[0])
+
+    def _uint8(self) -> int:
+        return int(_unpack_uint8(self._take(8))[0])
+
+    def _decimal(self, line: bytes) -> int:
+        if not _INT_RE.match(line):
+            raise PickleError(f"not a decimal integer: {line[:40]!r}", offset=self.op_start)
+        digits = len(line.lstrip(b"+-"))
+        if digits > self.limits.max_int_digits:
+            raise LimitError("max_int_digits", self.limits.max_int_digits, digits,
+                             offset=self.op_start)
+        return int(line)
+
+    def _text(self, raw: bytes) -> str:
+        return raw.decode("utf-8", "surrogatepass")
+
+    def _py2_string(self, raw: bytes) -> Any:
+        """STRING/BINSTRING/SHORT_BINSTRING: a Python 2 str, decoded as torch.load does."""
+        if self.encoding == "bytes":
+            return raw
+        return raw.decode(self.encoding)
+
+    # ---- stack helpers -------------------------------------------------------------
+
+    def push(self, value: Any) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Any:
+        if not self.stack:
+            raise PickleError("stack underflow", offset=self.op_start)
+        return self.stack.pop()
+
+    def top(self) -> Any:
+        if not self.stack:
+            raise PickleError("stack underflow", offset=self.op_start)
+        return self.stack[-1]
+
+    def pop_mark(self) -> list[Any]:
+        if not self.metastack:
+            raise PickleError("no MARK on the stack", offset=self.op_start)
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def _depth(self, value: Any) -> int:
+        entry = self.depths.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else 0
+
+    def _immutable(self, value: tuple[Any, ...] | frozenset[Any]) -> Any:
+        """Record the nesting depth of a new tuple/frozenset; refuse if too deep."""
+        depth = 0
+        for item in value:
+            if type(item) is tuple or type(item) is frozenset:
+                d = self._depth(item)
+                if d > depth:
+                    depth = d
+        depth += 1
+        if depth > self.limits.max_depth:
+            raise LimitError("max_depth", self.limits.max_depth, depth, "nested tuples",
+                             offset=self.op_start)
+        if depth > 1:
+            self.depths[id(value)] = (value, depth)
+        return value
+
+    def _check_len(self, n: int) -> None:
+        if n > self.limits.max_container_len:
+            raise LimitError("max_container_len", self.limits.max_container_len, n,
+                             offset=self.op_start)
+
+    def _memo_put(self, index: int, value: Any) -> None:
+        if index not in self.memo and len(self.memo) >= self.limits.max_memo:
+            raise LimitError("max_memo", self.limits.max_memo, len(self.memo) + 1,
+                             offset=self.op_start)
+        self.memo[index] = value
+
+    def _memo_get(self, index: int) -> Any:
+        try:
+            return self.memo[index]
+        except KeyError:
+            raise PickleError(f"memo slot {index} read before it was written",
+                              offset=self.op_start) from None
+
+    # ---- opcodes: protocol and framing --------------------------------------------
+
+    def op_PROTO(self) -> None:
+        proto = self._uint1()
+        if proto > HIGHEST_PROTOCOL:
+            raise UnsupportedOpcodeError(f"unsupported pickle protocol {proto}",
+                                         offset=self.op_start)
+        self.proto = proto
+
+    def op_FRAME(self) -> None:
+        size = self._uint8()
+        if self.frame_end >= 0:
+            raise PickleError("FRAME begins before the previous frame ended",
+                              offset=self.op_start)
+        if size > len(self.data) - self.pos:
+            raise TruncatedInputError(
+                f"FRAME declares {size} bytes but only {len(self.data) - self.pos} remain",
+                offset=self.op_start)
+        if size > self.limits.max_pickle_bytes:
+            raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, size,
+                             offset=self.op_start)
+        self.frame_end = self.pos + size if size else -1
+
+    def op_STOP(self) -> None:  # pragma: no cover - handled in the main loop
+        raise AssertionError
+
+    # ---- opcodes: scalars -----------------------------------------------------------
+
+    def op_NONE(self) -> None:
+        self.push(None)
+
+    def op_NEWTRUE(self) -> None:
+        self.push(True)
+
+    def op_NEWFALSE(self) -> None:
+        self.push(False)
+
+    def op_INT(self) -> None:
+        line = self._line()
+        if line == b"01":
+            self.push(True)
+        elif line == b"00":
+            self.push(False)
+        else:
+            self.push(self._decimal(line))
+
+    def op_BININT(self) -> None:
+        self.push(self._int4())
+
+    def op_BININT1(self) -> None:
+        self.push(self._uint1())
+
+    def op_BININT2(self) -> None:
+        self.push(self._uint2())
+
+    def op_LONG(self) -> None:
+        line = self._line()
+        if line.endswith(b"L"):
+            line = line[:-1]
+        self.push(self._decimal(line))
+
+    def _long_bytes(self, n: int) -> None:
+        raw = self._sized(n)
+        self.push(int.from_bytes(raw, "little", signed=True))
+
+    def op_LONG1(self) -> None:
+        self._long_bytes(self._uint1())
+
+    def op_LONG4(self) -> None:
+        self._long_bytes(self._int4())
+
+    def op_FLOAT(self) -> None:
+        line = self._line()
+        if not _FLOAT_RE.match(line):
+            raise PickleError(f"not a float: {line[:40]!r}", offset=self.op_start)
+        self.push(float(line))
+
+    def op_BINFLOAT(self) -> None:
+        self.push(float(_unpack_float8(self._take(8))[0]))
+
+    # ---- opcodes: strings and bytes ------------------------------------------------
+
+    def op_STRING(self) -> None:
+        line = self._line()
+        if len(line) < 2 or line[0] != line[-1] or line[0] not in b"\"'":
+            raise PickleError("STRING argument is not quoted", offset=self.op_start)
+        raw = codecs.escape_decode(line[1:-1])[0]
+        self.push(self._py2_string(raw))
+
+    def op_BINSTRING(self) -> None:
+        self.push(self._py2_string(self._sized(self._int4())))
+
+    def op_SHORT_BINSTRING(self) -> None:
+        self.push(self._py2_string(self._sized(self._uint1())))
+
+    def op_BINBYTES(self) -> None:
+        self.push(self._sized(self._uint4()))
+
+    def op_SHORT_BINBYTES(self) -> None:
+        self.push(self._sized(self._uint1()))
+
+    def op_BINBYTES8(self) -> None:
+        self.push(self._sized(self._uint8()))
+
+    def op_BYTEARRAY8(self) -> None:
+        self.push(bytearray(self._sized(self._uint8())))
+
+    def op_NEXT_BUFFER(self) -> None:
+        raise UnsupportedError("out-of-band pickle buffers (NEXT_BUFFER) are not supported",
+                               offset=self.op_start)
+
+    def op_READONLY_BUFFER(self) -> None:
+        raise UnsupportedError(
+            "out-of-band pickle buffers (READONLY_BUFFER) are not supported",
+            offset=self.op_start)
+
+    def op_UNICODE(self) -> None:
+        self.push(self._line().decode("raw-unicode-escape"))
+
+    def op_SHORT_BINUNICODE(self) -> None:
+        self.push(self._text(self._sized(self._uint1())))
+
+    def op_BINUNICODE(self) -> None:
+        self.push(self._text(self._sized(self._uint4())))
+
+    def op_BINUNICODE8(self) -> None:
+        self.push(self._text(self._sized(self._uint8())))
+
+    # ---- opcodes: containers -------------------------------------------------------
+
+    def op_EMPTY_LIST(self) -> None:
+        self.push([])
+
+    def op_EMPTY_TUPLE(self) -> None:
+        self.push(())
+
+    def op_EMPTY_DICT(self) -> None:
+        self.push({})
+
+    def op_EMPTY_SET(self) -> None:
+        self.push(set())
+
+    def op_LIST(self) -> None:
+        self.push(self.pop_mark())
+
+    def op_TUPLE(self) -> None:
+        self.push(self._immutable(tuple(self.pop_mark())))
+
+    def op_TUPLE1(self) -> None:
+        a = self.pop()
+        self.push(self._immutable((a,)))
+
+    def op_TUPLE2(self) -> None:
+        b = self.pop()
+        a = self.pop()
+        self.push(self._immutable((a, b)))
+
+    def op_TUPLE3(self) -> None:
+        c = self.pop()
+        b = self.pop()
+        a = self.pop()
+        self.push(self._immutable((a, b, c)))
+
+    def op_DICT(self) -> None:
+        items = self.pop_mark()
+        if len(items) % 2:
+            raise PickleError("DICT with an odd number of items", offset=self.op_start)
+        d: dict[Any, Any] = {}
+        self._setitems(d, items)
+        self.push(d)
+
+    def op_FROZENSET(self) -> None:
+        items = self.pop_mark()
+        try:
+            value = frozenset(items)
+        except TypeError as e:
+            raise PickleError(f"unhashable set element: {e}", offset=self.op_start) from None
+        self.push(self._immutable(value))
+
+    def op_APPEND(self) -> None:
+        item = self.pop()
+        self._append(self.top(), [item])
+
+    def op_APPENDS(self) -> None:
+        items = self.pop_mark()
+        self._append(self.top(), items)
+
+    def _append(self, target: Any, items: list[Any]) -> None:
+        if type(target) is list:
+            self._check_len(len(target) + len(items))
+            target.extend(items)
+        else:
+            self.resolver.append(target, items, self.op_start)
+
+    def op_SETITEM(self) -> None:
+        value = self.pop()
+        key = self.pop()
+        self._setitems(self.top(), [key, value])
+
+    def op_SETITEMS(self) -> None:
+        items = self.pop_mark()
+        if len(items) % 2:
+            raise PickleError("SETITEMS with an odd number of items", offset=self.op_start)
+        self._setitems(self.top(), items)
+
+    def _setitems(self, target: Any, items: list[Any]) -> None:
+        if isinstance(target, dict):
+            self._check_len(len(target) + len(items) // 2)
+            try:
+                for i in range(0, len(items), 2):
+                    target[items[i]] = items[i + 1]
+            except TypeError as e:
+                raise PickleError(f"unhashable dict key: {e}", offset=self.op_start) from None
+        else:
+            pairs = [(items[i], items[i + 1]) for i in range(0, len(items), 2)]
+            self.resolver.setitems(target, pairs, self.op_start)
+
+    def op_ADDITEMS(self) -> None:
+        items = self.pop_mark()
+        target = self.top()
+        if type(target) is set:
+            self._check_len(len(target) + len(items))
+            try:
+                target.update(items)
+            except TypeError as e:
+                raise PickleError(f"unhashable set element: {e}", offset=self.op_start) from None
+        else:
+            self.resolver.additems(target, items, self.op_start)
+
+    # ---- opcodes: stack manipulation -----------------------------------------------
+
+    def op_MARK(self) -> None:
+        if len(self.metastack) >= self.limits.max_depth:
+            raise LimitError("max_depth", self.limits.max_depth, len(self.metastack) + 1,
+                             "open MARKs", offset=self.op_start)
+        self.metastack.append(self.stack)
+        self.stack = []
+
+    def op_POP(self) -> None:
+        if self.stack:
+            self.stack.pop()
+        else:
+            self.pop_mark()
+
+    def op_POP_MARK(self) -> None:
+        self.pop_mark()
+
+    def op_DUP(self) -> None:
+        self.push(self.top())
+
+    # ---- opcodes: memo ------------------------------------------------------------
+
+    def op_GET(self) -> None:
+        self.push(self._memo_get(self._decimal(self._line())))
+
+    def op_BINGET(self) -> None:
+        self.push(self._memo_get(self._uint1()))
+
+    def op_LONG_BINGET(self) -> None:
+        self.push(self._memo_get(self._uint4()))
+
+    def op_PUT(self) -> None:
+        index = self._decimal(self._line())
+        if index < 0:
+            raise PickleError("negative PUT index", offset=self.op_start)
+        self._memo_put(index, self.top())
+
+    def op_BINPUT(self) -> None:
+        index = self._uint1()
+        self._memo_put(index, self.top())
+
+    def op_LONG_BINPUT(self) -> None:
+        index = self._uint4()
+        self._memo_put(index, self.top())
+
+    def op_MEMOIZE(self) -> None:
+        self._memo_put(len(self.memo), self.top())
+
+    # ---- opcodes: names, calls and objects ----------------------------------------
+
+    def _global_pair(self) -> tuple[str, str]:
+        try:
+            module = self._line().decode("utf-8")
+            name = self._line().decode("utf-8")
+        except UnicodeDecodeError:
+            raise PickleError("global name is not valid UTF-8", offset=self.op_start) from None
+        return module, name
+
+    def op_GLOBAL(self) -> None:
+        module, name = self._global_pair()
+        self.push(self.resolver.find_global(module, name, self.op_start))
+
+    def op_STACK_GLOBAL(self) -> None:
+        name = self.pop()
+        module = self.pop()
+        if type(module) is not str or type(name) is not str:
+            raise PickleError("STACK_GLOBAL operands must be str", offset=self.op_start)
+        self.push(self.resolver.find_global(module, name, self.op_start))
+
+    def _ext(self, code: int) -> None:
+        if code <= 0:
+            raise PickleError("EXT code must be positive", offset=self.op_start)
+        self.push(self.resolver.extension(code, self.op_start))
+
+    def op_EXT1(self) -> None:
+        self._ext(self._uint1())
+
+    def op_EXT2(self) -> None:
+        self._ext(self._uint2())
+
+    def op_EXT4(self) -> None:
+        self._ext(self._int4())
+
+    def op_REDUCE(self) -> None:
+        args = self.pop()
+        func = self.pop()
+        if not isinstance(args, tuple):
+            raise PickleError("REDUCE arguments are not a tuple", offset=self.op_start)
+        if isinstance(func, (str, bytes, int, float, list, dict, tuple, type(None))):
+            raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
+                              offset=self.op_start)
+        self.push(self.resolver.call(func, args, self.op_start))
+
+    def op_NEWOBJ(self) -> None:
+        args = self.pop()
+        cls = self.pop()
+        if not isinstance(args, tuple):
+            raise PickleError("NEWOBJ arguments are not a tuple", offset=self.op_start)
+        self.push(self.resolver.new_object(cls, args, None, self.op_start))
+
+    def op_NEWOBJ_EX(self) -> None:
+        kwargs = self.pop()
+        args = self.pop()
+        cls = self.pop()
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise PickleError("NEWOBJ_EX operands must be a tuple and a dict",
+                              offset=self.op_start)
+        self.push(self.resolver.new_object(cls, args, kwargs, self.op_start))
+
+    def op_INST(self) -> None:
+        module, name = self._global_pair()
+        cls = self.resolver.find_global(module, name, self.op_start)
+        args = tuple(self.pop_mark())
+        self.push(self.resolver.call(cls, args, self.op_start))
+
+    def op_OBJ(self) -> None:
+        items = self.pop_mark()
+        if not items:
+            raise PickleError("OBJ without a class", offset=self.op_start)
+        cls = items[0]
+        self.push(self.resolver.call(cls, tuple(items[1:]), self.op_start))
+
+    def op_BUILD(self) -> None:
+        state = self.pop()
+        obj = self.pop()
+        self.push(self.resolver.build(obj, state, self.op_start))
+
+    def op_PERSID(self) -> None:
+        try:
+            pid = self._line().decode("ascii")
+        except UnicodeDecodeError:
+            raise PickleError("PERSID argument is not ASCII", offset=self.op_start) from None
+        self.push(self.resolver.persistent_load(pid, self.op_start))
+
+    def op_BINPERSID(self) -> None:
+        pid = self.pop()
+        self.push(self.resolver.persistent_load(pid, self.op_start))
+
+
+def run_pickle(
+    data: bytes | bytearray | memoryview,
+    resolver: Resolver | None = None,
+    limits: Limits | None = None,
+    *,
+    start: int = 0,
+    encoding: str = "utf-8",
+) -> tuple[Any, int]:
+    """Interpret the pickle at ``data[start:]``; return (value, offset after STOP)."""
+    lim = limits if limits is not None else Limits()
+    if len(data) - start > lim.max_pickle_bytes:
+        raise LimitError("max_pickle_bytes", lim.max_pickle_bytes, len(data) - start)
+    return Machine(data, resolver, lim, encoding=encoding).run(start)

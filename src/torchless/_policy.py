@@ -1,0 +1,111 @@
+"""Which globals a file may name at all.
+
+torchless never imports or calls a global, so no name can run code here. The
+policy exists to *report*: a file that names ``os.system`` was built to
+attack whoever loads it with torch, and we refuse it with
+:class:`UnsafeGlobalError` rather than quietly return its weights.
+
+Order of judgement for ``module.name`` (after Python 2 names are mapped):
+
+1. Names that are not plain dotted identifiers, or that walk through a dunder
+   attribute (``numpy.__builtins__``) or through lower-case attributes
+   (``pathlib`` + ``os.system``), are refused.
+2. Globals the rebuild rules know are allowed (the rules decide what they are).
+3. Modules in a family that runs code, touches files, processes or the
+   network, imports, or deserializes, are refused — every name in them.
+4. A lower-case name (a function, not a class) is refused unless its module is
+   in :data:`INERT_FUNCTION_MODULES`: only an attack needs a file to call an
+   arbitrary function. Classes are kept as inert opaque records, so checkpoints
+   holding config objects of any library still open.
+5. ``strict=True`` refuses everything outside the rules.
+``allow`` (exact ``module.name`` strings from the user) overrides 3-5.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["DENIED_MODULE_FAMILIES", "INERT_FUNCTION_MODULES", "judge"]
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
+
+#: Module prefixes (the module itself and every submodule) whose names are refused.
+DENIED_MODULE_FAMILIES: frozenset[str] = frozenset({
+    # processes, shells, the interpreter itself
+    "os", "posix", "nt", "subprocess", "sys", "pty", "signal", "resource", "platform",
+    "sysconfig", "site", "multiprocessing", "threading", "_thread", "concurrent",
+    "asyncio", "_posixsubprocess", "_winapi", "msvcrt", "winreg", "_signal",
+    # code execution, compilation, import machinery
+    "builtins", "__builtin__", "__builtins__", "runpy", "importlib", "imp", "zipimport",
+    "pkgutil", "code", "codeop", "compileall", "py_compile", "types", "inspect", "ast",
+    "dis", "pdb", "bdb", "trace", "timeit", "cProfile", "profile", "pstats", "doctest",
+    "unittest", "idlelib", "lib2to3", "operator", "_operator", "functools", "copy",
+    "ctypes", "_ctypes", "cffi", "gc", "weakref", "_weakref", "atexit", "faulthandler",
+    "tracemalloc", "linecache", "tokenize",
+    # deserializers (a nested loader runs the payload it is given)
+    "pickle", "_pickle", "cPickle", "pickletools", "marshal", "shelve", "dbm", "copyreg",
+    "copy_reg", "dill", "cloudpickle", "joblib", "jsonpickle", "yaml", "_yaml", "ruamel",
+    # files and archives
+    "io", "_io", "shutil", "tempfile", "glob", "fileinput", "filecmp", "zipfile", "tarfile",
+    "gzip", "bz2", "lzma", "zlib", "mmap", "logging", "sqlite3", "_sqlite3", "mailbox",
+    "distutils", "setuptools", "pkg_resources", "pip", "ensurepip", "venv", "_distutils_hack",
+    # network
+    "socket", "_socket", "ssl", "select", "selectors", "http", "urllib", "urllib2",
+    "urllib3", "requests", "httpx", "aiohttp", "ftplib", "smtplib", "poplib", "imaplib",
+    "nntplib", "telnetlib", "xmlrpc", "socketserver", "wsgiref", "webbrowser", "cgi",
+    "cgitb", "asyncore", "asynchat", "smtpd",
+    # user interface and help machinery that shells out
+    "pydoc", "pydoc_data", "tkinter", "turtle", "uuid", "getpass", "readline", "rlcompleter",
+    "curses", "antigravity", "this",
+    # torch code paths: loaders, compilers, JIT, packaging, distributed, extensions
+    "torch._C", "torch.jit", "torch.hub", "torch.package", "torch.serialization",
+    "torch.storage", "torch.utils.collect_env", "torch.utils.cpp_extension",
+    "torch.utils.bottleneck", "torch.utils.data", "torch.utils.benchmark",
+    "torch.utils.tensorboard", "torch.utils.model_zoo", "torch.distributed",
+    "torch.multiprocessing", "torch._inductor", "torch._dynamo", "torch.fx", "torch.compiler",
+    "torch.export", "torch.onnx", "torch.testing", "torch.cuda", "torch.backends",
+    "torch._export", "torch._functorch", "torch.library", "torch._library", "torch.ops",
+    "torch._ops", "torch._higher_order_ops", "torch.overrides", "torch._weights_only_unpickler",
+    # numpy code paths
+    "numpy.testing", "numpy.f2py", "numpy.distutils", "numpy.lib.npyio", "numpy.lib.format",
+    "numpy.ctypeslib", "numpy.lib.utils", "numpy.load", "numpy._pytesttester",
+    # other ML loaders that deserialize or run code
+    "transformers.dynamic_module_utils", "huggingface_hub", "keras", "tensorflow",
+    "IPython", "jupyter_client", "nbconvert",
+})
+
+#: Modules whose lower-case names are plain functions a model object may hold as an
+#: attribute (an activation function of a saved module); kept as inert references.
+INERT_FUNCTION_MODULES: frozenset[str] = frozenset({
+    "torch.nn.functional", "torch.nn.init", "torch._C._nn", "math",
+})
+
+
+def _family(module: str, families: frozenset[str]) -> bool:
+    parts = module.split(".")
+    return any(".".join(parts[:i]) in families for i in range(1, len(parts) + 1))
+
+
+def judge(module: str, name: str, *, known: bool, strict: bool,
+          allow: frozenset[str]) -> str | None:
+    """Return None if the global may stand, else the reason it is refused."""
+    if not _DOTTED.match(module) or not _DOTTED.match(name):
+        return "is not a valid dotted Python name"
+    segments = name.split(".")
+    if any(s.startswith("__") and s.endswith("__") for s in segments):
+        return "reaches a dunder attribute"
+    if len(segments) > 1 and not all(s[:1].isupper() for s in segments):
+        return "walks attributes through a dotted name"
+    if known:
+        return None
+    if f"{module}.{name}" in allow:
+        return None
+    if strict:
+        return "is outside the rebuild rules (strict mode)"
+    if _family(module, DENIED_MODULE_FAMILIES):
+        return "belongs to a module that can run code, touch files, processes or the network"
+    last = segments[-1].lstrip("_")
+    if last[:1].islower() and not _family(module, INERT_FUNCTION_MODULES):
+        return "is a function outside the rebuild rules"
+    return None

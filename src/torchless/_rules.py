@@ -1,0 +1,592 @@
+"""Reconstruction rules: what torch's, the stdlib's and NumPy's pickled callables mean.
+
+A table keyed by ``(module, name)`` maps each global we understand to a
+rebuild function that turns the (already inert) arguments into a safe value:
+tensors, OrderedDicts, sets, datetimes, Namespaces, NumPy arrays … Nothing is
+ever imported from a name found in a file; the table holds our own code.
+
+Every other global is judged by :mod:`._policy` and, if it may stand, stays an
+inert :class:`Global`; calls on it become :class:`Opaque` records.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import argparse
+import collections
+import datetime
+import os
+import pathlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _dtypes
+from ._dtypes import DType
+from ._errors import CheckpointError, PickleError, StorageError, UnsafeGlobalError
+from ._limits import Limits
+from ._pickle.vm import Resolver
+from ._policy import judge
+from ._tensor import Storage, Tensor, UnsupportedTensor, make_tensor
+from ._values import Global, Opaque
+
+__all__ = ["GlobalRecord", "Pending", "StorageType", "TorchResolver"]
+
+
+@dataclass(frozen=True)
+class StorageType:
+    """A ``torch.<Name>Storage`` class named in a persistent id."""
+
+    name: str
+    dtype: DType
+    untyped: bool = False
+
+
+@dataclass(frozen=True)
+class GlobalRecord:
+    """A global the file named, where, and what became of it."""
+
+    module: str
+    name: str
+    offset: int
+    verdict: str  # "rebuilt" or "opaque"
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A global the rules rebuild; ``rule`` is the rebuild function's key."""
+
+    module: str
+    name: str
+    rule: str
+
+    def __repr__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+class Pending:
+    """A value finished by a later BUILD (NumPy arrays and dtypes); resolved after the run."""
+
+    __slots__ = ("args", "kind", "state", "value")
+
+    def __init__(self, kind: str, args: tuple[Any, ...]) -> None:
+        self.kind = kind
+        self.args = args
+        self.state: Any = None
+        self.value: Any = None
+
+    def resolved(self) -> Any:
+        """The rebuilt value, or an inert record when NumPy's state was not understood."""
+        if self.value is not None:
+            return self.value
+        record = Opaque(Global("numpy", self.kind), self.args)
+        record.state = self.state
+        return record
+
+
+_UNSUPPORTED_TENSORS = {
+    "_rebuild_sparse_tensor": "sparse",
+    "_rebuild_sparse_csr_tensor": "sparse",
+    "_rebuild_nested_tensor": "nested",
+    "_rebuild_qtensor": "quantized",
+    "_rebuild_meta_tensor_no_storage": "meta",
+    "_rebuild_wrapper_subclass": "wrapper-subclass",
+    "_rebuild_xla_tensor": "XLA",
+    "_rebuild_mtia_tensor": "MTIA",
+}
+
+_RULES: dict[tuple[str, str], str] = {
+    ("torch._utils", "_rebuild_tensor"): "rebuild_tensor",
+    ("torch._utils", "_rebuild_tensor_v2"): "rebuild_tensor_v2",
+    ("torch._utils", "_rebuild_tensor_v3"): "rebuild_tensor_v3",
+    ("torch._utils", "_rebuild_parameter"): "rebuild_parameter",
+    ("torch._utils", "_rebuild_parameter_with_state"): "rebuild_parameter",
+    ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"): "device_tensor",
+    ("torch._tensor", "_rebuild_from_type_v2"): "rebuild_from_type",
+    ("torch._tensor", "_rebuild_from_type"): "rebuild_from_type",
+    ("torch", "Size"): "size",
+    ("torch", "device"): "device",
+    ("torch", "Tensor"): "tensor_class",
+    ("torch._tensor", "Tensor"): "tensor_class",
+    ("torch.nn.parameter", "Parameter"): "parameter_class",
+    ("torch.torch_version", "TorchVersion"): "str",
+    ("torch.jit._pickle", "build_intlist"): "identity",
+    ("torch.jit._pickle", "build_floatlist"): "identity",
+    ("torch.jit._pickle", "build_boollist"): "identity",
+    ("torch.jit._pickle", "build_doublelist"): "identity",
+    ("torch.jit._pickle", "build_tensorlist"): "identity",
+    ("torch.jit._pickle", "build_complexlist"): "identity",
+    ("torch.jit._pickle", "restore_type_tag"): "first",
+    ("collections", "OrderedDict"): "ordered_dict",
+    ("collections", "defaultdict"): "defaultdict",
+    ("collections", "deque"): "deque",
+    ("collections", "Counter"): "counter",
+    ("copyreg", "_reconstructor"): "reconstructor",
+    ("copyreg", "__newobj__"): "newobj",
+    ("copyreg", "__newobj_ex__"): "newobj_ex",
+    ("_codecs", "encode"): "codecs_encode",
+    ("argparse", "Namespace"): "namespace",
+    ("numpy.core.multiarray", "_reconstruct"): "np_reconstruct",
+    ("numpy._core.multiarray", "_reconstruct"): "np_reconstruct",
+    ("numpy.core.multiarray", "scalar"): "np_scalar",
+    ("numpy._core.multiarray", "scalar"): "np_scalar",
+    ("numpy", "ndarray"): "np_ndarray",
+    ("numpy", "dtype"): "np_dtype",
+    ("numpy.random._pickle", "__randomstate_ctor"): "opaque",
+    ("numpy.random._pickle", "__generator_ctor"): "opaque",
+    ("numpy.random._pickle", "__bit_generator_ctor"): "opaque",
+}
+for _n in _UNSUPPORTED_TENSORS:
+    _RULES[("torch._utils", _n)] = "unsupported_tensor"
+for _n in ("set", "frozenset", "complex", "slice", "bytearray", "bytes", "list", "dict",
+           "tuple", "int", "float", "str", "bool", "range", "object"):
+    _RULES[("builtins", _n)] = "builtin"
+for _n in ("datetime", "date", "time", "timedelta", "timezone"):
+    _RULES[("datetime", _n)] = "datetime"
+for _n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
+    _RULES[("pathlib", _n)] = "path"
+
+_MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
+_NP_DTYPE_CODE = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|\?|[SUV][0-9]+|O[48])\Z")
+_CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
+_SCALAR_TYPES = (int, float, str, bool, complex, type(None))
+_DATETIME_CLASSES: dict[str, Callable[..., Any]] = {
+    "datetime": datetime.datetime, "date": datetime.date, "time": datetime.time,
+    "timedelta": datetime.timedelta, "timezone": datetime.timezone,
+}
+_PATH_CLASSES: dict[str, Callable[..., Any]] = {
+    "Path": pathlib.PurePosixPath, "PosixPath": pathlib.PurePosixPath,
+    "PurePath": pathlib.PurePosixPath, "PurePosixPath": pathlib.PurePosixPath,
+    "WindowsPath": pathlib.PureWindowsPath, "PureWindowsPath": pathlib.PureWindowsPath,
+}
+if os.name == "posix":
+    _PATH_CLASSES["Path"] = _PATH_CLASSES["PosixPath"] = pathlib.PosixPath
+
+
+def _is_data(value: Any) -> bool:
+    return isinstance(value, (*_SCALAR_TYPES, bytes, bytearray, list, tuple, dict, set,
+                              frozenset))
+
+
+def unwrap(value: Any) -> Any:
+    return value.value if isinstance(value, Pending) else value
+
+
+class TorchResolver(Resolver):
+    """Rebuilds what the rules know, judges every other global, keeps the rest inert."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        persistent_load: Callable[[Any, int], Any] | None = None,
+        *,
+        strict: bool = False,
+        allow: frozenset[str] = frozenset(),
+    ) -> None:
+        self.limits = limits
+        self._persistent_load = persistent_load
+        self.strict = strict
+        self.allow = allow
+        self.globals: list[GlobalRecord] = []
+
+    # ---- names ----------------------------------------------------------------------
+
+    def find_global(self, module: str, name: str, offset: int) -> Any:
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+        module = _MODULE_RENAMES.get(module, module)
+        value = self._known(module, name)
+        reason = judge(module, name, known=value is not None, strict=self.strict,
+                       allow=self.allow)
+        if reason is not None:
+            raise UnsafeGlobalError(f"refused global {module}.{name}: it {reason}",
+                                    names=(f"{module}.{name}",), offset=offset)
+        self.globals.append(GlobalRecord(module, name, offset,
+                                         "opaque" if value is None else "rebuilt"))
+        return Global(module, name, offset) if value is None else value
+
+    def _known(self, module: str, name: str) -> Any:
+        rule = _RULES.get((module, name))
+        if rule is not None:
+            return _Known(module, name, rule)
+        if module.startswith("torch") and name.endswith("Storage") and "." not in name:
+            if name == "UntypedStorage":
+                return StorageType(name, _dtypes.UINT8, untyped=True)
+            dtype = _dtypes.by_storage_name(name)
+            if dtype is None:
+                raise UnsafeGlobalError(f"refused global {module}.{name}: unknown storage type",
+                                        names=(f"{module}.{name}",))
+            return StorageType(name, dtype)
+        if module == "torch":
+            return _dtypes.by_torch_name(name)
+        return None
+
+    def extension(self, code: int, offset: int) -> Any:
+        raise UnsafeGlobalError(
+            f"refused copyreg extension code {code}: it names a global through the loading "
+            "process's extension registry", names=(f"copyreg.extension:{code}",), offset=offset)
+
+    # ---- calls ----------------------------------------------------------------------
+
+    def call(self, func: Any, args: Any, offset: int) -> Any:
+        if isinstance(func, _Known):
+            try:
+                return getattr(self, "_r_" + func.rule)(func, args)
+            except CheckpointError as e:
+                if e.offset is None:
+                    e.offset = offset
+                raise
+            except (TypeError, ValueError, OverflowError, UnicodeError) as e:
+                raise PickleError(f"bad arguments for {func}: {e}", offset=offset) from None
+        if isinstance(func, (Global, Opaque)):
+            return Opaque(func, args)
+        raise PickleError(f"REDUCE of a non-callable {type(func).__name__}", offset=offset)
+
+    def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
+        if isinstance(cls, _Known):
+            if cls.rule in ("ordered_dict", "namespace", "counter", "defaultdict", "builtin"):
+                if cls.rule == "builtin" and cls.name in ("object",):
+                    return Opaque(cls, (), newobj=True)
+                return self.call(cls, () if cls.rule != "builtin" else args, offset)
+            if cls.rule == "np_ndarray":
+                return Pending("ndarray", args)
+        if isinstance(cls, (Global, Opaque, _Known)):
+            return super().new_object(cls, args, kwargs, offset)
+        raise PickleError(f"NEWOBJ of a non-class {type(cls).__name__}", offset=offset)
+
+    def build(self, obj: Any, state: Any, offset: int) -> Any:
+        if isinstance(obj, Opaque):
+            return super().build(obj, state, offset)
+        if isinstance(obj, Pending):
+            obj.state = state
+            try:
+                self._finish_pending(obj, state)
+            except (TypeError, ValueError) as e:
+                raise PickleError(f"bad NumPy state: {e}", offset=offset) from None
+            return obj
+        if isinstance(obj, (collections.OrderedDict, argparse.Namespace)):
+            if state is None:
+                return obj
+            if not isinstance(state, dict):
+                raise PickleError(f"BUILD of a {type(obj).__name__} with a "
+                                  f"{type(state).__name__}", offset=offset)
+            target = vars(obj)
+            for key, value in state.items():
+                if isinstance(obj, argparse.Namespace):
+                    if type(key) is str:
+                        target[key] = value
+                elif type(key) is str and key.isidentifier() and not key.startswith("__"):
+                    target[key] = value
+            return obj
+        raise PickleError(f"BUILD applied to a {type(obj).__name__}", offset=offset)
+
+    def append(self, obj: Any, items: list[Any], offset: int) -> None:
+        if isinstance(obj, collections.deque):
+            if len(obj) + len(items) > self.limits.max_container_len:
+                raise PickleError("deque too long", offset=offset)
+            obj.extend(items)
+            return
+        super().append(obj, items, offset)
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        if self._persistent_load is None:
+            raise StorageError("the pickle references a storage but this file has none "
+                               "(a plain pickle cannot hold tensor data)", offset=offset)
+        try:
+            return self._persistent_load(pid, offset)
+        except CheckpointError as e:
+            if e.offset is None:
+                e.offset = offset
+            raise
+
+    # ---- tensor rules ---------------------------------------------------------------
+
+    def _r_rebuild_tensor(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 4:
+            raise PickleError(f"{f} takes 4 arguments, got {len(a)}")
+        storage = a[0]
+        dtype = storage.dtype if isinstance(storage, Storage) else _dtypes.UINT8
+        return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits)
+
+    def _tensor_flags(self, f: _Known, requires_grad: Any, hooks: Any, metadata: Any) -> None:
+        if type(requires_grad) is not bool:
+            raise PickleError(f"{f}: requires_grad is a {type(requires_grad).__name__}")
+        if hooks is not None and not isinstance(hooks, dict):
+            raise PickleError(f"{f}: backward hooks are a {type(hooks).__name__}")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise PickleError(f"{f}: metadata is a {type(metadata).__name__}")
+
+    def _r_rebuild_tensor_v2(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) not in (6, 7):
+            raise PickleError(f"{f} takes 6 or 7 arguments, got {len(a)}")
+        metadata = a[6] if len(a) == 7 else None
+        self._tensor_flags(f, a[4], a[5], metadata)
+        if metadata and any(metadata.values()):
+            return UnsupportedTensor("conjugate/negative-bit")
+        storage = a[0]
+        dtype = storage.dtype if isinstance(storage, Storage) else _dtypes.UINT8
+        return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits,
+                           requires_grad=a[4])
+
+    def _r_rebuild_tensor_v3(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) not in (7, 8):
+            raise PickleError(f"{f} takes 7 or 8 arguments, got {len(a)}")
+        metadata = a[7] if len(a) == 8 else None
+        self._tensor_flags(f, a[4], a[5], metadata)
+        if not isinstance(a[6], DType):
+            raise PickleError(f"{f}: dtype is a {type(a[6]).__name__}, not a torch dtype")
+        if metadata and any(metadata.values()):
+            return UnsupportedTensor("conjugate/negative-bit")
+        return make_tensor(a[0], a[1], a[2], a[3], a[6], self.limits, requires_grad=a[4])
+
+    def _r_rebuild_parameter(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) not in (3, 4):
+            raise PickleError(f"{f} takes 3 or 4 arguments, got {len(a)}")
+        data, requires_grad = a[0], a[1]
+        self._tensor_flags(f, requires_grad, a[2], None)
+        if isinstance(data, UnsupportedTensor):
+            return data
+        if not isinstance(data, Tensor):
+            raise PickleError(f"{f}: data is a {type(data).__name__}, not a tensor")
+        return data.with_flags(requires_grad=requires_grad, is_parameter=True)
+
+    def _r_rebuild_from_type(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) not in (3, 4):
+            raise PickleError(f"{f} takes 3 or 4 arguments, got {len(a)}")
+        func, new_type, args = a[0], a[1], a[2]
+        if not isinstance(args, tuple):
+            raise PickleError(f"{f}: arguments are not a tuple")
+        value = self.call(func, args, -1)
+        if isinstance(value, Tensor) and isinstance(new_type, _Known) \
+                and new_type.rule == "parameter_class":
+            return value.with_flags(requires_grad=value.requires_grad, is_parameter=True)
+        return value
+
+    def _r_device_tensor(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 4 or not isinstance(a[0], Tensor) or a[1] != a[0].dtype:
+            return UnsupportedTensor("device-converted")
+        return a[0].with_flags(requires_grad=bool(a[3]), is_parameter=False)
+
+    def _r_unsupported_tensor(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        return UnsupportedTensor(_UNSUPPORTED_TENSORS[f.name])
+
+    def _r_size(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 1 or not isinstance(a[0], (tuple, list)) \
+                or any(type(x) is not int for x in a[0]):
+            raise PickleError("torch.Size takes one sequence of ints")
+        return tuple(a[0])
+
+    def _r_device(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if not a or type(a[0]) is not str or len(a) > 2:
+            raise PickleError("torch.device takes a type string and an optional index")
+        if len(a) == 2 and a[1] is not None:
+            if type(a[1]) is not int:
+                raise PickleError("torch.device index must be an int")
+            return f"{a[0]}:{a[1]}"
+        return a[0]
+
+    def _r_str(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 1 or type(a[0]) is not str:
+            raise PickleError(f"{f} takes one str")
+        return a[0]
+
+    def _r_identity(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 1 or not isinstance(a[0], list):
+            raise PickleError(f"{f} takes one list")
+        return a[0]
+
+    def _r_first(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 2:
+            raise PickleError(f"{f} takes 2 arguments")
+        return a[0]
+
+    def _r_tensor_class(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        return Opaque(f, a)
+
+    _r_parameter_class = _r_tensor_class
+    _r_opaque = _r_tensor_class
+
+    # ---- stdlib rules ---------------------------------------------------------------
+
+    def _r_ordered_dict(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        od: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        if not a:
+            return od
+        if len(a) != 1 or not isinstance(a[0], (list, tuple, dict)):
+            raise PickleError("OrderedDict takes one sequence of pairs")
+        pairs = a[0].items() if isinstance(a[0], dict) else a[0]
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise PickleError("OrderedDict item is not a (key, value) pair")
+            od[pair[0]] = pair[1]
+        return od
+
+    def _r_defaultdict(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        factories: dict[str, Any] = {"list": list, "dict": dict, "set": set, "int": int,
+                                     "float": float, "str": str, "tuple": tuple}
+        factory = None
+        if a and isinstance(a[0], _Known) and a[0].rule == "builtin":
+            factory = factories.get(a[0].name)
+        return collections.defaultdict(factory)
+
+    def _r_deque(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        items = a[0] if a else ()
+        maxlen = a[1] if len(a) > 1 else None
+        if not isinstance(items, (list, tuple)) or (maxlen is not None and (
+                type(maxlen) is not int or maxlen < 0)):
+            raise PickleError("deque takes a sequence and an optional maxlen")
+        return collections.deque(items, maxlen)
+
+    def _r_counter(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if a and not isinstance(a[0], dict):
+            raise PickleError("Counter takes a dict")
+        return collections.Counter(a[0] if a else {})
+
+    def _r_builtin(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        name = f.name
+        if not all(_is_data(x) or isinstance(x, (Tensor, Opaque, Global)) for x in a):
+            raise PickleError(f"builtins.{name} called with non-data arguments")
+        if name in ("set", "frozenset", "list", "tuple", "dict"):
+            if len(a) > 1 or (a and not isinstance(a[0], (list, tuple, set, frozenset, dict))):
+                raise PickleError(f"builtins.{name} takes one container")
+            ctor: Any = {"set": set, "frozenset": frozenset, "list": list, "tuple": tuple,
+                         "dict": dict}[name]
+            return ctor(*a)
+        if name in ("bytes", "bytearray"):
+            ctor = bytes if name == "bytes" else bytearray
+            if not a:
+                return ctor()
+            if len(a) == 2 and type(a[0]) is str and type(a[1]) is str and a[1].lower() in _CODECS:
+                return ctor(a[0], a[1])
+            if len(a) == 1 and isinstance(a[0], (bytes, bytearray)):
+                return ctor(a[0])
+            if len(a) == 1 and isinstance(a[0], list) and all(
+                    type(x) is int and 0 <= x < 256 for x in a[0]):
+                return ctor(a[0])
+            raise PickleError(f"builtins.{name} called with unsupported arguments")
+        if name in ("slice", "range"):
+            if not 1 <= len(a) <= 3 or not all(x is None or type(x) is int for x in a):
+                raise PickleError(f"builtins.{name} takes up to 3 ints")
+            return slice(*a) if name == "slice" else range(*a)
+        if name in ("complex", "int", "float", "str", "bool"):
+            if len(a) > 2 or not all(isinstance(x, (int, float, str)) for x in a):
+                raise PickleError(f"builtins.{name} takes scalars")
+            if name == "str":
+                if len(a) != 1 or type(a[0]) is not str:
+                    raise PickleError("builtins.str takes one str")
+                return a[0]
+            ctor = {"complex": complex, "int": int, "float": float, "bool": bool}[name]
+            return ctor(*a)
+        return Opaque(f, a)
+
+    def _r_reconstructor(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 3:
+            raise PickleError("copyreg._reconstructor takes 3 arguments")
+        cls, base, state = a
+        if isinstance(base, _Known) and base.rule == "builtin" and base.name == "object" \
+                and state is None:
+            return self.new_object(cls, (), None, -1)
+        return Opaque(f, a)
+
+    def _r_newobj(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if not a:
+            raise PickleError("copyreg.__newobj__ needs a class")
+        return self.new_object(a[0], a[1:], None, -1)
+
+    def _r_newobj_ex(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 3 or not isinstance(a[1], tuple) or not isinstance(a[2], dict):
+            raise PickleError("copyreg.__newobj_ex__ takes (cls, args, kwargs)")
+        return self.new_object(a[0], a[1], a[2], -1)
+
+    def _r_codecs_encode(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 2 or type(a[0]) is not str or type(a[1]) is not str \
+                or a[1].lower() not in _CODECS:
+            raise PickleError("_codecs.encode takes a str and a known text encoding")
+        return a[0].encode(a[1])
+
+    def _r_datetime(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if not all(isinstance(x, (int, float, str, bytes, datetime.tzinfo, datetime.timedelta))
+                   or x is None for x in a):
+            raise PickleError(f"datetime.{f.name} called with non-data arguments")
+        return _DATETIME_CLASSES[f.name](*a)
+
+    def _r_namespace(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if a:
+            raise PickleError("argparse.Namespace takes no positional arguments")
+        return argparse.Namespace()
+
+    def _r_path(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if not all(type(x) is str for x in a):
+            raise PickleError(f"pathlib.{f.name} takes str parts")
+        return _PATH_CLASSES[f.name](*a)
+
+    # ---- NumPy rules ----------------------------------------------------------------
+
+    def _r_np_reconstruct(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 3 or not isinstance(a[0], _Known) or a[0].rule != "np_ndarray":
+            return Opaque(f, a)
+        return Pending("ndarray", a)
+
+    def _r_np_ndarray(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        return Pending("ndarray", a)
+
+    def _r_np_dtype(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if not a or type(a[0]) is not str:
+            raise PickleError("numpy.dtype takes a type code")
+        return Pending("dtype", a)
+
+    def _r_np_scalar(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) not in (1, 2):
+            raise PickleError("numpy scalar takes a dtype and its bytes")
+        dtype = unwrap(a[0])
+        if not isinstance(dtype, np.dtype):
+            return Opaque(f, a)
+        if dtype.hasobject:
+            return a[1] if len(a) == 2 else None
+        raw = a[1] if len(a) == 2 else b""
+        if isinstance(raw, str):
+            raw = raw.encode("latin-1")
+        if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
+            raise PickleError(f"numpy scalar of {dtype} needs {dtype.itemsize} bytes")
+        return np.frombuffer(raw, dtype=dtype)[0]
+
+    def _finish_pending(self, p: Pending, state: Any) -> None:
+        if p.kind == "dtype":
+            code = p.args[0]
+            order = state[1] if isinstance(state, tuple) and len(state) > 1 else "|"
+            fields_none = isinstance(state, tuple) and len(state) >= 5 and \
+                all(x is None for x in state[2:5])
+            if _NP_DTYPE_CODE.match(code) and order in ("<", ">", "|", "=") and fields_none:
+                dt = np.dtype(code)
+                p.value = dt.newbyteorder(order) if order in "<>" else dt
+            return
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise ValueError("ndarray state is not a 4- or 5-tuple")
+        shape, dtype, fortran, raw = state[-4:]
+        dtype = unwrap(dtype)
+        if not isinstance(dtype, np.dtype):
+            return
+        if not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
+            raise ValueError("ndarray shape is not a tuple of non-negative ints")
+        n = 1
+        for s in shape:
+            n *= s
+        order = "F" if fortran else "C"
+        if dtype.hasobject:
+            if not isinstance(raw, list) or len(raw) != n:
+                raise ValueError("object array state does not match its shape")
+            arr = np.empty(n, dtype=object)
+            arr[:] = raw
+            p.value = arr.reshape(shape, order=order)
+            return
+        if isinstance(raw, str):
+            raw = raw.encode("latin-1")
+        if not isinstance(raw, (bytes, bytearray)) or len(raw) != n * dtype.itemsize:
+            raise ValueError(f"ndarray of {n} x {dtype} needs {n * dtype.itemsize} bytes")
+        arr = np.frombuffer(bytes(raw), dtype=dtype).reshape(shape, order=order)
+        p.value = arr

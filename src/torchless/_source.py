@@ -1,0 +1,77 @@
+"""An input file as a read-only memory map with bounds-checked slices."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from types import TracebackType
+
+from ._errors import CheckpointError, FormatError, TruncatedInputError
+
+__all__ = ["Source"]
+
+
+class Source:
+    """A read-only view of one file's bytes.
+
+    ``view(offset, n)`` returns a zero-copy memoryview after checking that the
+    range lies inside the file; nothing ever reads past the end.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except OSError as e:
+            raise CheckpointError(f"cannot open: {e.strerror or e}", path=self.path) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FormatError("not a regular file", path=self.path)
+            self.size = st.st_size
+            self._mmap: mmap.mmap | None = None
+            if self.size:
+                self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                self._view = memoryview(self._mmap)
+            else:
+                self._view = memoryview(b"")
+        except OSError as e:
+            raise CheckpointError(f"cannot map: {e.strerror or e}", path=self.path) from None
+        finally:
+            os.close(fd)
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole file."""
+        return self._view
+
+    def view(self, offset: int, n: int, what: str = "data") -> memoryview:
+        if offset < 0 or n < 0:
+            raise FormatError(f"{what}: negative offset or length", offset=offset)
+        if offset + n > self.size:
+            raise TruncatedInputError(
+                f"{what}: expected {n} bytes at offset {offset}, "
+                f"file has {max(0, self.size - offset)}",
+                offset=offset,
+            )
+        return self._view[offset : offset + n]
+
+    def read(self, offset: int, n: int, what: str = "data") -> bytes:
+        return bytes(self.view(offset, n, what))
+
+    def close(self) -> None:
+        """Drop our reference; arrays still viewing the map keep it alive until they go."""
+        self._mmap = None
+        self._view = memoryview(b"")
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,217 @@
+"""Storages and lazy tensors: geometry checked at creation, bytes viewed on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._dtypes import DType
+from ._errors import LimitError, TensorGeometryError, UnsupportedError
+from ._limits import Limits
+
+__all__ = ["Storage", "Tensor", "UnsupportedTensor", "make_tensor"]
+
+_INT64_MAX = (1 << 63) - 1
+
+
+class Storage:
+    """One storage record of a checkpoint: ``nbytes`` bytes that tensors view.
+
+    ``loader`` returns the bytes (a memoryview of the file map for stored
+    members, inflated bytes otherwise) and is called at most once.
+    """
+
+    __slots__ = ("_buffer", "_loader", "byteorder", "dtype", "key", "location", "nbytes")
+
+    def __init__(
+        self,
+        key: str,
+        dtype: DType,
+        nbytes: int,
+        loader: Callable[[], memoryview | bytes],
+        *,
+        location: str = "cpu",
+        byteorder: str = "little",
+    ) -> None:
+        self.key = key
+        self.dtype = dtype
+        self.nbytes = nbytes
+        self.location = location
+        self.byteorder = byteorder
+        self._loader = loader
+        self._buffer: memoryview | bytes | None = None
+
+    def buffer(self) -> memoryview | bytes:
+        if self._buffer is None:
+            self._buffer = self._loader()
+        return self._buffer
+
+    def __repr__(self) -> str:
+        return f"Storage(key={self.key!r}, dtype={self.dtype!r}, nbytes={self.nbytes})"
+
+
+class Tensor:
+    """A tensor of a checkpoint, read lazily.
+
+    ``shape``, ``stride`` and ``storage_offset`` are in elements, as torch
+    reports them. :meth:`numpy` returns a read-only array that views the file
+    (zero-copy) with exactly those strides.
+    """
+
+    __slots__ = ("dtype", "is_parameter", "requires_grad", "shape", "storage",
+                 "storage_offset", "stride")
+
+    def __init__(
+        self,
+        storage: Storage,
+        dtype: DType,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...],
+        storage_offset: int,
+        *,
+        requires_grad: bool = False,
+        is_parameter: bool = False,
+    ) -> None:
+        self.storage = storage
+        self.dtype = dtype
+        self.shape = shape
+        self.stride = stride
+        self.storage_offset = storage_offset
+        self.requires_grad = requires_grad
+        self.is_parameter = is_parameter
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's values laid out contiguously."""
+        return self.numel * self.dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.stride)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def with_flags(self, *, requires_grad: bool, is_parameter: bool) -> Tensor:
+        return Tensor(self.storage, self.dtype, self.shape, self.stride, self.storage_offset,
+                      requires_grad=requires_grad, is_parameter=is_parameter)
+
+    def numpy(self) -> np.ndarray[Any, Any]:
+        """The values as a read-only ndarray (a view of the file where possible)."""
+        npdt = self.dtype.numpy
+        if npdt is None:
+            raise UnsupportedError(
+                f"dtype torch.{self.dtype.name} ({self.dtype.note}) has no NumPy equivalent")
+        itemsize = self.dtype.itemsize
+        if self.numel == 0:
+            arr = np.empty(self.shape, dtype=npdt)
+            arr.flags.writeable = False
+            return arr
+        buf = self.storage.buffer()
+        strides = tuple(s * itemsize for s in self.stride)
+        offset = self.storage_offset * itemsize
+        if self.storage.byteorder == "little" or itemsize == 1:
+            return np.ndarray(self.shape, dtype=npdt, buffer=buf, offset=offset,
+                              strides=strides)
+        raw = np.ndarray(self.shape, dtype=np.dtype(f"V{itemsize}"), buffer=buf,
+                         offset=offset, strides=strides)
+        unit = itemsize // 2 if self.dtype.name.startswith("complex") else itemsize
+        swapped = np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=f">u{unit}")
+        arr = swapped.astype(f"<u{unit}").view(npdt).reshape(self.shape)
+        arr.flags.writeable = False
+        return arr
+
+    def __repr__(self) -> str:
+        kind = "Parameter" if self.is_parameter else "Tensor"
+        return f"{kind}(dtype={self.dtype!r}, shape={list(self.shape)})"
+
+
+def _dims(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise TensorGeometryError(f"{what} is a {type(value).__name__}, not a sequence")
+    out = []
+    for v in value:
+        if type(v) is not int:
+            raise TensorGeometryError(f"{what} holds a {type(v).__name__}, not an int")
+        if v < 0:
+            raise TensorGeometryError(f"{what} holds a negative value {v}")
+        out.append(v)
+    return tuple(out)
+
+
+def make_tensor(
+    storage: Any,
+    storage_offset: Any,
+    size: Any,
+    stride: Any,
+    dtype: DType,
+    limits: Limits,
+    *,
+    requires_grad: bool = False,
+) -> Tensor:
+    """Check a tensor's geometry against its storage and build it."""
+    if not isinstance(storage, Storage):
+        raise TensorGeometryError(f"tensor storage is a {type(storage).__name__}, not a storage")
+    shape = _dims(size, "size")
+    strides = _dims(stride, "stride")
+    if len(shape) > limits.max_ndim:
+        raise LimitError("max_ndim", limits.max_ndim, len(shape))
+    if len(shape) != len(strides):
+        raise TensorGeometryError(f"size has {len(shape)} dims but stride has {len(strides)}")
+    if type(storage_offset) is not int or storage_offset < 0:
+        raise TensorGeometryError(f"invalid storage offset {storage_offset!r}")
+    itemsize = dtype.itemsize
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel * itemsize > _INT64_MAX:
+        raise TensorGeometryError(f"size {list(shape)} overflows 64-bit byte counts")
+    if numel * itemsize > limits.max_tensor_bytes:
+        raise LimitError("max_tensor_bytes", limits.max_tensor_bytes, numel * itemsize)
+    if numel == 0:
+        if storage_offset * itemsize > storage.nbytes:
+            raise TensorGeometryError(
+                f"storage offset {storage_offset} lies past the end of a storage of "
+                f"{storage.nbytes} bytes")
+    else:
+        last = storage_offset + sum((n - 1) * s for n, s in zip(shape, strides))
+        if last > _INT64_MAX:
+            raise TensorGeometryError("last element index overflows 64 bits")
+        if (last + 1) * itemsize > storage.nbytes:
+            raise TensorGeometryError(
+                f"view size={list(shape)} stride={list(strides)} offset={storage_offset} "
+                f"needs {(last + 1) * itemsize} bytes but its storage has {storage.nbytes}")
+    return Tensor(storage, dtype, shape, strides, storage_offset, requires_grad=requires_grad)
+
+
+class UnsupportedTensor:
+    """Stands where the file holds a tensor torchless will not read (sparse, quantized …).
+
+    Reading it, converting it or listing it among the tensors raises
+    :class:`UnsupportedError` naming the tensor.
+    """
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def error(self, name: str) -> UnsupportedError:
+        return UnsupportedError(f"{self.kind} tensors are not supported", member=name)
+
+    def __repr__(self) -> str:
+        return f"UnsupportedTensor({self.kind})"

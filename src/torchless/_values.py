@@ -1,0 +1,82 @@
+"""Inert values the pickle interpreter produces for what it does not rebuild.
+
+A pickle names callables (``GLOBAL``) and asks for them to be called
+(``REDUCE``, ``NEWOBJ``, ``INST``/``OBJ``) or updated (``BUILD``, ``APPEND``,
+``SETITEM`` on objects). torchless never looks a name up and never calls
+anything: a name becomes a :class:`Global` and a call becomes an
+:class:`Opaque` record that keeps the arguments and later updates as data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Global", "Opaque"]
+
+
+@dataclass(frozen=True)
+class Global:
+    """A reference to ``module.name`` as written in the file. Never resolved."""
+
+    module: str
+    name: str
+    offset: int = field(default=-1, compare=False)
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"Global({self.path})"
+
+
+class _NotSet:
+    def __repr__(self) -> str:
+        return "NOTSET"
+
+
+#: Marks an :class:`Opaque` whose ``state`` was never set by ``BUILD``.
+NOTSET: Any = _NotSet()
+
+
+class Opaque:
+    """An object torchless keeps as inert data: what would have been called, with what.
+
+    ``callable`` is usually a :class:`Global` (the class or function the file
+    names); ``args``/``kwargs`` are what it would have been called with;
+    ``state`` is what ``BUILD`` would have passed to ``__setstate__``
+    (``NOTSET`` if none); ``items`` and ``dict_items`` collect ``APPEND`` and
+    ``SETITEM`` calls made on the object.
+    """
+
+    __slots__ = ("args", "callable", "dict_items", "items", "kwargs", "newobj", "state")
+
+    def __init__(
+        self,
+        callable: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[Any, Any] | None = None,
+        *,
+        newobj: bool = False,
+    ) -> None:
+        self.callable = callable
+        self.args = args
+        self.kwargs = kwargs
+        self.newobj = newobj
+        self.state: Any = NOTSET
+        self.items: list[Any] = []
+        self.dict_items: list[tuple[Any, Any]] = []
+
+    @property
+    def class_path(self) -> str:
+        """``module.name`` of what the file asked to call, or a short description."""
+        c = self.callable
+        if isinstance(c, Global):
+            return c.path
+        if isinstance(c, Opaque):
+            return f"<result of {c.class_path}>"
+        return f"<{type(c).__name__}>"
+
+    def __repr__(self) -> str:
+        return f"Opaque({self.class_path})"

@@ -1,0 +1,361 @@
+"""A strict ZIP reader for torch archives (torch >= 1.6 and TorchScript).
+
+Our own parser, not :mod:`zipfile`: two ZIP readers that disagree about a
+file are how scanners get bypassed, so this one refuses every archive that a
+reasonable reader could see differently from torch's (miniz). It reads the
+end-of-central-directory record that ends exactly at EOF (ZIP64 included),
+every central entry, and each local header, and checks: one EOCD candidate,
+entry count, no data before the first local header or between the central
+directory and the EOCD, no flags but UTF-8 and data-descriptor, stored or
+deflate only, names that are relative paths without tricks, no links, no
+duplicates, local header equal to central entry, entries that do not
+overlap, data descriptors that agree, sizes inside the file.
+
+Stored members are returned as zero-copy views of the file map; deflated
+members are inflated with the output bounded by the declared size.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from ._errors import (
+    AmbiguousArchiveError,
+    ArchiveFormatError,
+    ChecksumError,
+    LimitError,
+    TruncatedInputError,
+    UnsafePathError,
+    UnsupportedError,
+)
+from ._limits import Limits
+from ._source import Source
+
+__all__ = ["Entry", "ZipArchive"]
+
+_EOCD = struct.Struct("<4sHHHHIIH")  # sig, disk, cd disk, n here, n total, cd size, cd off, cl
+_EOCD64_LOC = struct.Struct("<4sIQI")  # sig, disk, eocd64 offset, total disks
+_EOCD64 = struct.Struct("<4sQHHIIQQQQ")  # sig, size, made, need, disk, cd disk, n, N, size, off
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_SIG_EOCD = b"PK\x05\x06"
+_SIG_EOCD64 = b"PK\x06\x06"
+_SIG_EOCD64_LOC = b"PK\x06\x07"
+_SIG_CENTRAL = b"PK\x01\x02"
+_SIG_LOCAL = b"PK\x03\x04"
+_SIG_DESCRIPTOR = b"PK\x07\x08"
+_FLAG_DESCRIPTOR = 0x0008
+_FLAG_UTF8 = 0x0800
+_ALLOWED_FLAGS = _FLAG_DESCRIPTOR | _FLAG_UTF8 | 0x0006  # bits 1-2: deflate speed hints
+_STORED, _DEFLATED = 0, 8
+_MAX_COMMENT = 0xFFFF
+_RATIO_FLOOR = 8 << 20
+
+
+@dataclass
+class Entry:
+    """One archive member."""
+
+    name: str
+    method: int
+    flags: int
+    crc: int
+    compressed_size: int
+    size: int
+    header_offset: int
+    data_offset: int = -1
+    end_offset: int = -1  # after data (and descriptor)
+    is_dir: bool = False
+
+
+def _u16(b: memoryview | bytes, i: int) -> int:
+    return int.from_bytes(b[i:i + 2], "little")
+
+
+class ZipArchive:
+    """The directory of a ZIP file on a :class:`Source`, validated."""
+
+    def __init__(self, source: Source, limits: Limits) -> None:
+        self.source = source
+        self.limits = limits
+        self.entries: dict[str, Entry] = {}
+        self._parse()
+
+    # ---- directory ----------------------------------------------------------------
+
+    def _find_eocd(self) -> int:
+        size = self.source.size
+        if size < _EOCD.size:
+            raise TruncatedInputError("file too short to hold a ZIP end-of-directory record")
+        lo = max(0, size - _EOCD.size - _MAX_COMMENT)
+        tail = bytes(self.source.view(lo, size - lo))
+        candidates = []
+        seen_sig = False
+        i = len(tail) - _EOCD.size
+        while i >= 0:
+            i = tail.rfind(_SIG_EOCD, 0, i + 4)
+            if i < 0:
+                break
+            seen_sig = True
+            comment_len = _u16(tail, i + 20)
+            if i + _EOCD.size + comment_len == len(tail):
+                candidates.append(lo + i)
+            i -= 1
+        if not candidates:
+            if seen_sig:
+                raise ArchiveFormatError(
+                    "ZIP end-of-directory record does not end at the end of the file "
+                    "(trailing data or a wrong comment length)")
+            raise TruncatedInputError("no ZIP end-of-directory record (truncated archive?)")
+        if len(candidates) > 1:
+            raise AmbiguousArchiveError(
+                "several ZIP end-of-directory records end at the end of the file; "
+                "readers would disagree about which directory is real")
+        return candidates[0]
+
+    def _parse(self) -> None:
+        src = self.source
+        eocd_off = self._find_eocd()
+        sig, disk, cd_disk, n_here, n_total, cd_size, cd_off, _ = _EOCD.unpack(
+            src.view(eocd_off, _EOCD.size))
+        if disk != 0 or cd_disk != 0 or n_here != n_total:
+            raise UnsupportedError("multi-disk (split) ZIP archives are not supported")
+        cd_end_limit = eocd_off
+        loc_off = eocd_off - _EOCD64_LOC.size
+        if loc_off >= 0 and bytes(src.view(loc_off, 4)) == _SIG_EOCD64_LOC:
+            n64, size64, off64, cd_end_limit = self._zip64(loc_off)
+            for small, big, sat in ((n_total, n64, 0xFFFF), (cd_size, size64, 0xFFFFFFFF),
+                                    (cd_off, off64, 0xFFFFFFFF)):
+                if small != sat and small != big:
+                    raise AmbiguousArchiveError(
+                        "ZIP64 end record disagrees with the classic end record")
+            n_total, cd_size, cd_off = n64, size64, off64
+        elif n_total == 0xFFFF or 0xFFFFFFFF in (cd_size, cd_off):
+            raise ArchiveFormatError("ZIP64 fields without a ZIP64 end-of-directory locator")
+        if n_total > self.limits.max_archive_entries:
+            raise LimitError("max_archive_entries", self.limits.max_archive_entries, n_total)
+        if cd_off + cd_size != cd_end_limit:
+            if cd_off + cd_size > cd_end_limit:
+                raise ArchiveFormatError(
+                    f"central directory (offset {cd_off}, {cd_size} bytes) runs past the "
+                    "end-of-directory record")
+            raise ArchiveFormatError("data between the central directory and its end record")
+        if n_total * _CENTRAL.size > cd_size:
+            raise ArchiveFormatError(
+                f"end record claims {n_total} entries but the central directory has room "
+                f"for at most {cd_size // _CENTRAL.size}")
+        cd = src.view(cd_off, cd_size, "central directory")
+        pos = 0
+        entries: list[Entry] = []
+        while pos < cd_size:
+            if len(entries) >= n_total:
+                raise ArchiveFormatError(
+                    f"central directory holds more entries than the {n_total} declared")
+            entry, pos = self._central_entry(cd, pos, cd_off)
+            entries.append(entry)
+        if len(entries) != n_total:
+            raise ArchiveFormatError(
+                f"end record declares {n_total} entries, central directory holds {len(entries)}")
+        for entry in entries:
+            if entry.name in self.entries:
+                raise AmbiguousArchiveError(f"duplicate archive member {entry.name!r}")
+            self.entries[entry.name] = entry
+        self._check_locals(entries, cd_off)
+
+    def _zip64(self, loc_off: int) -> tuple[int, int, int, int]:
+        src = self.source
+        _, disk, rec_off, disks = _EOCD64_LOC.unpack(src.view(loc_off, _EOCD64_LOC.size))
+        if disk != 0 or disks not in (0, 1):
+            raise UnsupportedError("multi-disk (split) ZIP archives are not supported")
+        if rec_off + _EOCD64.size > loc_off:
+            raise ArchiveFormatError("ZIP64 end-of-directory record offset is invalid")
+        sig, rec_size, _, _, d, cdd, n_here, n_total, cd_size, cd_off = _EOCD64.unpack(
+            src.view(rec_off, _EOCD64.size))
+        if sig != _SIG_EOCD64:
+            raise ArchiveFormatError("bad ZIP64 end-of-directory signature")
+        if d != 0 or cdd != 0 or n_here != n_total:
+            raise UnsupportedError("multi-disk (split) ZIP archives are not supported")
+        if rec_off + 12 + rec_size != loc_off:
+            raise ArchiveFormatError("data between the ZIP64 end record and its locator")
+        return n_total, cd_size, cd_off, rec_off
+
+    def _central_entry(self, cd: memoryview, pos: int, cd_off: int) -> tuple[Entry, int]:
+        if pos + _CENTRAL.size > len(cd):
+            raise ArchiveFormatError("central directory entry cut short")
+        (sig, made_by, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen,
+         disk, _iattr, eattr, hoff) = _CENTRAL.unpack(cd[pos:pos + _CENTRAL.size])
+        if sig != _SIG_CENTRAL:
+            raise ArchiveFormatError(f"bad central directory signature at byte {cd_off + pos}")
+        end = pos + _CENTRAL.size + nlen + elen + clen
+        if end > len(cd):
+            raise ArchiveFormatError("central directory entry runs past the directory")
+        raw_name = bytes(cd[pos + _CENTRAL.size:pos + _CENTRAL.size + nlen])
+        extra = bytes(cd[pos + _CENTRAL.size + nlen:pos + _CENTRAL.size + nlen + elen])
+        name = self._decode_name(raw_name, flags)
+        if flags & ~_ALLOWED_FLAGS:
+            bad = flags & ~_ALLOWED_FLAGS
+            what = "encrypted" if bad & 0x41 else f"flag bits 0x{bad:04x}"
+            raise UnsupportedError(f"archive member {name!r} is {what}; torchless reads only "
+                                   "plain stored or deflated members")
+        if method not in (_STORED, _DEFLATED):
+            raise UnsupportedError(
+                f"archive member {name!r} uses compression method {method} "
+                "(only stored and deflate are supported)")
+        if 0xFFFFFFFF in (csize, usize, hoff) or disk == 0xFFFF:
+            usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff, name)
+        if (made_by >> 8) == 3 and (eattr >> 16) & 0o170000 == 0o120000:
+            raise UnsafePathError(f"archive member {name!r} is a symbolic link")
+        if method == _STORED and csize != usize:
+            raise ArchiveFormatError(
+                f"stored member {name!r} declares {csize} compressed but {usize} bytes")
+        entry = Entry(name, method, flags, crc, csize, usize, hoff, is_dir=name.endswith("/"))
+        return entry, end
+
+    def _zip64_extra(self, extra: bytes, usize: int, csize: int, hoff: int,
+                     name: str) -> tuple[int, int, int]:
+        i = 0
+        while i + 4 <= len(extra):
+            tag, size = struct.unpack_from("<HH", extra, i)
+            body = extra[i + 4:i + 4 + size]
+            if tag == 0x0001:
+                vals = []
+                for j in range(0, len(body) - 7, 8):
+                    vals.append(int.from_bytes(body[j:j + 8], "little"))
+                k = 0
+                if usize == 0xFFFFFFFF and k < len(vals):
+                    usize, k = vals[k], k + 1
+                if csize == 0xFFFFFFFF and k < len(vals):
+                    csize, k = vals[k], k + 1
+                if hoff == 0xFFFFFFFF and k < len(vals):
+                    hoff, k = vals[k], k + 1
+                break
+            i += 4 + size
+        if 0xFFFFFFFF in (usize, csize, hoff):
+            raise ArchiveFormatError(f"member {name!r} lacks the ZIP64 fields it needs")
+        return usize, csize, hoff
+
+    @staticmethod
+    def _decode_name(raw: bytes, flags: int) -> str:
+        try:
+            name = raw.decode("utf-8") if flags & _FLAG_UTF8 else raw.decode("cp437")
+        except UnicodeDecodeError:
+            raise ArchiveFormatError(
+                f"archive member name {raw[:60]!r} is not valid UTF-8") from None
+        if "\x00" in name:
+            raise UnsafePathError(f"archive member name {name!r} contains a NUL byte")
+        if "\\" in name:
+            raise UnsafePathError(f"archive member name {name!r} contains a backslash")
+        if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+            raise UnsafePathError(f"archive member name {name!r} is an absolute path")
+        if any(part in ("..", ".") for part in name.rstrip("/").split("/")) or "//" in name:
+            raise UnsafePathError(f"archive member name {name!r} is not a plain relative path")
+        if not name:
+            raise UnsafePathError("archive member with an empty name")
+        return name
+
+    def _check_locals(self, entries: list[Entry], cd_off: int) -> None:
+        src = self.source
+        for e in entries:
+            if e.header_offset + _LOCAL.size > cd_off:
+                raise ArchiveFormatError(
+                    f"member {e.name!r}: local header offset {e.header_offset} lies outside "
+                    "the archive data")
+            (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = _LOCAL.unpack(
+                src.view(e.header_offset, _LOCAL.size))
+            if sig != _SIG_LOCAL:
+                raise ArchiveFormatError(f"member {e.name!r}: bad local header signature")
+            raw_name = src.read(e.header_offset + _LOCAL.size, nlen, "local header name")
+            if raw_name != e.name.encode("utf-8" if e.flags & _FLAG_UTF8 else "cp437"):
+                raise AmbiguousArchiveError(
+                    f"member {e.name!r}: local header names it {raw_name[:60]!r}")
+            if method != e.method:
+                raise AmbiguousArchiveError(
+                    f"member {e.name!r}: local header says method {method}, central "
+                    f"directory says {e.method}")
+            if (flags & _FLAG_DESCRIPTOR) != (e.flags & _FLAG_DESCRIPTOR) or \
+                    (flags & ~_ALLOWED_FLAGS):
+                raise AmbiguousArchiveError(f"member {e.name!r}: local and central flags differ")
+            if not flags & _FLAG_DESCRIPTOR or crc or csize or usize:
+                if crc != e.crc:
+                    raise AmbiguousArchiveError(
+                        f"member {e.name!r}: local header CRC differs from the central one")
+                if (csize, usize) != (e.compressed_size, e.size) and \
+                        (csize, usize) != (0xFFFFFFFF, 0xFFFFFFFF):
+                    raise AmbiguousArchiveError(
+                        f"member {e.name!r}: local header sizes differ from the central ones")
+            e.data_offset = e.header_offset + _LOCAL.size + nlen + elen
+            e.end_offset = e.data_offset + e.compressed_size
+            if e.end_offset > cd_off:
+                raise ArchiveFormatError(
+                    f"member {e.name!r}: {e.compressed_size} bytes of data at offset "
+                    f"{e.data_offset} run past the archive data")
+            if flags & _FLAG_DESCRIPTOR:
+                e.end_offset = self._descriptor(e, cd_off)
+        ordered = sorted(entries, key=lambda x: x.header_offset)
+        if ordered and ordered[0].header_offset != 0:
+            raise AmbiguousArchiveError(
+                f"{ordered[0].header_offset} bytes of data before the first archive member")
+        for a, b in zip(ordered, ordered[1:]):
+            if b.header_offset < a.end_offset:
+                raise AmbiguousArchiveError(
+                    f"archive members {a.name!r} and {b.name!r} overlap")
+            if b.header_offset > a.end_offset:
+                raise AmbiguousArchiveError(
+                    f"{b.header_offset - a.end_offset} unaccounted bytes between archive "
+                    f"members {a.name!r} and {b.name!r}")
+        if ordered and ordered[-1].end_offset != cd_off:
+            raise AmbiguousArchiveError(
+                "unaccounted bytes between the last archive member and the central directory")
+
+    def _descriptor(self, e: Entry, cd_off: int) -> int:
+        pos = e.end_offset
+        room = cd_off - pos
+        head = self.source.read(pos, min(24, room), "data descriptor")
+        if head[:4] == _SIG_DESCRIPTOR:
+            head, pos = head[4:], pos + 4
+        zip64 = e.size >= 0xFFFFFFFF or e.compressed_size >= 0xFFFFFFFF
+        fmt = "<IQQ" if zip64 else "<III"
+        need = struct.calcsize(fmt)
+        if len(head) < need:
+            raise ArchiveFormatError(f"member {e.name!r}: data descriptor cut short")
+        crc, csize, usize = struct.unpack_from(fmt, head)
+        if (crc, csize, usize) != (e.crc, e.compressed_size, e.size):
+            raise AmbiguousArchiveError(
+                f"member {e.name!r}: data descriptor disagrees with the central directory")
+        return pos + need
+
+    # ---- members -------------------------------------------------------------------
+
+    def data(self, name: str, *, check_crc: bool) -> memoryview | bytes:
+        """A member's bytes: a view of the map if stored, inflated bytes if deflated."""
+        e = self.entries[name]
+        raw = self.source.view(e.data_offset, e.compressed_size, name)
+        if e.method == _STORED:
+            out: memoryview | bytes = raw
+        else:
+            out = self._inflate(e, raw)
+        if check_crc and zlib.crc32(out) != e.crc:
+            raise ChecksumError(f"CRC-32 of member {name!r} does not match its bytes")
+        return out
+
+    def _inflate(self, e: Entry, raw: memoryview) -> bytes:
+        lim = self.limits
+        if e.size > lim.max_inflated_bytes:
+            raise LimitError("max_inflated_bytes", lim.max_inflated_bytes, e.size, e.name)
+        if e.size > _RATIO_FLOOR and e.size > lim.max_inflate_ratio * max(1, e.compressed_size):
+            raise LimitError("max_inflate_ratio", lim.max_inflate_ratio,
+                             e.size // max(1, e.compressed_size), e.name)
+        d = zlib.decompressobj(-15)
+        try:
+            out = d.decompress(raw, e.size + 1)
+        except zlib.error as err:
+            raise ArchiveFormatError(f"member {e.name!r}: corrupt deflate data ({err})") from None
+        if len(out) > e.size:
+            raise ArchiveFormatError(
+                f"member {e.name!r} inflates to more than its declared {e.size} bytes")
+        if len(out) < e.size or not d.eof:
+            raise TruncatedInputError(
+                f"member {e.name!r}: deflate data ends after {len(out)} of {e.size} bytes")
+        return out
