@@ -81,7 +81,7 @@ class Checkpoint:
                 f"tensors={len(self.tensors)}>")
 
 
-def open(  # noqa: A001 - the library's main verb, like builtins.open
+def open(
     path: str | os.PathLike[str],
     *,
     limits: Limits | None = None,

@@ -143,11 +143,11 @@ def _rebuild(obj: Any, done: dict[int, Any], module_hook: ModuleHook,
         return obj
     if isinstance(obj, tuple):
         items = tuple(new(v) for v in obj)
-        return obj if all(a is b for a, b in zip(items, obj)) else items
+        return obj if all(a is b for a, b in zip(items, obj, strict=True)) else items
     if isinstance(obj, collections.deque):
-        items = [new(v) for v in obj]
+        values = [new(v) for v in obj]
         obj.clear()
-        obj.extend(items)
+        obj.extend(values)
         return obj
     if isinstance(obj, argparse.Namespace):
         d = vars(obj)
@@ -231,7 +231,10 @@ def flatten(
     tensors: dict[str, Tensor] = {}
     unsupported: dict[str, UnsupportedTensor] = {}
     if isinstance(root, _LEAVES):
-        (tensors if isinstance(root, Tensor) else unsupported)[root_name] = root  # type: ignore[index]
+        if isinstance(root, Tensor):
+            tensors[root_name] = root
+        else:
+            unsupported[root_name] = root
         return tensors, unsupported
     free = _tensor_free(root)
     count = 0

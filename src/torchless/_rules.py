@@ -134,6 +134,8 @@ _RULES: dict[tuple[str, str], str] = {
     ("numpy.core.multiarray", "scalar"): "np_scalar",
     ("numpy._core.multiarray", "scalar"): "np_scalar",
     ("numpy", "ndarray"): "np_ndarray",
+    ("numpy.core.numeric", "_frombuffer"): "np_frombuffer",
+    ("numpy._core.numeric", "_frombuffer"): "np_frombuffer",
     ("numpy", "dtype"): "np_dtype",
     ("numpy.random._pickle", "__randomstate_ctor"): "opaque",
     ("numpy.random._pickle", "__generator_ctor"): "opaque",
@@ -540,6 +542,23 @@ class TorchResolver(Resolver):
             raise PickleError("numpy.dtype takes a type code")
         return Pending("dtype", a)
 
+    def _r_np_frombuffer(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 4:
+            raise PickleError("numpy _frombuffer takes (buffer, dtype, shape, order)")
+        buf, dtype, shape, order = a[0], unwrap(a[1]), a[2], a[3]
+        if not isinstance(dtype, np.dtype) or dtype.hasobject:
+            return Opaque(f, a)
+        if not isinstance(buf, (bytes, bytearray)) or order not in ("C", "F") or \
+                not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
+            raise PickleError("numpy _frombuffer called with invalid arguments")
+        n = 1
+        for s in shape:
+            n *= s
+        if len(buf) != n * dtype.itemsize:
+            raise PickleError(f"numpy buffer of {len(buf)} bytes for {n} x {dtype}")
+        flat = np.frombuffer(bytes(buf), dtype=dtype)
+        return flat.reshape(shape, order="F" if order == "F" else "C")
+
     def _r_np_scalar(self, f: _Known, a: tuple[Any, ...]) -> Any:
         if len(a) not in (1, 2):
             raise PickleError("numpy scalar takes a dtype and its bytes")
@@ -576,17 +595,16 @@ class TorchResolver(Resolver):
         n = 1
         for s in shape:
             n *= s
-        order = "F" if fortran else "C"
         if dtype.hasobject:
             if not isinstance(raw, list) or len(raw) != n:
                 raise ValueError("object array state does not match its shape")
             arr = np.empty(n, dtype=object)
             arr[:] = raw
-            p.value = arr.reshape(shape, order=order)
+            p.value = arr.reshape(shape, order="F" if fortran else "C")
             return
         if isinstance(raw, str):
             raw = raw.encode("latin-1")
         if not isinstance(raw, (bytes, bytearray)) or len(raw) != n * dtype.itemsize:
             raise ValueError(f"ndarray of {n} x {dtype} needs {n * dtype.itemsize} bytes")
-        arr = np.frombuffer(bytes(raw), dtype=dtype).reshape(shape, order=order)
-        p.value = arr
+        flat = np.frombuffer(bytes(raw), dtype=dtype)
+        p.value = flat.reshape(shape, order="F" if fortran else "C")

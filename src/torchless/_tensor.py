@@ -100,7 +100,7 @@ class Tensor:
 
     def is_contiguous(self) -> bool:
         expected = 1
-        for size, stride in zip(reversed(self.shape), reversed(self.stride)):
+        for size, stride in zip(reversed(self.shape), reversed(self.stride), strict=True):
             if size != 1 and stride != expected:
                 return False
             expected *= size
@@ -125,8 +125,9 @@ class Tensor:
         strides = tuple(s * itemsize for s in self.stride)
         offset = self.storage_offset * itemsize
         if self.storage.byteorder == "little" or itemsize == 1:
-            return np.ndarray(self.shape, dtype=npdt, buffer=buf, offset=offset,
-                              strides=strides)
+            view: np.ndarray[Any, Any] = np.ndarray(
+                self.shape, dtype=npdt, buffer=buf, offset=offset, strides=strides)
+            return view
         raw = np.ndarray(self.shape, dtype=np.dtype(f"V{itemsize}"), buffer=buf,
                          offset=offset, strides=strides)
         unit = itemsize // 2 if self.dtype.name.startswith("complex") else itemsize
@@ -188,7 +189,7 @@ def make_tensor(
                 f"storage offset {storage_offset} lies past the end of a storage of "
                 f"{storage.nbytes} bytes")
     else:
-        last = storage_offset + sum((n - 1) * s for n, s in zip(shape, strides))
+        last = storage_offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
         if last > _INT64_MAX:
             raise TensorGeometryError("last element index overflows 64 bits")
         if (last + 1) * itemsize > storage.nbytes:

@@ -54,13 +54,13 @@ class Opaque:
 
     def __init__(
         self,
-        callable: Any,
+        func: Any,
         args: tuple[Any, ...] = (),
         kwargs: dict[Any, Any] | None = None,
         *,
         newobj: bool = False,
     ) -> None:
-        self.callable = callable
+        self.callable = func
         self.args = args
         self.kwargs = kwargs
         self.newobj = newobj

@@ -17,6 +17,7 @@ members are inflated with the output bounded by the declared size.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -118,7 +119,7 @@ class ZipArchive:
     def _parse(self) -> None:
         src = self.source
         eocd_off = self._find_eocd()
-        sig, disk, cd_disk, n_here, n_total, cd_size, cd_off, _ = _EOCD.unpack(
+        _, disk, cd_disk, n_here, n_total, cd_size, cd_off, _ = _EOCD.unpack(
             src.view(eocd_off, _EOCD.size))
         if disk != 0 or cd_disk != 0 or n_here != n_total:
             raise UnsupportedError("multi-disk (split) ZIP archives are not supported")
@@ -297,7 +298,7 @@ class ZipArchive:
         if ordered and ordered[0].header_offset != 0:
             raise AmbiguousArchiveError(
                 f"{ordered[0].header_offset} bytes of data before the first archive member")
-        for a, b in zip(ordered, ordered[1:]):
+        for a, b in itertools.pairwise(ordered):
             if b.header_offset < a.end_offset:
                 raise AmbiguousArchiveError(
                     f"archive members {a.name!r} and {b.name!r} overlap")

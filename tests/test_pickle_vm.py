@@ -1,0 +1,316 @@
+"""The pickle interpreter, by layer: opcode table vs the stdlib, values vs pickle.loads,
+limits and malformed streams. Oracle: CPython's own pickle on data we generate here."""
+
+from __future__ import annotations
+
+import collections
+import math
+import pickle
+import pickletools
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchless import (
+    LimitError,
+    Limits,
+    PickleError,
+    TruncatedInputError,
+    UnsafeGlobalError,
+    UnsupportedError,
+    UnsupportedOpcodeError,
+)
+from torchless._graph import finish
+from torchless._pickle.opcodes import OPCODES
+from torchless._pickle.vm import run_pickle
+from torchless._rules import TorchResolver
+from torchless._values import Global, Opaque
+
+
+def loads(data: bytes, limits: Limits | None = None) -> Any:
+    lim = limits or Limits()
+    value, end = run_pickle(data, TorchResolver(lim), lim)
+    assert end == len(data)
+    return finish(value, lim)
+
+
+def inert(data: bytes) -> Any:
+    return run_pickle(data)[0]
+
+
+# ---- opcode table -------------------------------------------------------------------
+
+
+def test_opcode_table_matches_pickletools() -> None:
+    ours = {op.name: op for op in OPCODES}
+    theirs = {op.name: op for op in pickletools.opcodes}
+    assert set(ours) == set(theirs)
+    for name, op in theirs.items():
+        mine = ours[name]
+        assert mine.code == ord(op.code), name
+        assert mine.proto == op.proto, name
+        expected_arg = op.arg.name if op.arg is not None else "none"
+        assert mine.arg.value == expected_arg, name
+
+
+def test_opcode_codes_are_unique() -> None:
+    codes = [op.code for op in OPCODES]
+    assert len(codes) == len(set(codes))
+
+
+# ---- values: property test against pickle.loads ------------------------------------
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**200), max_value=2**200),
+    st.floats(allow_nan=False),
+    st.text(),
+    st.binary(),
+    st.complex_numbers(allow_nan=False),
+)
+hashables = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.binary(max_size=8)),
+    lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3),
+    max_leaves=6,
+)
+values = st.recursive(
+    scalars | st.binary().map(bytearray),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.lists(inner, max_size=5).map(tuple),
+        st.dictionaries(hashables, inner, max_size=5),
+        st.sets(hashables, max_size=4),
+        st.frozensets(hashables, max_size=4),
+    ),
+    max_leaves=25,
+)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equality that also checks exact types (True is not 1) and float bit patterns."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a.keys()) == list(b.keys()) and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=values, protocol=st.integers(min_value=0, max_value=5))
+def test_plain_data_matches_pickle_loads(value: Any, protocol: int) -> None:
+    data = pickle.dumps(value, protocol=protocol)
+    expected = pickle.loads(data)
+    assert same(loads(data), expected)
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_shared_references_stay_shared(protocol: int) -> None:
+    inner = [1, 2]
+    data = pickle.dumps({"a": inner, "b": inner, "t": (inner, inner)}, protocol=protocol)
+    out = loads(data)
+    assert out["a"] is out["b"] is out["t"][0] is out["t"][1]
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_recursive_list_keeps_its_cycle_in_the_vm_and_is_refused_after(protocol: int) -> None:
+    x: list[Any] = [1]
+    x.append(x)
+    data = pickle.dumps(x, protocol=protocol)
+    out = inert(data)
+    assert out[1] is out
+    with pytest.raises(PickleError, match="cycle"):
+        loads(data)
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_stdlib_values_are_rebuilt(protocol: int) -> None:
+    import argparse
+    import datetime
+    import pathlib
+
+    od = collections.OrderedDict([("b", 1), ("a", 2)])
+    value = {
+        "od": od, "ns": argparse.Namespace(lr=0.1, name="x"),
+        "dt": datetime.datetime(2024, 5, 6, 7, 8, 9, 10),
+        "d": datetime.date(2020, 1, 2), "td": datetime.timedelta(days=1, seconds=3),
+        "tz": datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),
+        "dd": collections.defaultdict(list, {"k": [1]}), "dq": collections.deque([1, 2], 5),
+        "ct": collections.Counter("abca"), "sl": slice(1, 5, 2), "p": pathlib.PurePosixPath("a/b"),
+        "r": range(1, 7, 2),
+    }
+    out = loads(pickle.dumps(value, protocol=protocol))
+    assert out == value
+    assert type(out["od"]) is collections.OrderedDict
+    assert list(out["od"]) == ["b", "a"]
+    assert out["dd"].default_factory is list
+    assert out["dq"].maxlen == 5
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_numpy_values_are_rebuilt(protocol: int) -> None:
+    import numpy as np
+
+    arr = np.arange(12, dtype=">i4").reshape(3, 4)
+    value = {"a": arr, "f": np.asfortranarray(arr.astype("<f8")), "s": np.float32(1.5),
+             "i": np.int64(-3), "b": np.array([True, False]), "e": np.zeros((0, 3), "<u2"),
+             "state": np.random.RandomState(0).get_state()}
+    out = loads(pickle.dumps(value, protocol=protocol))
+    for key in ("a", "f", "b", "e"):
+        assert out[key].dtype == value[key].dtype
+        np.testing.assert_array_equal(out[key], value[key])
+    assert out["s"] == np.float32(1.5) and out["s"].dtype == np.float32
+    assert out["i"] == -3 and out["i"].dtype == np.int64
+    assert out["state"][0] == "MT19937"
+    np.testing.assert_array_equal(out["state"][1], value["state"][1])
+
+
+class Custom:
+    def __init__(self) -> None:
+        self.x = 1
+        self.y = [1, 2]
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_unknown_class_is_an_inert_record(protocol: int) -> None:
+    out = loads(pickle.dumps(Custom(), protocol=protocol))
+    assert isinstance(out, Opaque)
+    assert out.class_path == f"{__name__}.Custom"
+    assert out.state == {"x": 1, "y": [1, 2]}
+
+
+def test_default_resolver_is_fully_inert() -> None:
+    out = inert(pickle.dumps(collections.OrderedDict(a=1), protocol=2))
+    assert isinstance(out, Opaque)
+    assert out.callable == Global("collections", "OrderedDict")
+
+
+# ---- refusals ----------------------------------------------------------------------
+
+
+def _global_call(module: str, name: str, arg: str) -> bytes:
+    return (b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n"
+            + b"X" + struct.pack("<I", len(arg)) + arg.encode() + b"\x85R.")
+
+
+@pytest.mark.parametrize("module,name", [
+    ("os", "system"), ("posix", "system"), ("builtins", "eval"), ("builtins", "exec"),
+    ("builtins", "getattr"), ("builtins", "__import__"), ("subprocess", "Popen"),
+    ("runpy", "_run_code"), ("importlib", "import_module"), ("pickle", "loads"),
+    ("torch", "save"), ("torch.storage", "_load_from_bytes"), ("numpy", "load"),
+    ("pathlib", "os.system"), ("numpy", "__builtins__"), ("functools", "partial"),
+    ("mylib.utils", "do_something"), ("__builtin__", "eval"),
+])
+def test_dangerous_globals_are_refused(module: str, name: str) -> None:
+    with pytest.raises(UnsafeGlobalError) as info:
+        loads(_global_call(module, name, "x"))
+    assert info.value.names
+
+
+def test_allow_globals_keeps_a_refused_function_inert() -> None:
+    data = _global_call("mylib.utils", "do_something", "x")
+    lim = Limits()
+    out, _ = run_pickle(data, TorchResolver(lim, allow=frozenset({"mylib.utils.do_something"})),
+                        lim)
+    assert isinstance(out, Opaque) and out.args == ("x",)
+
+
+def test_strict_refuses_unknown_classes() -> None:
+    data = pickle.dumps(Custom(), protocol=2)
+    lim = Limits()
+    with pytest.raises(UnsafeGlobalError):
+        run_pickle(data, TorchResolver(lim, strict=True), lim)
+
+
+def test_extension_codes_are_refused() -> None:
+    with pytest.raises(UnsafeGlobalError):
+        loads(b"\x80\x02\x82\x01.")
+
+
+# ---- malformed streams and limits ---------------------------------------------------
+
+
+@pytest.mark.parametrize("data,error", [
+    (b"", TruncatedInputError),
+    (b".", PickleError),
+    (b"\x80\x02N", TruncatedInputError),
+    (b"\x80\x06N.", UnsupportedOpcodeError),
+    (b"\xff", UnsupportedOpcodeError),
+    (b"\x80\x02NN.", PickleError),
+    (b"\x80\x02(N.", PickleError),
+    (b"\x80\x02t.", PickleError),
+    (b"\x80\x02h\x07.", PickleError),
+    (b"\x80\x02q\x00.", PickleError),
+    (b"\x80\x02X\xff\xff\xff\xffab.", TruncatedInputError),
+    (b"\x80\x02T\xff\xff\xff\xff.", PickleError),
+    (b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b".", TruncatedInputError),
+    (b"\x80\x04\x95" + (1 << 62).to_bytes(8, "little") + b"N.", TruncatedInputError),
+    (b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00C\x10" + b"a" * 16 + b".", PickleError),
+    (b"I1\x00x\n.", PickleError),
+    (b"\x80\x05\x97.", UnsupportedError),
+    (b"\x80\x02]K\x01s.", PickleError),
+    (b"\x80\x02}K\x01a.", PickleError),
+    (b"\x80\x02}]K\x01s.", PickleError),
+    (b"\x80\x02X\x01\x00\x00\x00a)R.", PickleError),
+    (b"\x80\x04K*K\x01\x93.", PickleError),
+    (b"cmod\n\xf8\n.", PickleError),
+    (b"ccollections\x00os\nOrderedDict\n.", UnsafeGlobalError),
+])
+def test_malformed_streams_raise_our_errors(data: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        loads(data)
+
+
+def test_deep_tuples_hit_the_depth_limit() -> None:
+    data = b"\x80\x02N" + b"\x85" * 100_000 + b"."
+    with pytest.raises(LimitError) as info:
+        loads(data)
+    assert info.value.limit_name == "max_depth"
+
+
+def test_deep_marks_hit_the_depth_limit() -> None:
+    with pytest.raises(LimitError):
+        loads(b"(" * 10_000 + b"N.")
+
+
+def test_memo_limit() -> None:
+    data = b"\x80\x04N" + b"\x94" * 20 + b"."
+    with pytest.raises(LimitError):
+        loads(data, Limits(max_memo=10))
+    assert loads(data, Limits(max_memo=20)) is None
+
+
+def test_opcode_limit() -> None:
+    data = b"\x80\x02N" + b"0N" * 50 + b"."
+    with pytest.raises(LimitError):
+        loads(data, Limits(max_opcodes=50))
+
+
+def test_string_limit_checked_after_presence() -> None:
+    payload = b"\x80\x03X\x10\x00\x00\x00" + b"a" * 16 + b"."
+    with pytest.raises(LimitError):
+        loads(payload, Limits(max_str_bytes=8))
+
+
+def test_text_long_digit_limit() -> None:
+    with pytest.raises(LimitError):
+        loads(b"L" + b"9" * 5000 + b"L\n.")
+
+
+def test_huge_put_index_uses_a_dict_memo() -> None:
+    assert loads(b"\x80\x02Nr\xff\xff\xff\xff0j\xff\xff\xff\xff.") is None
+
+
+def test_float_text_forms() -> None:
+    assert loads(b"F1.5\n.") == 1.5
+    assert math.isinf(loads(b"Finf\n."))
+    with pytest.raises(PickleError):
+        loads(b"F1_0\n.")
