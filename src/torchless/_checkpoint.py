@@ -10,12 +10,15 @@ from typing import Any
 import numpy as np
 
 from ._detect import Layout, detect
-from ._errors import CheckpointError, LimitError, UnsupportedError
-from ._graph import finish, flatten
+from ._errors import CheckpointError, LimitError, PickleError, UnsupportedError
+from ._graph import finish, flatten, module_state_dict
+from ._legacy import LegacyStream
 from ._limits import Limits
+from ._pickle.vm import run_pickle
 from ._rules import GlobalRecord, TorchResolver
 from ._source import Source
-from ._tensor import Tensor, UnsupportedTensor
+from ._tar import TorchTar
+from ._tensor import MissingStorage, Tensor, UnsupportedTensor
 from ._torchzip import TorchZip
 
 __all__ = ["Checkpoint", "load", "open"]
@@ -127,20 +130,73 @@ def _open(path: str, limits: Limits, strict: bool, allow: frozenset[str], root_n
     source = Source(path)
     try:
         layout = detect(source)
-        if layout is not Layout.ZIP:
-            raise UnsupportedError(f"{layout.value} checkpoints are not supported yet")
-        container = TorchZip(source, limits, verify_crc=verify_crc)
-        resolver = TorchResolver(limits, container.persistent_load, strict=strict, allow=allow)
-        raw = container.load(resolver)
-        tree = finish(raw, limits, container.module_hook())
+        info: dict[str, Any] = {"layout": layout.value}
+        hook: Any = module_state_dict
+        if layout is Layout.ZIP:
+            zc = TorchZip(source, limits, verify_crc=verify_crc)
+            resolver = TorchResolver(limits, zc.persistent_load, strict=strict, allow=allow)
+            raw = zc.load(resolver)
+            hook = zc.module_hook()
+            fmt = "torchscript" if zc.is_torchscript else "zip"
+            info.update(prefix=zc.prefix.rstrip("/"), version=zc.version,
+                        byteorder=zc.byteorder, crc=zc.has_crc,
+                        records=sorted(n[len(zc.prefix):] for n in zc.archive.entries
+                                       if not n[len(zc.prefix):].startswith(("data/", "code/",
+                                                                             "constants/"))))
+        elif layout is Layout.LEGACY:
+            lc = LegacyStream(source, limits)
+            resolver = TorchResolver(limits, lc.persistent_load, strict=strict, allow=allow)
+            raw = lc.load(resolver)
+            fmt = "legacy"
+            info.update(byteorder=lc.byteorder, pickle_protocol=lc.pickle_protocol,
+                        sys_info=dict(lc.sys_info),
+                        module_sources=dict(lc.storages.module_sources))
+        elif layout is Layout.TAR:
+            tc = TorchTar(source, limits)
+            resolver = TorchResolver(limits, tc.persistent_load, strict=strict, allow=allow)
+            raw = tc.load(resolver)
+            fmt = "tar"
+            info.update(byteorder=tc.byteorder,
+                        module_sources=dict(tc.storages.module_sources))
+        else:
+            resolver = TorchResolver(limits, lambda pid, off: MissingStorage(pid),
+                                     strict=strict, allow=allow)
+            raw, end = run_pickle(source.raw, resolver, limits)
+            if end != source.size:
+                raise PickleError(f"{source.size - end} bytes after the pickle's STOP opcode "
+                                  "(never interpreted)", offset=end)
+            fmt = "pickle"
+            info.update(pickle_protocol=source.raw[1] if source.size > 1
+                        and source.raw[0] == 0x80 else None)
+        tree = finish(raw, limits, hook)
         tensors, unsupported = flatten(tree, limits, root_name)
-        info = {"prefix": container.prefix.rstrip("/"), "version": container.version,
-                "byteorder": container.byteorder, "crc": container.has_crc}
-        fmt = "torchscript" if container.is_torchscript else "zip"
+        info["era"] = describe_era(fmt, info)
         return Checkpoint(path, source, fmt, tree, tensors, unsupported, resolver.globals, info)
     except BaseException:
         source.close()
         raise
+
+
+def describe_era(fmt: str, info: dict[str, Any]) -> str:
+    """Which torch versions write this layout, from what the file holds."""
+    if fmt == "tar":
+        return "TAR layout written by torch before 0.1.10"
+    if fmt == "legacy":
+        proto = info.get("pickle_protocol")
+        return ("legacy stream written by torch 0.1.10-1.5 (or later torch with "
+                "_use_new_zipfile_serialization=False)"
+                + (", Python 2 era pickle (protocol < 2)" if proto is None else
+                   f", pickle protocol {proto}"))
+    if fmt == "pickle":
+        return "plain pickle (no tensor storage container)"
+    records = set(info.get("records", ()))
+    if fmt == "torchscript":
+        return "TorchScript archive written by torch.jit.save (torch >= 1.0)"
+    extras = sorted(records & {".format_version", ".storage_alignment", ".data/serialization_id"})
+    tail = f"; also records {', '.join(extras)} (newer torch 2.x)" if extras else ""
+    if "byteorder" in records:
+        return "ZIP layout written by torch >= 2.1 (it has the byteorder record)" + tail
+    return "ZIP layout written by torch 1.6-2.0 (no byteorder record)" + tail
 
 
 def load(

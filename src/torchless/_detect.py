@@ -95,9 +95,12 @@ def _detect(source: Source) -> Layout:
     head = source.read(0, min(size, 512), "file header")
     if head.startswith(b"PK\x03\x04"):
         return Layout.ZIP
-    if head.startswith(b"\x80") and len(head) >= 2 and head[1] >= 2 and \
-            head[2:2 + len(_LEGACY_BINARY)] == _LEGACY_BINARY:
-        return Layout.LEGACY
+    if head.startswith(b"\x80") and len(head) >= 2 and head[1] >= 2:
+        body = head[2:]
+        if body[:1] == b"\x95":  # protocol 4+ opens with a FRAME
+            body = body[9:]
+        if body.startswith(_LEGACY_BINARY):
+            return Layout.LEGACY
     if head.startswith(_LEGACY_TEXT):
         return Layout.LEGACY
     if len(head) >= 262 and head[257:262] == b"ustar":

@@ -30,7 +30,7 @@ from ._errors import CheckpointError, PickleError, StorageError, UnsafeGlobalErr
 from ._limits import Limits
 from ._pickle.vm import Resolver
 from ._policy import judge
-from ._tensor import Storage, Tensor, UnsupportedTensor, make_tensor
+from ._tensor import MissingStorage, Storage, Tensor, UnsupportedTensor, make_tensor
 from ._values import Global, Opaque
 
 __all__ = ["GlobalRecord", "Pending", "StorageType", "TorchResolver"]
@@ -151,6 +151,8 @@ for _n in ("datetime", "date", "time", "timedelta", "timezone"):
 for _n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
     _RULES[("pathlib", _n)] = "path"
 
+_DATALESS = UnsupportedTensor(
+    "data-less (the pickle references a storage but this file holds no storage records)")
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
 _NP_DTYPE_CODE = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|\?|[SUV][0-9]+|O[48])\Z")
 _CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
@@ -312,6 +314,8 @@ class TorchResolver(Resolver):
         if len(a) != 4:
             raise PickleError(f"{f} takes 4 arguments, got {len(a)}")
         storage = a[0]
+        if isinstance(storage, MissingStorage):
+            return _DATALESS
         dtype = storage.dtype if isinstance(storage, Storage) else _dtypes.UINT8
         return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits)
 
@@ -331,6 +335,8 @@ class TorchResolver(Resolver):
         if metadata and any(metadata.values()):
             return UnsupportedTensor("conjugate/negative-bit")
         storage = a[0]
+        if isinstance(storage, MissingStorage):
+            return _DATALESS
         dtype = storage.dtype if isinstance(storage, Storage) else _dtypes.UINT8
         return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits,
                            requires_grad=a[4])
@@ -344,6 +350,8 @@ class TorchResolver(Resolver):
             raise PickleError(f"{f}: dtype is a {type(a[6]).__name__}, not a torch dtype")
         if metadata and any(metadata.values()):
             return UnsupportedTensor("conjugate/negative-bit")
+        if isinstance(a[0], MissingStorage):
+            return _DATALESS
         return make_tensor(a[0], a[1], a[2], a[3], a[6], self.limits, requires_grad=a[4])
 
     def _r_rebuild_parameter(self, f: _Known, a: tuple[Any, ...]) -> Any:

@@ -46,6 +46,11 @@ class Source:
         """The whole file."""
         return self._view
 
+    @property
+    def raw(self) -> mmap.mmap | bytes:
+        """The whole file as an object with find() and slicing (for the pickle VM)."""
+        return self._mmap if self._mmap is not None else b""
+
     def view(self, offset: int, n: int, what: str = "data") -> memoryview:
         if offset < 0 or n < 0:
             raise FormatError(f"{what}: negative offset or length", offset=offset)

@@ -11,7 +11,7 @@ from ._dtypes import DType
 from ._errors import LimitError, TensorGeometryError, UnsupportedError
 from ._limits import Limits
 
-__all__ = ["Storage", "Tensor", "UnsupportedTensor", "make_tensor"]
+__all__ = ["MissingStorage", "Storage", "Tensor", "UnsupportedTensor", "make_tensor"]
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -197,6 +197,15 @@ def make_tensor(
                 f"view size={list(shape)} stride={list(strides)} offset={storage_offset} "
                 f"needs {(last + 1) * itemsize} bytes but its storage has {storage.nbytes}")
     return Tensor(storage, dtype, shape, strides, storage_offset, requires_grad=requires_grad)
+
+
+class MissingStorage:
+    """What a persistent id yields in a plain pickle: a storage whose bytes are not in the file."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self, pid: Any) -> None:
+        self.pid = pid
 
 
 class UnsupportedTensor:

@@ -21,6 +21,7 @@ from typing import Any
 from ._errors import (
     AmbiguousArchiveError,
     ArchiveFormatError,
+    LimitError,
     PickleError,
     StorageError,
     UnsafePathError,
@@ -113,11 +114,11 @@ class TorchZip:
     # ---- the object -----------------------------------------------------------------
 
     def load(self, resolver: TorchResolver) -> Any:
-        data = self.archive.data(self.prefix + "data.pkl", check_crc=self.has_crc)
-        if len(data) > self.limits.max_pickle_bytes:
-            from ._errors import LimitError
-
-            raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, len(data))
+        name = self.prefix + "data.pkl"
+        declared = self.archive.entries[name].size
+        if declared > self.limits.max_pickle_bytes:
+            raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
+        data = self.archive.data(name, check_crc=self.has_crc)
         value, end = run_pickle(data, resolver, self.limits)
         if end != len(data):
             raise PickleError(f"{len(data) - end} bytes after the pickle's STOP opcode",

@@ -20,6 +20,7 @@ Only our own errors leave :meth:`Machine.run`.
 from __future__ import annotations
 
 import codecs
+import mmap
 import re
 import struct
 from collections.abc import Callable
@@ -121,13 +122,14 @@ class Machine:
 
     def __init__(
         self,
-        data: bytes | bytearray | memoryview,
+        data: bytes | bytearray | memoryview | mmap.mmap,
         resolver: Resolver | None = None,
         limits: Limits | None = None,
         *,
         encoding: str = "utf-8",
     ) -> None:
-        self.data = bytes(data) if not isinstance(data, bytes) else data
+        # bytes and mmap both offer find() and slicing to bytes; anything else is copied
+        self.data: Any = data if isinstance(data, (bytes, mmap.mmap)) else bytes(data)
         self.resolver = resolver if resolver is not None else Resolver()
         self.limits = limits if limits is not None else Limits()
         self.encoding = encoding
@@ -168,11 +170,15 @@ class Machine:
         end = len(data)
         dispatch = self.dispatch
         max_ops = self.limits.max_opcodes
+        max_end = start + self.limits.max_pickle_bytes
         count = 0
         while True:
             pos = self.pos
             if pos == self.frame_end:
                 self.frame_end = -1
+            if pos > max_end:
+                raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, pos - start,
+                                 offset=pos)
             if pos >= end:
                 raise TruncatedInputError(
                     "pickle ends without a STOP opcode", offset=pos)
@@ -214,7 +220,8 @@ class Machine:
             raise TruncatedInputError(
                 f"expected {n} bytes, got {len(self.data) - pos}", offset=self.op_start)
         self.pos = stop
-        return self.data[pos:stop]
+        chunk: bytes = self.data[pos:stop]
+        return chunk
 
     def _line(self) -> bytes:
         data = self.data
@@ -228,7 +235,7 @@ class Machine:
         if nl - self.pos > self.limits.max_str_bytes:
             raise LimitError("max_str_bytes", self.limits.max_str_bytes, nl - self.pos,
                              offset=self.op_start)
-        line = data[self.pos:nl]
+        line: bytes = data[self.pos:nl]
         self.pos = nl + 1
         return line
 
@@ -712,7 +719,7 @@ class Machine:
 
 
 def run_pickle(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | mmap.mmap,
     resolver: Resolver | None = None,
     limits: Limits | None = None,
     *,
@@ -721,6 +728,4 @@ def run_pickle(
 ) -> tuple[Any, int]:
     """Interpret the pickle at ``data[start:]``; return (value, offset after STOP)."""
     lim = limits if limits is not None else Limits()
-    if len(data) - start > lim.max_pickle_bytes:
-        raise LimitError("max_pickle_bytes", lim.max_pickle_bytes, len(data) - start)
     return Machine(data, resolver, lim, encoding=encoding).run(start)

@@ -1,0 +1,132 @@
+"""Writers of the legacy stream and the pre-0.1.10 TAR layout, for tests.
+
+They follow torch's own writer (torch.serialization._legacy_save) and the TAR reader
+(torch.serialization._legacy_load.legacy_load) so that torch itself can check the files,
+and add what torch.save no longer writes: pickle protocols 0/1 choices, big-endian data,
+storage views with view metadata, and the TAR layout.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import tarfile
+from typing import Any
+
+MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def swap(data: bytes, itemsize: int, complex_: bool) -> bytes:
+    unit = itemsize // 2 if complex_ else itemsize
+    if unit == 1:
+        return data
+    return b"".join(data[i:i + unit][::-1] for i in range(0, len(data), unit))
+
+
+def _storage_bytes(torch: Any, storage: Any) -> bytes:
+    return bytes(storage._untyped_storage.cpu().numpy().tobytes()) if hasattr(
+        storage._untyped_storage, "numpy") else bytes(
+        torch.tensor([], dtype=torch.uint8).set_(storage._untyped_storage).numpy().tobytes())
+
+
+def write_legacy(torch: Any, obj: Any, f: Any, *, protocol: int = 2, big_endian: bool = False,
+                 count_big_endian: bool = False) -> None:
+    """A legacy stream like torch.save(..., _use_new_zipfile_serialization=False)."""
+    storages: dict[str, Any] = {}
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, o: Any) -> Any:
+            if isinstance(o, type) and issubclass(o, torch.nn.Module):
+                return ("module", o, "<test>", "")
+            if isinstance(o, torch.storage.TypedStorage):
+                key = str(o._cdata)
+                storages[key] = o
+                storage_type = getattr(torch, o._pickle_storage_type())
+                return ("storage", storage_type, key, "cpu", o._size(), None)
+            return None
+
+    sys_info = {"protocol_version": 1001, "little_endian": not big_endian,
+                "type_sizes": {"short": 2, "int": 4, "long": 4}}
+    for value in (MAGIC, 1001, sys_info):
+        pickle.dump(value, f, protocol=protocol)
+    Pickler(f, protocol=protocol).dump(obj)
+    keys = sorted(storages)
+    pickle.dump(keys, f, protocol=protocol)
+    for key in keys:
+        st = storages[key]
+        itemsize = torch._utils._element_size(st.dtype)
+        data = torch.empty(0, dtype=torch.uint8).set_(st._untyped_storage).numpy().tobytes()
+        if big_endian:
+            data = swap(data, itemsize, st.dtype.is_complex)
+        f.write(struct.pack(">q" if count_big_endian else "<q", st._size()))
+        f.write(data)
+
+
+def write_tar(torch: Any, tensors: dict[str, Any], path: str, *, big_endian: bool = False,
+              views: bool = True) -> None:
+    """The pre-0.1.10 TAR layout: {name: tensor} stored with one storage per distinct storage."""
+    storage_ids: dict[int, int] = {}
+    storage_list: list[Any] = []
+    for t in tensors.values():
+        st = t.untyped_storage()
+        if st.data_ptr() not in storage_ids:
+            storage_ids[st.data_ptr()] = len(storage_ids) + 1
+            storage_list.append((storage_ids[st.data_ptr()], t))
+    out = io.BytesIO()
+    pickle.dump(len(storage_list), out, protocol=2)
+    for key, t in storage_list:
+        st = t.untyped_storage()
+        itemsize = t.element_size()
+        storage_type = getattr(torch, torch.storage._dtype_to_storage_type_map()[t.dtype])
+        pickle.dump((key, "cpu", storage_type), out, protocol=2)
+        data = torch.empty(0, dtype=torch.uint8).set_(st).numpy().tobytes()
+        if big_endian:
+            data = swap(data, itemsize, t.dtype.is_complex)
+        out.write(struct.pack("<q", len(data) // itemsize))
+        out.write(data)
+    view_list = []
+    if views and storage_list:
+        # a storage view of the first storage: elements 1.. of it, under key 1000
+        key, t = storage_list[0]
+        n = t.untyped_storage().nbytes() // t.element_size()
+        if n > 1:
+            view_list.append((1000, key, 1, n - 1))
+    pickle.dump(view_list, out, protocol=2)
+    storages_member = out.getvalue()
+
+    out = io.BytesIO()
+    pickle.dump(len(tensors), out, protocol=2)
+    tensor_keys = {}
+    for i, (name, t) in enumerate(tensors.items()):
+        key = 5000 + i
+        tensor_keys[name] = key
+        skey = storage_ids[t.untyped_storage().data_ptr()]
+        pickle.dump((key, skey, type(t)), out, protocol=2)
+        out.write(struct.pack("<i", t.dim()) + b"\0\0\0\0")
+        out.write(struct.pack(f"<{t.dim()}q", *t.shape))
+        out.write(struct.pack(f"<{t.dim()}q", *t.stride()))
+        out.write(struct.pack("<q", t.storage_offset()))
+    tensors_member = out.getvalue()
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, o: Any) -> Any:
+            if isinstance(o, Ref):
+                return str(o.key)
+            return None
+
+    class Ref:
+        def __init__(self, key: int) -> None:
+            self.key = key
+
+    out = io.BytesIO()
+    Pickler(out, protocol=2).dump({name: Ref(k) for name, k in tensor_keys.items()})
+    pickle_member = out.getvalue()
+    sys_info = pickle.dumps({"protocol_version": 1000, "little_endian": not big_endian,
+                             "type_sizes": {"short": 2, "int": 4, "long": 4}}, protocol=2)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("sys_info", sys_info), ("pickle", pickle_member),
+                           ("tensors", tensors_member), ("storages", storages_member)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
