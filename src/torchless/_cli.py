@@ -38,12 +38,12 @@ def _human(n: int) -> str:
 
 def _describe_format(ckpt: _checkpoint.Checkpoint) -> str:
     info = ckpt.info
+    parts = [ckpt.format, str(info.get("era", ""))]
     if ckpt.format in ("zip", "torchscript"):
-        kind = "TorchScript archive (torch.jit.save)" if ckpt.format == "torchscript" \
-            else "ZIP checkpoint (torch.save, torch >= 1.6)"
-        return (f"{kind}, archive format version {info.get('version')}, "
-                f"{info.get('byteorder')}-endian, prefix {info.get('prefix')!r}")
-    return ckpt.format
+        parts.append(f"archive version {info.get('version')}, prefix {info.get('prefix')!r}")
+    if "byteorder" in info:
+        parts.append(f"{info['byteorder']}-endian")
+    return "; ".join(p for p in parts if p)
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -51,7 +51,7 @@ def _short(value: Any, width: int = 60) -> str:
         text = f"<{value.class_path}>"
     elif isinstance(value, Global):
         text = f"<global {value.path}>"
-    elif isinstance(value, (str, int, float, bool, type(None), bytes)):
+    elif isinstance(value, (str, int, float, bool, type(None), bytes, list, tuple)):
         text = repr(value)
     else:
         text = f"<{type(value).__name__}>"
@@ -66,6 +66,11 @@ def _values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
     while stack and count < limit:
         name, obj = stack.pop()
         if isinstance(obj, (Tensor, UnsupportedTensor)):
+            continue
+        if isinstance(obj, (list, tuple)) and len(obj) <= 16 and all(
+                isinstance(v, (str, int, float, bool, type(None))) for v in obj):
+            yield name or "<root>", obj
+            count += 1
             continue
         if isinstance(obj, (dict, list, tuple)) and not isinstance(obj, ModuleDict):
             if id(obj) in seen:

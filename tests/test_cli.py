@@ -1,0 +1,90 @@
+"""The command line: inspect output, JSON, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchless._cli import main
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny.pt"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchless", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_inspect_example_text() -> None:
+    out = run("inspect", str(EXAMPLE))
+    assert out.returncode == 0, out.stderr
+    assert "state_dict.0.weight" in out.stdout
+    assert "bfloat16" in out.stdout
+    assert "strided" in out.stdout  # the transposed mask
+    assert "hparams.name: 'tiny-mlp'" in out.stdout
+
+
+def test_inspect_json_matches_torch(torch: Any) -> None:
+    out = run("inspect", str(EXAMPLE), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    ref = torch.load(EXAMPLE, weights_only=False)
+    expected = {f"state_dict.{k}": v for k, v in ref["state_dict"].items()}
+    for name, t in expected.items():
+        row = next(r for r in doc["tensors"] if r["name"] == name)
+        assert row["shape"] == list(t.shape)
+        assert row["dtype"] == str(t.dtype).removeprefix("torch.")
+        assert row["nbytes"] == t.numel() * t.element_size()
+    mask = next(r for r in doc["tensors"] if r["name"] == "mask")
+    assert mask["contiguous"] is False
+    assert mask["stride"] == list(ref["mask"].stride())
+    assert doc["format"] == "zip"
+    assert doc["tensor_count"] == len(doc["tensors"])
+
+
+def test_error_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "model.pt"
+    bad.write_bytes(b"<html><body>Not Found</body></html>")
+    out = run("inspect", str(bad))
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1
+    assert "HTML" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_file_is_exit_1(tmp_path: Path) -> None:
+    out = run("inspect", str(tmp_path / "nope.pt"))
+    assert out.returncode == 1
+    assert "cannot open" in out.stderr
+
+
+def test_usage_error_is_exit_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["inspect"])
+    assert info.value.code == 2
+
+
+def test_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    assert "examples:" in capsys.readouterr().out
+
+
+class Config:
+    def __init__(self) -> None:
+        self.lr = 0.1
+
+
+def test_strict_refuses_unknown_classes_and_default_keeps_them(tmp_path: Path) -> None:
+    import pickle
+
+    path = tmp_path / "cfg.pkl"
+    path.write_bytes(pickle.dumps({"cfg": Config()}, protocol=2))
+    assert run("inspect", str(path)).returncode == 0
+    out = run("inspect", str(path), "--strict")
+    assert out.returncode == 1
+    assert "refused global" in out.stderr and "Config" in out.stderr
