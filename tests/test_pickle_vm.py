@@ -163,10 +163,12 @@ def test_numpy_values_are_rebuilt(protocol: int) -> None:
     value = {"a": arr, "f": np.asfortranarray(arr.astype("<f8")), "s": np.float32(1.5),
              "i": np.int64(-3), "b": np.array([True, False]), "e": np.zeros((0, 3), "<u2"),
              "state": np.random.RandomState(0).get_state()}
-    out = loads(pickle.dumps(value, protocol=protocol))
+    data = pickle.dumps(value, protocol=protocol)
+    out, expected = loads(data), pickle.loads(data)
     for key in ("a", "f", "b", "e"):
-        assert out[key].dtype == value[key].dtype
-        np.testing.assert_array_equal(out[key], value[key])
+        assert out[key].dtype == expected[key].dtype
+        assert out[key].flags.f_contiguous == expected[key].flags.f_contiguous
+        np.testing.assert_array_equal(out[key], expected[key])
     assert out["s"] == np.float32(1.5) and out["s"].dtype == np.float32
     assert out["i"] == -3 and out["i"].dtype == np.int64
     assert out["state"][0] == "MT19937"

@@ -48,7 +48,8 @@ class Limits:
     max_archive_entries: int = 1_000_000
     #: Bytes a deflated member may inflate to.
     max_inflated_bytes: int = 16 * GiB
-    #: Inflated/compressed ratio for members that inflate to more than 8 MiB (zip bombs).
+    #: Inflated/compressed ratio for members that inflate to more than 64 MiB (zip bombs;
+    #: torch.save never compresses, so only re-packed archives meet this).
     max_inflate_ratio: int = 200
 
     def __post_init__(self) -> None:

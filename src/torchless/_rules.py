@@ -615,4 +615,7 @@ class TorchResolver(Resolver):
         if not isinstance(raw, (bytes, bytearray)) or len(raw) != n * dtype.itemsize:
             raise ValueError(f"ndarray of {n} x {dtype} needs {n * dtype.itemsize} bytes")
         flat = np.frombuffer(bytes(raw), dtype=dtype)
+        if not dtype.isnative:  # ndarray.__setstate__ swaps to native order; so do we
+            flat = flat.astype(dtype.newbyteorder("="))
+            flat.flags.writeable = False
         p.value = flat.reshape(shape, order="F" if fortran else "C")

@@ -52,7 +52,7 @@ _FLAG_UTF8 = 0x0800
 _ALLOWED_FLAGS = _FLAG_DESCRIPTOR | _FLAG_UTF8 | 0x0006  # bits 1-2: deflate speed hints
 _STORED, _DEFLATED = 0, 8
 _MAX_COMMENT = 0xFFFF
-_RATIO_FLOOR = 8 << 20
+_RATIO_FLOOR = 64 << 20
 
 
 @dataclass
