@@ -43,9 +43,10 @@ PROTOCOL_VERSION = 1001
 
 
 def small_pickle(source: Source, pos: int, what: str, limits: Limits,
-                 end: int | None = None) -> tuple[Any, int]:
-    """A pickle that may hold plain data only (no global outside the rules)."""
-    value, after = run_pickle(source.raw, TorchResolver(limits, strict=True), limits, start=pos)
+                 end: int | None = None, *, strict: bool = True) -> tuple[Any, int]:
+    """A header pickle: plain data only (strict: no global outside the rules)."""
+    value, after = run_pickle(source.raw, TorchResolver(limits, strict=strict), limits,
+                              start=pos)
     if end is not None and after > end:
         raise TruncatedInputError(f"{what} pickle runs past the end of its member", offset=pos)
     return value, after

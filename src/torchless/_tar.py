@@ -235,7 +235,9 @@ class TorchTar:
         count, pos = self._count(m.offset, end, "tensor count")
         src = self.source
         for _ in range(count):
-            record, pos = small_pickle(src, pos, "tensor record", self.limits, end)
+            # the record names the tensor class (torch.FloatTensor …): a class, kept inert
+            record, pos = small_pickle(src, pos, "tensor record", self.limits, end,
+                                       strict=False)
             if not isinstance(record, tuple) or len(record) != 3:
                 raise StorageError("TAR tensor record is not (key, storage_key, tensor_type)")
             key, storage_key = self._key(record[0]), self._key(record[1])
