@@ -202,26 +202,35 @@ def _named_children(obj: Any) -> Iterator[tuple[str, Any]]:
 
 
 
-def _tensor_free(root: Any) -> set[int]:
-    """ids of containers below which no tensor lies (post-order, each node once)."""
-    free: set[int] = set()
-    seen: set[int] = set()
+def _tensor_counts(root: Any, limits: Limits) -> dict[int, int]:
+    """Tensor names below each container, counted once per node (post-order, memoised).
+
+    A DAG that reaches one tensor by 2^30 paths is refused here, in time linear in its
+    size, before any name is built."""
+    counts: dict[int, int] = {}
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
         obj, expanded = stack.pop()
         if expanded:
-            if not any(isinstance(c, _LEAVES) or (isinstance(c, _CONTAINERS) and id(c) not in free)
-                       for _, c in _named_children(obj)):
-                free.add(id(obj))
+            n = 0
+            for _, c in _named_children(obj):
+                if isinstance(c, _LEAVES):
+                    n += 1
+                elif isinstance(c, _CONTAINERS):
+                    n += counts.get(id(c), 0)
+            if n > limits.max_tensors:
+                raise LimitError("max_tensors", limits.max_tensors, n,
+                                 "tensor names, aliases included")
+            counts[id(obj)] = n
             continue
-        if id(obj) in seen or not isinstance(obj, _CONTAINERS):
+        if id(obj) in counts or not isinstance(obj, _CONTAINERS):
             continue
-        seen.add(id(obj))
+        counts[id(obj)] = 0  # placeholder: visited (finish() already refused cycles)
         stack.append((obj, True))
         for _, child in _named_children(obj):
-            if isinstance(child, _CONTAINERS) and id(child) not in seen:
+            if isinstance(child, _CONTAINERS) and id(child) not in counts:
                 stack.append((child, False))
-    return free
+    return counts
 
 
 def flatten(
@@ -236,7 +245,7 @@ def flatten(
         else:
             unsupported[root_name] = root
         return tensors, unsupported
-    free = _tensor_free(root)
+    counts = _tensor_counts(root, limits)
     count = 0
     stack: list[tuple[str, Any]] = [("", root)]
     while stack:
@@ -253,11 +262,11 @@ def flatten(
             else:
                 unsupported[full] = obj
             continue
-        if not isinstance(obj, _CONTAINERS) or id(obj) in free:
+        if not isinstance(obj, _CONTAINERS) or not counts.get(id(obj)):
             continue
         children = [(f"{full}.{name}" if full else name, child)
                     for name, child in _named_children(obj)
                     if isinstance(child, _LEAVES)
-                    or (isinstance(child, _CONTAINERS) and id(child) not in free)]
+                    or (isinstance(child, _CONTAINERS) and counts.get(id(child)))]
         stack.extend(reversed(children))
     return tensors, unsupported

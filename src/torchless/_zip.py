@@ -17,6 +17,7 @@ members are inflated with the output bounded by the declared size.
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import struct
 import zlib
@@ -53,6 +54,7 @@ _ALLOWED_FLAGS = _FLAG_DESCRIPTOR | _FLAG_UTF8 | 0x0006  # bits 1-2: deflate spe
 _STORED, _DEFLATED = 0, 8
 _MAX_COMMENT = 0xFFFF
 _RATIO_FLOOR = 64 << 20
+codecs.lookup("cp437")  # member names without the UTF-8 flag; looked up now, not mid-read
 
 
 @dataclass

@@ -45,6 +45,8 @@ _FLOAT_RE = re.compile(
     rb"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
     re.IGNORECASE,
 )
+# look the text codecs up now, so that reading a file never triggers an import
+codecs.lookup("raw_unicode_escape")
 _unpack_int4 = struct.Struct("<i").unpack_from
 _unpack_uint2 = struct.Struct("<H").unpack_from
 _unpack_uint4 = struct.Struct("<I").unpack_from
