@@ -30,14 +30,29 @@ def _storage_bytes(torch: Any, storage: Any) -> bytes:
         torch.tensor([], dtype=torch.uint8).set_(storage._untyped_storage).numpy().tobytes())
 
 
+def storages_needed(torch: Any, obj: Any) -> bool:
+    """Whether obj holds tensors (protocol 0 cannot write their persistent ids)."""
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(storages_needed(torch, v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(storages_needed(torch, v) for v in obj)
+    return False
+
+
 def write_legacy(torch: Any, obj: Any, f: Any, *, protocol: int = 2, big_endian: bool = False,
                  count_big_endian: bool = False) -> None:
     """A legacy stream like torch.save(..., _use_new_zipfile_serialization=False)."""
     storages: dict[str, Any] = {}
+    seen_classes: set[type] = set()
 
     class Pickler(pickle.Pickler):
         def persistent_id(self, o: Any) -> Any:
             if isinstance(o, type) and issubclass(o, torch.nn.Module):
+                if o in seen_classes:
+                    return None
+                seen_classes.add(o)
                 return ("module", o, "<test>", "")
             if isinstance(o, torch.storage.TypedStorage):
                 key = str(o._cdata)
@@ -50,7 +65,7 @@ def write_legacy(torch: Any, obj: Any, f: Any, *, protocol: int = 2, big_endian:
                 "type_sizes": {"short": 2, "int": 4, "long": 4}}
     for value in (MAGIC, 1001, sys_info):
         pickle.dump(value, f, protocol=protocol)
-    Pickler(f, protocol=protocol).dump(obj)
+    Pickler(f, protocol=max(protocol, 1) if storages_needed(torch, obj) else protocol).dump(obj)
     keys = sorted(storages)
     pickle.dump(keys, f, protocol=protocol)
     for key in keys:
@@ -64,8 +79,14 @@ def write_legacy(torch: Any, obj: Any, f: Any, *, protocol: int = 2, big_endian:
 
 
 def write_tar(torch: Any, tensors: dict[str, Any], path: str, *, big_endian: bool = False,
-              views: bool = True) -> None:
-    """The pre-0.1.10 TAR layout: {name: tensor} stored with one storage per distinct storage."""
+              views: bool = True, module: Any = None) -> None:
+    """The pre-0.1.10 TAR layout: {name: tensor} stored with one storage per distinct storage.
+
+    With ``module``, the pickle holds that whole module (its tensors become persistent ids,
+    its classes source records) instead of the dict."""
+    if module is not None:
+        tensors = {f"_m{i}": t for i, t in enumerate(
+            list(module.parameters()) + list(module.buffers()))}
     storage_ids: dict[int, int] = {}
     storage_list: list[Any] = []
     for t in tensors.values():
@@ -109,10 +130,20 @@ def write_tar(torch: Any, tensors: dict[str, Any], path: str, *, big_endian: boo
         out.write(struct.pack("<q", t.storage_offset()))
     tensors_member = out.getvalue()
 
+    by_id = {id(tensors[name]): key for name, key in tensor_keys.items()}
+    seen_classes: set[type] = set()
+
     class Pickler(pickle.Pickler):
         def persistent_id(self, o: Any) -> Any:
             if isinstance(o, Ref):
                 return str(o.key)
+            if isinstance(o, torch.Tensor) and id(o) in by_id:
+                return str(by_id[id(o)])
+            if isinstance(o, type) and issubclass(o, torch.nn.Module):
+                if o in seen_classes:  # as torch does: the id tuple holds the class itself
+                    return None
+                seen_classes.add(o)
+                return (o, "<test>", "class source text")
             return None
 
     class Ref:
@@ -120,7 +151,8 @@ def write_tar(torch: Any, tensors: dict[str, Any], path: str, *, big_endian: boo
             self.key = key
 
     out = io.BytesIO()
-    Pickler(out, protocol=2).dump({name: Ref(k) for name, k in tensor_keys.items()})
+    root = module if module is not None else {name: Ref(k) for name, k in tensor_keys.items()}
+    Pickler(out, protocol=2).dump(root)
     pickle_member = out.getvalue()
     sys_info = pickle.dumps({"protocol_version": 1000, "little_endian": not big_endian,
                              "type_sizes": {"short": 2, "int": 4, "long": 4}}, protocol=2)
