@@ -208,7 +208,7 @@ def _global_call(module: str, name: str, arg: str) -> bytes:
     ("builtins", "getattr"), ("builtins", "__import__"), ("subprocess", "Popen"),
     ("runpy", "_run_code"), ("importlib", "import_module"), ("pickle", "loads"),
     ("torch", "save"), ("torch.storage", "_load_from_bytes"), ("numpy", "load"),
-    ("pathlib", "os.system"), ("numpy", "__builtins__"), ("functools", "partial"),
+    ("pathlib", "os.system"), ("numpy", "__builtins__"), ("functools", "reduce"),
     ("mylib.utils", "do_something"), ("__builtin__", "eval"),
 ])
 def test_dangerous_globals_are_refused(module: str, name: str) -> None:
@@ -316,3 +316,27 @@ def test_float_text_forms() -> None:
     assert math.isinf(loads(b"Finf\n."))
     with pytest.raises(PickleError):
         loads(b"F1_0\n.")
+
+
+class Adam:
+    """Stands in for an optimizer class a config refers to."""
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+def test_common_config_values_stay_inert_but_open(protocol: int) -> None:
+    import functools
+    import re
+    import types
+    import uuid
+
+    value = {"opt": functools.partial(Adam, lr=1e-3), "sn": types.SimpleNamespace(a=1, b=[2]),
+             "id": uuid.UUID(int=5), "pattern": re.compile("a+b")}
+    out = loads(pickle.dumps(value, protocol=protocol))
+    assert out["sn"] == types.SimpleNamespace(a=1, b=[2])
+    opt = out["opt"]
+    assert isinstance(opt, Opaque) and opt.class_path == "functools.partial"
+    assert opt.state[0] == Global(__name__, "Adam")
+    assert opt.state[2] == {"lr": 1e-3}
+    assert out["id"].class_path == "uuid.UUID"
+    assert out["pattern"].class_path == "re._compile"
+    assert out["pattern"].args == ("a+b", 32)

@@ -40,6 +40,7 @@ DENIED_MODULE_FAMILIES: frozenset[str] = frozenset({
     "builtins", "__builtin__", "__builtins__", "runpy", "importlib", "imp", "zipimport",
     "pkgutil", "code", "codeop", "compileall", "py_compile", "types", "inspect", "ast",
     "dis", "pdb", "bdb", "trace", "timeit", "cProfile", "profile", "pstats", "doctest",
+    # functools.partial, types.SimpleNamespace and uuid.UUID are rebuild rules
     "unittest", "idlelib", "lib2to3", "operator", "_operator", "functools", "copy",
     "ctypes", "_ctypes", "cffi", "gc", "weakref", "_weakref", "atexit", "faulthandler",
     "tracemalloc", "linecache", "tokenize",

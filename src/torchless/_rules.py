@@ -18,6 +18,7 @@ import datetime
 import os
 import pathlib
 import re
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,16 +56,12 @@ class GlobalRecord:
     verdict: str  # "rebuilt" or "opaque"
 
 
-@dataclass(frozen=True)
-class _Known:
-    """A global the rules rebuild; ``rule`` is the rebuild function's key."""
+@dataclass(frozen=True, repr=False)
+class _Known(Global):
+    """A global the rules rebuild; ``rule`` is the rebuild function's key. Where it stays a
+    value (a class kept by reference), it is an ordinary inert :class:`Global`."""
 
-    module: str
-    name: str
-    rule: str
-
-    def __repr__(self) -> str:
-        return f"{self.module}.{self.name}"
+    rule: str = ""
 
 
 class Pending:
@@ -137,6 +134,11 @@ _RULES: dict[tuple[str, str], str] = {
     ("numpy.core.numeric", "_frombuffer"): "np_frombuffer",
     ("numpy._core.numeric", "_frombuffer"): "np_frombuffer",
     ("numpy", "dtype"): "np_dtype",
+    ("functools", "partial"): "opaque",  # configs hold partial(Optimizer, lr=…); never called
+    ("types", "SimpleNamespace"): "simple_namespace",
+    ("uuid", "UUID"): "opaque",
+    ("re", "_compile"): "opaque",
+    ("torch.serialization", "_get_layout"): "opaque",
     ("numpy.random._pickle", "__randomstate_ctor"): "opaque",
     ("numpy.random._pickle", "__generator_ctor"): "opaque",
     ("numpy.random._pickle", "__bit_generator_ctor"): "opaque",
@@ -153,6 +155,13 @@ for _n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "Pur
 
 _DATALESS = UnsupportedTensor(
     "data-less (the pickle references a storage but this file holds no storage records)")
+#: torch attributes that are plain enumeration values (layouts, memory formats, qschemes).
+_TORCH_CONSTANTS = frozenset({
+    "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn",
+    "jagged", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
+    "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric", "per_channel_symmetric",
+    "per_channel_affine_float_qparams",
+})
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
 _NP_DTYPE_CODE = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|\?|[SUV][0-9]+|O[48])\Z")
 _CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
@@ -217,7 +226,7 @@ class TorchResolver(Resolver):
     def _known(self, module: str, name: str) -> Any:
         rule = _RULES.get((module, name))
         if rule is not None:
-            return _Known(module, name, rule)
+            return _Known(module, name, rule=rule)
         if module.startswith("torch") and name.endswith("Storage") and "." not in name:
             if name == "UntypedStorage":
                 return StorageType(name, _dtypes.UINT8, untyped=True)
@@ -227,7 +236,11 @@ class TorchResolver(Resolver):
                                         names=(f"{module}.{name}",))
             return StorageType(name, dtype)
         if module == "torch":
-            return _dtypes.by_torch_name(name)
+            dtype = _dtypes.by_torch_name(name)
+            if dtype is not None:
+                return dtype
+            if name in _TORCH_CONSTANTS:
+                return Global(module, name)
         return None
 
     def extension(self, code: int, offset: int) -> Any:
@@ -253,7 +266,8 @@ class TorchResolver(Resolver):
 
     def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
         if isinstance(cls, _Known):
-            if cls.rule in ("ordered_dict", "namespace", "counter", "defaultdict", "builtin"):
+            if cls.rule in ("ordered_dict", "namespace", "simple_namespace", "counter",
+                            "defaultdict", "builtin"):
                 if cls.rule == "builtin" and cls.name in ("object",):
                     return Opaque(cls, (), newobj=True)
                 return self.call(cls, () if cls.rule != "builtin" else args, offset)
@@ -273,7 +287,7 @@ class TorchResolver(Resolver):
             except (TypeError, ValueError) as e:
                 raise PickleError(f"bad NumPy state: {e}", offset=offset) from None
             return obj
-        if isinstance(obj, (collections.OrderedDict, argparse.Namespace)):
+        if isinstance(obj, (collections.OrderedDict, argparse.Namespace, types.SimpleNamespace)):
             if state is None:
                 return obj
             if not isinstance(state, dict):
@@ -281,7 +295,7 @@ class TorchResolver(Resolver):
                                   f"{type(state).__name__}", offset=offset)
             target = vars(obj)
             for key, value in state.items():
-                if isinstance(obj, argparse.Namespace):
+                if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
                     if type(key) is str:
                         target[key] = value
                 elif type(key) is str and key.isidentifier() and not key.startswith("__"):
@@ -529,6 +543,11 @@ class TorchResolver(Resolver):
         if a:
             raise PickleError("argparse.Namespace takes no positional arguments")
         return argparse.Namespace()
+
+    def _r_simple_namespace(self, f: _Known, a: tuple[Any, ...]) -> Any:
+        if a:
+            raise PickleError("types.SimpleNamespace takes no positional arguments")
+        return types.SimpleNamespace()
 
     def _r_path(self, f: _Known, a: tuple[Any, ...]) -> Any:
         if not all(type(x) is str for x in a):
