@@ -42,8 +42,13 @@ def storages_needed(torch: Any, obj: Any) -> bool:
 
 
 def write_legacy(torch: Any, obj: Any, f: Any, *, protocol: int = 2, big_endian: bool = False,
-                 count_big_endian: bool = False) -> None:
-    """A legacy stream like torch.save(..., _use_new_zipfile_serialization=False)."""
+                 count_big_endian: bool = False,
+                 views: dict[int, tuple[Any, int]] | None = None) -> None:
+    """A legacy stream like torch.save(..., _use_new_zipfile_serialization=False).
+
+    ``views`` maps the data_ptr of a storage to (root tensor, element offset): that storage is
+    written as a view of the root's storage with view metadata, as torch < 0.4 did."""
+    views = views or {}
     storages: dict[str, Any] = {}
     seen_classes: set[type] = set()
 
@@ -55,9 +60,17 @@ def write_legacy(torch: Any, obj: Any, f: Any, *, protocol: int = 2, big_endian:
                 seen_classes.add(o)
                 return ("module", o, "<test>", "")
             if isinstance(o, torch.storage.TypedStorage):
+                storage_type = getattr(torch, o._pickle_storage_type())
+                view = views.get(o._untyped_storage.data_ptr())
+                if view is not None:
+                    root = view[0].untyped_storage()
+                    root_typed = view[0].storage()
+                    key = str(root._cdata)
+                    storages[key] = root_typed
+                    return ("storage", storage_type, key, "cpu", root_typed._size(),
+                            (str(o._cdata), view[1], o._size()))
                 key = str(o._cdata)
                 storages[key] = o
-                storage_type = getattr(torch, o._pickle_storage_type())
                 return ("storage", storage_type, key, "cpu", o._size(), None)
             return None
 

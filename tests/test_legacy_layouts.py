@@ -188,6 +188,26 @@ def test_big_endian_count_written_by_a_big_endian_host(torch: Any, tmp_path: Pat
                                   np.arange(6, dtype=np.float32))
 
 
+def test_legacy_storage_view_metadata(torch: Any, tmp_path: Path) -> None:
+    """Old torch wrote storage views as (view_key, offset, size) in the persistent id."""
+    import warnings
+
+    root = torch.arange(10, dtype=torch.float32)
+    part = root[3:8].clone()  # its own storage, declared below as a view of root's
+    obj = {"root": root, "part": part, "part_t": part[1:]}
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage deprecation
+        write_legacy(torch, obj, f, views={part.untyped_storage().data_ptr(): (root, 3)})
+    path = tmp_path / "views.pt"
+    path.write_bytes(f.getvalue())
+    expected = torch_flat(torch, torch.load(path, weights_only=False))
+    np.testing.assert_array_equal(expected["part"].numpy(), [3, 4, 5, 6, 7])
+    with torchless.open(path) as ckpt:
+        assert_same_tensors(torch, ckpt, expected)
+        assert np.shares_memory(ckpt.numpy("root"), ckpt.numpy("part"))
+
+
 def test_tar_layout_matches_torch(torch: Any, tmp_path: Path) -> None:
     base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
     tensors = {"w": base, "wt": base.t(), "row": base[1], "i": torch.arange(5),

@@ -149,6 +149,7 @@ def _open(path: str, limits: Limits, strict: bool, allow: frozenset[str], root_n
             raw = lc.load(resolver)
             fmt = "legacy"
             info.update(byteorder=lc.byteorder, pickle_protocol=lc.pickle_protocol,
+                        python2=resolver.python2_strings,
                         sys_info=dict(lc.sys_info),
                         module_sources=dict(lc.storages.module_sources))
         elif layout is Layout.TAR:
@@ -185,8 +186,8 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
         proto = info.get("pickle_protocol")
         return ("legacy stream written by torch 0.1.10-1.5 (or later torch with "
                 "_use_new_zipfile_serialization=False)"
-                + (", Python 2 era pickle (protocol < 2)" if proto is None else
-                   f", pickle protocol {proto}"))
+                + (", from Python 2" if info.get("python2") else "")
+                + (", pickle protocol 0/1" if proto is None else f", pickle protocol {proto}"))
     if fmt == "pickle":
         return "plain pickle (no tensor storage container)"
     records = set(info.get("records", ()))

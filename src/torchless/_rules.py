@@ -139,6 +139,8 @@ _RULES: dict[tuple[str, str], str] = {
     ("uuid", "UUID"): "opaque",
     ("re", "_compile"): "opaque",
     ("torch.serialization", "_get_layout"): "opaque",
+    # torch 0.3/0.4 full-model saves pickle each module's _backend through this call
+    ("torch.nn.backends.thnn", "_get_thnn_function_backend"): "opaque",
     ("numpy.random._pickle", "__randomstate_ctor"): "opaque",
     ("numpy.random._pickle", "__generator_ctor"): "opaque",
     ("numpy.random._pickle", "__bit_generator_ctor"): "opaque",
@@ -208,6 +210,8 @@ class TorchResolver(Resolver):
     # ---- names ----------------------------------------------------------------------
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
+        if module in ("__builtin__", "copy_reg"):
+            self.python2_strings = True
         if (module, name) in _compat_pickle.NAME_MAPPING:
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         elif module in _compat_pickle.IMPORT_MAPPING:

@@ -63,7 +63,10 @@ class Resolver:
 
     This default keeps everything inert. Subclasses (the torch rules) rebuild
     what they know and may refuse what they must by raising a CheckpointError.
+    ``python2_strings`` is set when the stream holds Python 2 ``str`` opcodes.
     """
+
+    python2_strings = False
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
         return Global(module, name, offset)
@@ -287,6 +290,7 @@ class Machine:
 
     def _py2_string(self, raw: bytes) -> Any:
         """STRING/BINSTRING/SHORT_BINSTRING: a Python 2 str, decoded as torch.load does."""
+        self.resolver.python2_strings = True
         if self.encoding == "bytes":
             return raw
         return raw.decode(self.encoding)
