@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "DType", "by_storage_name", "by_torch_name"]
+__all__ = ["DTYPES", "DType", "StorageType", "by_storage_name", "by_torch_name"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,15 @@ class DType:
 
     def __repr__(self) -> str:
         return f"torch.{self.name}"
+
+
+@dataclass(frozen=True)
+class StorageType:
+    """A ``torch.<Name>Storage`` class named in a persistent id (UntypedStorage: bytes)."""
+
+    name: str
+    dtype: DType
+    untyped: bool = False
 
 
 _COMPLEX32 = np.dtype([("real", "<f2"), ("imag", "<f2")])

@@ -32,9 +32,9 @@ from ._errors import (
 )
 from ._limits import Limits
 from ._pickle.vm import run_pickle
-from ._rules import StorageType, TorchResolver
+from ._rules import TorchResolver
 from ._source import Source
-from ._tensor import Storage
+from ._tensor import Storage, storage_record
 from ._values import Global
 
 __all__ = ["LegacyStream", "StorageTable", "small_pickle"]
@@ -78,18 +78,7 @@ class StorageTable:
         return load
 
     def root(self, storage_type: Any, key: Any, location: Any, numel: Any) -> Storage:
-        if not isinstance(storage_type, StorageType):
-            raise StorageError(f"storage type is a {type(storage_type).__name__}")
-        if isinstance(key, int) and not isinstance(key, bool):
-            key = str(key)
-        if type(key) is not str:
-            raise StorageError(f"storage key is a {type(key).__name__}, not a str")
-        if isinstance(location, bytes):
-            location = location.decode("ascii", "replace")
-        if type(location) is not str:
-            raise StorageError(f"storage location is a {type(location).__name__}")
-        if type(numel) is not int or numel < 0:
-            raise StorageError(f"storage element count {numel!r} is not a non-negative int")
+        storage_type, key, location, numel = storage_record(storage_type, key, location, numel)
         dtype = storage_type.dtype
         known = self.roots.get(key)
         if known is not None:

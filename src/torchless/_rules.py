@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import _dtypes
-from ._dtypes import DType
+from ._dtypes import DType, StorageType
 from ._errors import CheckpointError, PickleError, StorageError, UnsafeGlobalError
 from ._limits import Limits
 from ._pickle.vm import Resolver
@@ -35,15 +35,6 @@ from ._tensor import MissingStorage, Storage, Tensor, UnsupportedTensor, make_te
 from ._values import Global, Opaque
 
 __all__ = ["GlobalRecord", "Pending", "StorageType", "TorchResolver"]
-
-
-@dataclass(frozen=True)
-class StorageType:
-    """A ``torch.<Name>Storage`` class named in a persistent id."""
-
-    name: str
-    dtype: DType
-    untyped: bool = False
 
 
 @dataclass(frozen=True)

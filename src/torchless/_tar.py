@@ -21,6 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from ._dtypes import StorageType
 from ._errors import (
     AmbiguousArchiveError,
     ArchiveFormatError,
@@ -33,7 +34,7 @@ from ._errors import (
 from ._legacy import StorageTable, small_pickle
 from ._limits import Limits
 from ._pickle.vm import run_pickle
-from ._rules import StorageType, TorchResolver
+from ._rules import TorchResolver
 from ._source import Source
 from ._tensor import Storage, Tensor, make_tensor
 

@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from ._dtypes import DType
-from ._errors import LimitError, TensorGeometryError, UnsupportedError
+from ._dtypes import DType, StorageType
+from ._errors import LimitError, StorageError, TensorGeometryError, UnsupportedError
 from ._limits import Limits
 
-__all__ = ["MissingStorage", "Storage", "Tensor", "UnsupportedTensor", "make_tensor"]
+__all__ = ["MissingStorage", "Storage", "Tensor", "UnsupportedTensor", "make_tensor",
+           "storage_record"]
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -139,6 +140,24 @@ class Tensor:
     def __repr__(self) -> str:
         kind = "Parameter" if self.is_parameter else "Tensor"
         return f"{kind}(dtype={self.dtype!r}, shape={list(self.shape)})"
+
+
+def storage_record(storage_type: Any, key: Any, location: Any,
+                   numel: Any) -> tuple[StorageType, str, str, int]:
+    """Check the fields of a storage persistent id; int keys (old files) become str."""
+    if not isinstance(storage_type, StorageType):
+        raise StorageError(f"storage type is a {type(storage_type).__name__}")
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if type(key) is not str:
+        raise StorageError(f"storage key is a {type(key).__name__}, not a str")
+    if isinstance(location, bytes):
+        location = location.decode("ascii", "replace")
+    if type(location) is not str:
+        raise StorageError(f"storage location is a {type(location).__name__}")
+    if type(numel) is not int or numel < 0:
+        raise StorageError(f"storage element count {numel!r} is not a non-negative int")
+    return storage_type, key, location, numel
 
 
 def _dims(value: Any, what: str) -> tuple[int, ...]:

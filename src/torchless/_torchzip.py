@@ -30,9 +30,9 @@ from ._errors import (
 from ._graph import ModuleDict, module_state_dict
 from ._limits import Limits
 from ._pickle.vm import run_pickle
-from ._rules import StorageType, TorchResolver
+from ._rules import TorchResolver
 from ._source import Source
-from ._tensor import Storage
+from ._tensor import Storage, storage_record
 from ._values import Global, Opaque
 from ._zip import ZipArchive
 
@@ -135,18 +135,11 @@ class TorchZip:
             tag = tag.decode("ascii", "replace")
         if tag != "storage":
             raise StorageError(f"persistent id tag is {tag!r}, expected 'storage'")
-        if not isinstance(storage_type, StorageType):
-            raise StorageError(f"persistent id storage type is a {type(storage_type).__name__}")
-        if type(key) is not str:
+        if type(key) is not str:  # torch forms the record name from it: str only
             raise StorageError(f"storage key is a {type(key).__name__}, not a str")
         if not _KEY.match(key):
             raise UnsafePathError(f"storage key {key[:60]!r} is not a plain record name")
-        if isinstance(location, bytes):
-            location = location.decode("ascii", "replace")
-        if type(location) is not str:
-            raise StorageError(f"storage location is a {type(location).__name__}")
-        if type(numel) is not int or numel < 0:
-            raise StorageError(f"storage element count {numel!r} is not a non-negative int")
+        storage_type, key, location, numel = storage_record(storage_type, key, location, numel)
         dtype = storage_type.dtype
         nbytes = numel * dtype.itemsize
         known = self._storages.get(key)
