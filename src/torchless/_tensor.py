@@ -24,7 +24,8 @@ class Storage:
     members, inflated bytes otherwise) and is called at most once.
     """
 
-    __slots__ = ("_buffer", "_loader", "byteorder", "dtype", "key", "location", "nbytes")
+    __slots__ = ("_buffer", "_loader", "_swapped", "byteorder", "dtype", "key", "location",
+                 "nbytes")
 
     def __init__(
         self,
@@ -43,11 +44,24 @@ class Storage:
         self.byteorder = byteorder
         self._loader = loader
         self._buffer: memoryview | bytes | None = None
+        self._swapped: dict[int, bytes] = {}
 
     def buffer(self) -> memoryview | bytes:
         if self._buffer is None:
             self._buffer = self._loader()
         return self._buffer
+
+    def native_buffer(self, unit: int) -> memoryview | bytes:
+        """The bytes in this machine's order for elements of ``unit`` bytes.
+
+        A big-endian storage is swapped once, whole, and kept: views of it then keep their
+        strides and share memory as they do in torch."""
+        if self.byteorder == "little" or unit == 1:
+            return self.buffer()
+        if unit not in self._swapped:
+            raw = np.frombuffer(self.buffer(), dtype=f">u{unit}", count=self.nbytes // unit)
+            self._swapped[unit] = raw.astype(f"<u{unit}").tobytes()
+        return self._swapped[unit]
 
     def __repr__(self) -> str:
         return f"Storage(key={self.key!r}, dtype={self.dtype!r}, nbytes={self.nbytes})"
@@ -122,20 +136,13 @@ class Tensor:
             arr = np.empty(self.shape, dtype=npdt)
             arr.flags.writeable = False
             return arr
-        buf = self.storage.buffer()
+        unit = itemsize // 2 if self.dtype.name.startswith("complex") else itemsize
+        buf = self.storage.native_buffer(unit)
         strides = tuple(s * itemsize for s in self.stride)
         offset = self.storage_offset * itemsize
-        if self.storage.byteorder == "little" or itemsize == 1:
-            view: np.ndarray[Any, Any] = np.ndarray(
-                self.shape, dtype=npdt, buffer=buf, offset=offset, strides=strides)
-            return view
-        raw = np.ndarray(self.shape, dtype=np.dtype(f"V{itemsize}"), buffer=buf,
-                         offset=offset, strides=strides)
-        unit = itemsize // 2 if self.dtype.name.startswith("complex") else itemsize
-        swapped = np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=f">u{unit}")
-        arr = swapped.astype(f"<u{unit}").view(npdt).reshape(self.shape)
-        arr.flags.writeable = False
-        return arr
+        view: np.ndarray[Any, Any] = np.ndarray(
+            self.shape, dtype=npdt, buffer=buf, offset=offset, strides=strides)
+        return view
 
     def __repr__(self) -> str:
         kind = "Parameter" if self.is_parameter else "Tensor"
