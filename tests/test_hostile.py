@@ -722,7 +722,7 @@ TORCHLESS_CODECS = {
 
 #: Calls of a file-named global that torchless makes on purpose: (callee, caller) -> why.
 ALLOWED_CALLS = {
-    ("argparse.Namespace.__init__", "torchless/_rules.py:TorchResolver._r_namespace"):
+    ("argparse.Namespace.__init__", "torchless/_rules_stdlib.py:StdlibRules._r_namespace"):
         "the argparse.Namespace rebuild rule (Lightning hparams) builds a real Namespace, a "
         "data container whose __init__ only sets attributes (seen for rce_fallback_bait)",
 }

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._errors import LimitError, PickleError
+from ._known import Pending
 from ._limits import Limits
-from ._rules import Pending
 from ._tensor import Tensor, UnsupportedTensor
 from ._values import NOTSET, Opaque
 

@@ -14,23 +14,19 @@ from __future__ import annotations
 import _compat_pickle
 import argparse
 import collections
-import datetime
-import os
-import pathlib
-import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from . import _dtypes
 from ._dtypes import DType, StorageType
 from ._errors import CheckpointError, PickleError, StorageError, UnsafeGlobalError
+from ._known import Known, Pending
 from ._limits import Limits
-from ._pickle.vm import Resolver
 from ._policy import judge
+from ._rules_numpy import NumpyRules
+from ._rules_stdlib import StdlibRules
 from ._tensor import MissingStorage, Storage, Tensor, UnsupportedTensor, make_tensor
 from ._values import Global, Opaque
 
@@ -45,34 +41,6 @@ class GlobalRecord:
     name: str
     offset: int
     verdict: str  # "rebuilt" or "opaque"
-
-
-@dataclass(frozen=True, repr=False)
-class _Known(Global):
-    """A global the rules rebuild; ``rule`` is the rebuild function's key. Where it stays a
-    value (a class kept by reference), it is an ordinary inert :class:`Global`."""
-
-    rule: str = ""
-
-
-class Pending:
-    """A value finished by a later BUILD (NumPy arrays and dtypes); resolved after the run."""
-
-    __slots__ = ("args", "kind", "state", "value")
-
-    def __init__(self, kind: str, args: tuple[Any, ...]) -> None:
-        self.kind = kind
-        self.args = args
-        self.state: Any = None
-        self.value: Any = None
-
-    def resolved(self) -> Any:
-        """The rebuilt value, or an inert record when NumPy's state was not understood."""
-        if self.value is not None:
-            return self.value
-        record = Opaque(Global("numpy", self.kind), self.args)
-        record.state = self.state
-        return record
 
 
 _UNSUPPORTED_TENSORS = {
@@ -156,32 +124,7 @@ _TORCH_CONSTANTS = frozenset({
     "per_channel_affine_float_qparams",
 })
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
-_NP_DTYPE_CODE = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|\?|[SUV][0-9]+|O[48])\Z")
-_CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
-_SCALAR_TYPES = (int, float, str, bool, complex, type(None))
-_DATETIME_CLASSES: dict[str, Callable[..., Any]] = {
-    "datetime": datetime.datetime, "date": datetime.date, "time": datetime.time,
-    "timedelta": datetime.timedelta, "timezone": datetime.timezone,
-}
-_PATH_CLASSES: dict[str, Callable[..., Any]] = {
-    "Path": pathlib.PurePosixPath, "PosixPath": pathlib.PurePosixPath,
-    "PurePath": pathlib.PurePosixPath, "PurePosixPath": pathlib.PurePosixPath,
-    "WindowsPath": pathlib.PureWindowsPath, "PureWindowsPath": pathlib.PureWindowsPath,
-}
-if os.name == "posix":
-    _PATH_CLASSES["Path"] = _PATH_CLASSES["PosixPath"] = pathlib.PosixPath
-
-
-def _is_data(value: Any) -> bool:
-    return isinstance(value, (*_SCALAR_TYPES, bytes, bytearray, list, tuple, dict, set,
-                              frozenset))
-
-
-def unwrap(value: Any) -> Any:
-    return value.value if isinstance(value, Pending) else value
-
-
-class TorchResolver(Resolver):
+class TorchResolver(StdlibRules, NumpyRules):
     """Rebuilds what the rules know, judges every other global, keeps the rest inert."""
 
     def __init__(
@@ -221,7 +164,7 @@ class TorchResolver(Resolver):
     def _known(self, module: str, name: str) -> Any:
         rule = _RULES.get((module, name))
         if rule is not None:
-            return _Known(module, name, rule=rule)
+            return Known(module, name, rule=rule)
         if module.startswith("torch") and name.endswith("Storage") and "." not in name:
             if name == "UntypedStorage":
                 return StorageType(name, _dtypes.UINT8, untyped=True)
@@ -246,7 +189,7 @@ class TorchResolver(Resolver):
     # ---- calls ----------------------------------------------------------------------
 
     def call(self, func: Any, args: Any, offset: int) -> Any:
-        if isinstance(func, _Known):
+        if isinstance(func, Known):
             try:
                 return getattr(self, "_r_" + func.rule)(func, args)
             except CheckpointError as e:
@@ -260,7 +203,7 @@ class TorchResolver(Resolver):
         raise PickleError(f"REDUCE of a non-callable {type(func).__name__}", offset=offset)
 
     def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
-        if isinstance(cls, _Known):
+        if isinstance(cls, Known):
             if cls.rule in ("ordered_dict", "namespace", "simple_namespace", "counter",
                             "defaultdict", "builtin"):
                 if cls.rule == "builtin" and cls.name in ("object",):
@@ -268,7 +211,7 @@ class TorchResolver(Resolver):
                 return self.call(cls, () if cls.rule != "builtin" else args, offset)
             if cls.rule == "np_ndarray":
                 return Pending("ndarray", args)
-        if isinstance(cls, (Global, Opaque, _Known)):
+        if isinstance(cls, (Global, Opaque, Known)):
             return super().new_object(cls, args, kwargs, offset)
         raise PickleError(f"NEWOBJ of a non-class {type(cls).__name__}", offset=offset)
 
@@ -319,7 +262,7 @@ class TorchResolver(Resolver):
 
     # ---- tensor rules ---------------------------------------------------------------
 
-    def _r_rebuild_tensor(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_rebuild_tensor(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 4:
             raise PickleError(f"{f} takes 4 arguments, got {len(a)}")
         storage = a[0]
@@ -328,7 +271,7 @@ class TorchResolver(Resolver):
         dtype = storage.dtype if isinstance(storage, Storage) else _dtypes.UINT8
         return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits)
 
-    def _tensor_flags(self, f: _Known, requires_grad: Any, hooks: Any, metadata: Any) -> None:
+    def _tensor_flags(self, f: Known, requires_grad: Any, hooks: Any, metadata: Any) -> None:
         if type(requires_grad) is not bool:
             raise PickleError(f"{f}: requires_grad is a {type(requires_grad).__name__}")
         if hooks is not None and not isinstance(hooks, dict):
@@ -336,7 +279,7 @@ class TorchResolver(Resolver):
         if metadata is not None and not isinstance(metadata, dict):
             raise PickleError(f"{f}: metadata is a {type(metadata).__name__}")
 
-    def _r_rebuild_tensor_v2(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_rebuild_tensor_v2(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) not in (6, 7):
             raise PickleError(f"{f} takes 6 or 7 arguments, got {len(a)}")
         metadata = a[6] if len(a) == 7 else None
@@ -350,7 +293,7 @@ class TorchResolver(Resolver):
         return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits,
                            requires_grad=a[4])
 
-    def _r_rebuild_tensor_v3(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_rebuild_tensor_v3(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) not in (7, 8):
             raise PickleError(f"{f} takes 7 or 8 arguments, got {len(a)}")
         metadata = a[7] if len(a) == 8 else None
@@ -363,7 +306,7 @@ class TorchResolver(Resolver):
             return _DATALESS
         return make_tensor(a[0], a[1], a[2], a[3], a[6], self.limits, requires_grad=a[4])
 
-    def _r_rebuild_parameter(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_rebuild_parameter(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) not in (3, 4):
             raise PickleError(f"{f} takes 3 or 4 arguments, got {len(a)}")
         data, requires_grad = a[0], a[1]
@@ -374,33 +317,33 @@ class TorchResolver(Resolver):
             raise PickleError(f"{f}: data is a {type(data).__name__}, not a tensor")
         return data.with_flags(requires_grad=requires_grad, is_parameter=True)
 
-    def _r_rebuild_from_type(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_rebuild_from_type(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) not in (3, 4):
             raise PickleError(f"{f} takes 3 or 4 arguments, got {len(a)}")
         func, new_type, args = a[0], a[1], a[2]
         if not isinstance(args, tuple):
             raise PickleError(f"{f}: arguments are not a tuple")
         value = self.call(func, args, -1)
-        if isinstance(value, Tensor) and isinstance(new_type, _Known) \
+        if isinstance(value, Tensor) and isinstance(new_type, Known) \
                 and new_type.rule == "parameter_class":
             return value.with_flags(requires_grad=value.requires_grad, is_parameter=True)
         return value
 
-    def _r_device_tensor(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_device_tensor(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 4 or not isinstance(a[0], Tensor) or a[1] != a[0].dtype:
             return UnsupportedTensor("device-converted")
         return a[0].with_flags(requires_grad=bool(a[3]), is_parameter=False)
 
-    def _r_unsupported_tensor(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_unsupported_tensor(self, f: Known, a: tuple[Any, ...]) -> Any:
         return UnsupportedTensor(_UNSUPPORTED_TENSORS[f.name])
 
-    def _r_size(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_size(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 1 or not isinstance(a[0], (tuple, list)) \
                 or any(type(x) is not int for x in a[0]):
             raise PickleError("torch.Size takes one sequence of ints")
         return tuple(a[0])
 
-    def _r_device(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_device(self, f: Known, a: tuple[Any, ...]) -> Any:
         if not a or type(a[0]) is not str or len(a) > 2:
             raise PickleError("torch.device takes a type string and an optional index")
         if len(a) == 2 and a[1] is not None:
@@ -409,227 +352,23 @@ class TorchResolver(Resolver):
             return f"{a[0]}:{a[1]}"
         return a[0]
 
-    def _r_str(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_str(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 1 or type(a[0]) is not str:
             raise PickleError(f"{f} takes one str")
         return a[0]
 
-    def _r_identity(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_identity(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 1 or not isinstance(a[0], list):
             raise PickleError(f"{f} takes one list")
         return a[0]
 
-    def _r_first(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_first(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 2:
             raise PickleError(f"{f} takes 2 arguments")
         return a[0]
 
-    def _r_tensor_class(self, f: _Known, a: tuple[Any, ...]) -> Any:
+    def _r_tensor_class(self, f: Known, a: tuple[Any, ...]) -> Any:
         return Opaque(f, a)
 
     _r_parameter_class = _r_tensor_class
     _r_opaque = _r_tensor_class
-
-    # ---- stdlib rules ---------------------------------------------------------------
-
-    def _r_ordered_dict(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        od: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-        if not a:
-            return od
-        if len(a) != 1 or not isinstance(a[0], (list, tuple, dict)):
-            raise PickleError("OrderedDict takes one sequence of pairs")
-        pairs = a[0].items() if isinstance(a[0], dict) else a[0]
-        for pair in pairs:
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise PickleError("OrderedDict item is not a (key, value) pair")
-            od[pair[0]] = pair[1]
-        return od
-
-    def _r_defaultdict(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        factories: dict[str, Any] = {"list": list, "dict": dict, "set": set, "int": int,
-                                     "float": float, "str": str, "tuple": tuple}
-        factory = None
-        if a and isinstance(a[0], _Known) and a[0].rule == "builtin":
-            factory = factories.get(a[0].name)
-        return collections.defaultdict(factory)
-
-    def _r_deque(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        items = a[0] if a else ()
-        maxlen = a[1] if len(a) > 1 else None
-        if not isinstance(items, (list, tuple)) or (maxlen is not None and (
-                type(maxlen) is not int or maxlen < 0)):
-            raise PickleError("deque takes a sequence and an optional maxlen")
-        return collections.deque(items, maxlen)
-
-    def _r_counter(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if a and not isinstance(a[0], dict):
-            raise PickleError("Counter takes a dict")
-        return collections.Counter(a[0] if a else {})
-
-    def _r_builtin(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        name = f.name
-        if not all(_is_data(x) or isinstance(x, (Tensor, Opaque, Global)) for x in a):
-            raise PickleError(f"builtins.{name} called with non-data arguments")
-        if name in ("set", "frozenset", "list", "tuple", "dict"):
-            if len(a) > 1 or (a and not isinstance(a[0], (list, tuple, set, frozenset, dict))):
-                raise PickleError(f"builtins.{name} takes one container")
-            ctor: Any = {"set": set, "frozenset": frozenset, "list": list, "tuple": tuple,
-                         "dict": dict}[name]
-            return ctor(*a)
-        if name in ("bytes", "bytearray"):
-            ctor = bytes if name == "bytes" else bytearray
-            if not a:
-                return ctor()
-            if len(a) == 2 and type(a[0]) is str and type(a[1]) is str and a[1].lower() in _CODECS:
-                return ctor(a[0], a[1])
-            if len(a) == 1 and isinstance(a[0], (bytes, bytearray)):
-                return ctor(a[0])
-            if len(a) == 1 and isinstance(a[0], list) and all(
-                    type(x) is int and 0 <= x < 256 for x in a[0]):
-                return ctor(a[0])
-            raise PickleError(f"builtins.{name} called with unsupported arguments")
-        if name in ("slice", "range"):
-            if not 1 <= len(a) <= 3 or not all(x is None or type(x) is int for x in a):
-                raise PickleError(f"builtins.{name} takes up to 3 ints")
-            return slice(*a) if name == "slice" else range(*a)
-        if name in ("complex", "int", "float", "str", "bool"):
-            if len(a) > 2 or not all(isinstance(x, (int, float, str)) for x in a):
-                raise PickleError(f"builtins.{name} takes scalars")
-            if name == "str":
-                if len(a) != 1 or type(a[0]) is not str:
-                    raise PickleError("builtins.str takes one str")
-                return a[0]
-            ctor = {"complex": complex, "int": int, "float": float, "bool": bool}[name]
-            return ctor(*a)
-        return Opaque(f, a)
-
-    def _r_reconstructor(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if len(a) != 3:
-            raise PickleError("copyreg._reconstructor takes 3 arguments")
-        cls, base, state = a
-        if isinstance(base, _Known) and base.rule == "builtin" and base.name == "object" \
-                and state is None:
-            return self.new_object(cls, (), None, -1)
-        return Opaque(f, a)
-
-    def _r_newobj(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if not a:
-            raise PickleError("copyreg.__newobj__ needs a class")
-        return self.new_object(a[0], a[1:], None, -1)
-
-    def _r_newobj_ex(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if len(a) != 3 or not isinstance(a[1], tuple) or not isinstance(a[2], dict):
-            raise PickleError("copyreg.__newobj_ex__ takes (cls, args, kwargs)")
-        return self.new_object(a[0], a[1], a[2], -1)
-
-    def _r_codecs_encode(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if len(a) != 2 or type(a[0]) is not str or type(a[1]) is not str \
-                or a[1].lower() not in _CODECS:
-            raise PickleError("_codecs.encode takes a str and a known text encoding")
-        return a[0].encode(a[1])
-
-    def _r_datetime(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if not all(isinstance(x, (int, float, str, bytes, datetime.tzinfo, datetime.timedelta))
-                   or x is None for x in a):
-            raise PickleError(f"datetime.{f.name} called with non-data arguments")
-        return _DATETIME_CLASSES[f.name](*a)
-
-    def _r_namespace(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if a:
-            raise PickleError("argparse.Namespace takes no positional arguments")
-        return argparse.Namespace()
-
-    def _r_simple_namespace(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if a:
-            raise PickleError("types.SimpleNamespace takes no positional arguments")
-        return types.SimpleNamespace()
-
-    def _r_path(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if not all(type(x) is str for x in a):
-            raise PickleError(f"pathlib.{f.name} takes str parts")
-        return _PATH_CLASSES[f.name](*a)
-
-    # ---- NumPy rules ----------------------------------------------------------------
-
-    def _r_np_reconstruct(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if len(a) != 3 or not isinstance(a[0], _Known) or a[0].rule != "np_ndarray":
-            return Opaque(f, a)
-        return Pending("ndarray", a)
-
-    def _r_np_ndarray(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        return Pending("ndarray", a)
-
-    def _r_np_dtype(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if not a or type(a[0]) is not str:
-            raise PickleError("numpy.dtype takes a type code")
-        return Pending("dtype", a)
-
-    def _r_np_frombuffer(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if len(a) != 4:
-            raise PickleError("numpy _frombuffer takes (buffer, dtype, shape, order)")
-        buf, dtype, shape, order = a[0], unwrap(a[1]), a[2], a[3]
-        if not isinstance(dtype, np.dtype) or dtype.hasobject:
-            return Opaque(f, a)
-        if not isinstance(buf, (bytes, bytearray)) or order not in ("C", "F") or \
-                not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
-            raise PickleError("numpy _frombuffer called with invalid arguments")
-        n = 1
-        for s in shape:
-            n *= s
-        if len(buf) != n * dtype.itemsize:
-            raise PickleError(f"numpy buffer of {len(buf)} bytes for {n} x {dtype}")
-        flat = np.frombuffer(bytes(buf), dtype=dtype)
-        return flat.reshape(shape, order="F" if order == "F" else "C")
-
-    def _r_np_scalar(self, f: _Known, a: tuple[Any, ...]) -> Any:
-        if len(a) not in (1, 2):
-            raise PickleError("numpy scalar takes a dtype and its bytes")
-        dtype = unwrap(a[0])
-        if not isinstance(dtype, np.dtype):
-            return Opaque(f, a)
-        if dtype.hasobject:
-            return a[1] if len(a) == 2 else None
-        raw = a[1] if len(a) == 2 else b""
-        if isinstance(raw, str):
-            raw = raw.encode("latin-1")
-        if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
-            raise PickleError(f"numpy scalar of {dtype} needs {dtype.itemsize} bytes")
-        return np.frombuffer(raw, dtype=dtype)[0]
-
-    def _finish_pending(self, p: Pending, state: Any) -> None:
-        if p.kind == "dtype":
-            code = p.args[0]
-            order = state[1] if isinstance(state, tuple) and len(state) > 1 else "|"
-            fields_none = isinstance(state, tuple) and len(state) >= 5 and \
-                all(x is None for x in state[2:5])
-            if _NP_DTYPE_CODE.match(code) and order in ("<", ">", "|", "=") and fields_none:
-                dt = np.dtype(code)
-                p.value = dt.newbyteorder(order) if order in "<>" else dt
-            return
-        if not isinstance(state, tuple) or len(state) not in (4, 5):
-            raise ValueError("ndarray state is not a 4- or 5-tuple")
-        shape, dtype, fortran, raw = state[-4:]
-        dtype = unwrap(dtype)
-        if not isinstance(dtype, np.dtype):
-            return
-        if not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
-            raise ValueError("ndarray shape is not a tuple of non-negative ints")
-        n = 1
-        for s in shape:
-            n *= s
-        if dtype.hasobject:
-            if not isinstance(raw, list) or len(raw) != n:
-                raise ValueError("object array state does not match its shape")
-            arr = np.empty(n, dtype=object)
-            arr[:] = raw
-            p.value = arr.reshape(shape, order="F" if fortran else "C")
-            return
-        if isinstance(raw, str):
-            raw = raw.encode("latin-1")
-        if not isinstance(raw, (bytes, bytearray)) or len(raw) != n * dtype.itemsize:
-            raise ValueError(f"ndarray of {n} x {dtype} needs {n * dtype.itemsize} bytes")
-        flat = np.frombuffer(bytes(raw), dtype=dtype)
-        if not dtype.isnative:  # ndarray.__setstate__ swaps to native order; so do we
-            flat = flat.astype(dtype.newbyteorder("="))
-            flat.flags.writeable = False
-        p.value = flat.reshape(shape, order="F" if fortran else "C")
