@@ -71,10 +71,12 @@ class StorageTable:
         self.module_sources: dict[str, tuple[str, str]] = {}
 
     def _loader(self, key: str, nbytes: int) -> Any:
+        offsets, source = self.offsets, self.source  # not self: no cycle through the table
+
         def load() -> memoryview:
-            if key not in self.offsets:
+            if key not in offsets:
                 raise StorageError(f"storage {key!r} has no bytes in the file")
-            return self.source.view(self.offsets[key], nbytes, f"storage {key}")
+            return source.view(offsets[key], nbytes, f"storage {key}")
         return load
 
     def root(self, storage_type: Any, key: Any, location: Any, numel: Any) -> Storage:

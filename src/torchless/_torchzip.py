@@ -158,8 +158,9 @@ class TorchZip:
                 f"storage {key!r} declares {numel} x {dtype.itemsize} = {nbytes} bytes, "
                 f"its record holds {entry.size}")
         check = self.verify_crc and self.has_crc
+        archive = self.archive  # not self: the loader must not keep the storage table alive
         storage = Storage(key, dtype, nbytes,
-                          lambda: self.archive.data(name, check_crc=check),
+                          lambda: archive.data(name, check_crc=check),
                           location=location, byteorder=self.byteorder)
         self._storages[key] = storage
         return storage

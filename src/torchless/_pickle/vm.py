@@ -20,6 +20,7 @@ Only our own errors leave :meth:`Machine.run`.
 from __future__ import annotations
 
 import codecs
+import gc
 import mmap
 import re
 import struct
@@ -141,6 +142,7 @@ class Machine:
         self.pos = 0
         self.op_start = 0
         self.frame_end = -1
+        self.limit = len(self.data)  # where reading must stop: end of data or of the frame
         self.stack: list[Any] = []
         self.metastack: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
@@ -155,6 +157,8 @@ class Machine:
 
     def run(self, start: int = 0) -> tuple[Any, int]:
         """Interpret one pickle starting at ``start``; return (value, offset after STOP)."""
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # the run builds many small acyclic objects; collecting them is waste
         try:
             return self._run(start)
         except CheckpointError:
@@ -168,6 +172,14 @@ class Machine:
                 UnicodeError, struct.error) as e:
             raise PickleError(f"malformed pickle: {type(e).__name__}: {e}",
                               offset=self.op_start) from e
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+            # drop the bound-method table and working state: no cycle outlives the run
+            self.dispatch = []
+            self.memo = {}
+            self.depths = {}
+            self.metastack = []
 
     def _run(self, start: int) -> tuple[Any, int]:
         self.pos = start
@@ -181,6 +193,7 @@ class Machine:
             pos = self.pos
             if pos == self.frame_end:
                 self.frame_end = -1
+                self.limit = end
             if pos > max_end:
                 raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, pos - start,
                                  offset=pos)
@@ -214,19 +227,19 @@ class Machine:
     def _take(self, n: int) -> bytes:
         pos = self.pos
         stop = pos + n
-        if self.frame_end >= 0 and stop > self.frame_end:
-            if stop > len(self.data):
-                raise TruncatedInputError(
-                    f"argument of {n} bytes runs past the end of the pickle "
-                    f"({len(self.data) - pos} left)", offset=self.op_start)
-            raise PickleError("opcode argument straddles the end of its FRAME",
-                              offset=self.op_start)
-        if stop > len(self.data):
-            raise TruncatedInputError(
-                f"expected {n} bytes, got {len(self.data) - pos}", offset=self.op_start)
+        if stop > self.limit:
+            self._overrun(n)
         self.pos = stop
         chunk: bytes = self.data[pos:stop]
         return chunk
+
+    def _overrun(self, n: int) -> None:
+        left = len(self.data) - self.pos
+        if self.frame_end >= 0 and n <= left:
+            raise PickleError("opcode argument straddles the end of its FRAME",
+                              offset=self.op_start)
+        raise TruncatedInputError(f"expected {n} bytes, got {max(0, left)}",
+                                  offset=self.op_start)
 
     def _line(self) -> bytes:
         data = self.data
@@ -262,7 +275,12 @@ class Machine:
         return self._take(n)
 
     def _uint1(self) -> int:
-        return self._take(1)[0]
+        pos = self.pos
+        if pos >= self.limit:
+            self._overrun(1)
+        self.pos = pos + 1
+        value: int = self.data[pos]
+        return value
 
     def _uint2(self) -> int:
         return int(_unpack_uint2(self._take(2))[0])
@@ -377,6 +395,7 @@ class Machine:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, size,
                              offset=self.op_start)
         self.frame_end = self.pos + size if size else -1
+        self.limit = self.frame_end if size else len(self.data)
 
     def op_STOP(self) -> None:  # pragma: no cover - handled in the main loop
         raise AssertionError
