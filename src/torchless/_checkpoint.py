@@ -9,16 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from ._container import Container, PlainPickle
 from ._detect import Layout, detect
-from ._errors import CheckpointError, LimitError, PickleError, UnsupportedError
-from ._graph import finish, flatten, module_state_dict
+from ._errors import CheckpointError, LimitError, UnsupportedError
+from ._graph import finish, flatten
 from ._legacy import LegacyStream
 from ._limits import Limits
-from ._pickle.vm import run_pickle
 from ._rules import GlobalRecord, TorchResolver
 from ._source import Source
 from ._tar import TorchTar
-from ._tensor import MissingStorage, Tensor, UnsupportedTensor
+from ._tensor import Tensor, UnsupportedTensor
 from ._torchzip import TorchZip
 
 __all__ = ["Checkpoint", "load", "open"]
@@ -130,49 +130,23 @@ def _open(path: str, limits: Limits, strict: bool, allow: frozenset[str], root_n
     source = Source(path)
     try:
         layout = detect(source)
-        info: dict[str, Any] = {"layout": layout.value}
-        hook: Any = module_state_dict
+        container: Container
         if layout is Layout.ZIP:
-            zc = TorchZip(source, limits, verify_crc=verify_crc)
-            resolver = TorchResolver(limits, zc.persistent_load, strict=strict, allow=allow)
-            raw = zc.load(resolver)
-            hook = zc.module_hook()
-            fmt = "torchscript" if zc.is_torchscript else "zip"
-            info.update(prefix=zc.prefix.rstrip("/"), version=zc.version,
-                        byteorder=zc.byteorder, crc=zc.has_crc,
-                        records=sorted(n[len(zc.prefix):] for n in zc.archive.entries
-                                       if not n[len(zc.prefix):].startswith(("data/", "code/",
-                                                                             "constants/"))))
+            container = TorchZip(source, limits, verify_crc=verify_crc)
         elif layout is Layout.LEGACY:
-            lc = LegacyStream(source, limits)
-            resolver = TorchResolver(limits, lc.persistent_load, strict=strict, allow=allow)
-            raw = lc.load(resolver)
-            fmt = "legacy"
-            info.update(byteorder=lc.byteorder, pickle_protocol=lc.pickle_protocol,
-                        python2=resolver.python2_strings,
-                        sys_info=dict(lc.sys_info),
-                        module_sources=dict(lc.storages.module_sources))
+            container = LegacyStream(source, limits)
         elif layout is Layout.TAR:
-            tc = TorchTar(source, limits)
-            resolver = TorchResolver(limits, tc.persistent_load, strict=strict, allow=allow)
-            raw = tc.load(resolver)
-            fmt = "tar"
-            info.update(byteorder=tc.byteorder,
-                        module_sources=dict(tc.storages.module_sources))
+            container = TorchTar(source, limits)
         else:
-            resolver = TorchResolver(limits, lambda pid, off: MissingStorage(pid),
-                                     strict=strict, allow=allow)
-            raw, end = run_pickle(source.raw, resolver, limits)
-            if end != source.size:
-                raise PickleError(f"{source.size - end} bytes after the pickle's STOP opcode "
-                                  "(never interpreted)", offset=end)
-            fmt = "pickle"
-            info.update(pickle_protocol=source.raw[1] if source.size > 1
-                        and source.raw[0] == 0x80 else None)
-        tree = finish(raw, limits, hook)
+            container = PlainPickle(source, limits)
+        resolver = TorchResolver(limits, container.persistent_load, strict=strict, allow=allow)
+        raw = container.load(resolver)
+        tree = finish(raw, limits, container.module_hook())
         tensors, unsupported = flatten(tree, limits, root_name)
-        info["era"] = describe_era(fmt, info)
-        return Checkpoint(path, source, fmt, tree, tensors, unsupported, resolver.globals, info)
+        info: dict[str, Any] = {"layout": layout.value, **container.describe(resolver)}
+        info["era"] = describe_era(container.format, info)
+        return Checkpoint(path, source, container.format, tree, tensors, unsupported,
+                          resolver.globals, info)
     except BaseException:
         source.close()
         raise

@@ -30,6 +30,7 @@ from ._errors import (
     TruncatedInputError,
     UnsupportedError,
 )
+from ._graph import ModuleHook, module_state_dict
 from ._limits import Limits
 from ._pickle.vm import run_pickle
 from ._rules import TorchResolver
@@ -135,6 +136,8 @@ class StorageTable:
 class LegacyStream:
     """Reads one legacy-stream checkpoint."""
 
+    format = "legacy"
+
     def __init__(self, source: Source, limits: Limits) -> None:
         self.source = source
         self.limits = limits
@@ -174,6 +177,14 @@ class LegacyStream:
         if not isinstance(view, tuple) or len(view) != 3:
             raise StorageError("storage view metadata is not a 3-tuple")
         return self.storages.view(root, *view)
+
+    def describe(self, resolver: TorchResolver) -> dict[str, Any]:
+        return {"byteorder": self.byteorder, "pickle_protocol": self.pickle_protocol,
+                "python2": resolver.python2_strings, "sys_info": dict(self.sys_info),
+                "module_sources": dict(self.storages.module_sources)}
+
+    def module_hook(self) -> ModuleHook:
+        return module_state_dict
 
     def load(self, resolver: TorchResolver) -> Any:
         src, lim = self.source, self.limits

@@ -31,6 +31,7 @@ from ._errors import (
     TruncatedInputError,
     UnsafePathError,
 )
+from ._graph import ModuleHook, module_state_dict
 from ._legacy import StorageTable, small_pickle
 from ._limits import Limits
 from ._pickle.vm import run_pickle
@@ -87,6 +88,7 @@ class TarArchive:
                                           offset=pos)
             header = source.read(pos, _BLOCK, "TAR header")
             if header == b"\x00" * _BLOCK:
+                self._check_tail(pos + _BLOCK)
                 break
             stored = _octal(header[148:156], "checksum")
             actual = sum(header[:148]) + 8 * 32 + sum(header[156:])
@@ -133,6 +135,15 @@ class TarArchive:
                 raise ArchiveFormatError(f"TAR member {name!r} has unsupported type {kind!r}")
             pos = data + (size + _BLOCK - 1) // _BLOCK * _BLOCK
 
+    def _check_tail(self, pos: int) -> None:
+        """After the end-of-archive block only zero padding may follow."""
+        chunk = 1 << 20
+        while pos < self.source.size:
+            n = min(chunk, self.source.size - pos)
+            if self.source.read(pos, n, "TAR padding").count(0) != n:
+                raise ArchiveFormatError("data after the end of the TAR archive", offset=pos)
+            pos += n
+
     @staticmethod
     def _pax(body: bytes, pos: int) -> str | None:
         name = None
@@ -154,6 +165,8 @@ class TarArchive:
 
 class TorchTar:
     """Reads one pre-0.1.10 TAR checkpoint."""
+
+    format = "tar"
 
     def __init__(self, source: Source, limits: Limits) -> None:
         self.source = source
@@ -274,6 +287,13 @@ class TorchTar:
     @staticmethod
     def _bad(pid: tuple[Any, ...]) -> Any:
         raise StorageError(f"TAR persistent id tuple of {len(pid)} fields")
+
+    def describe(self, resolver: TorchResolver) -> dict[str, Any]:
+        return {"byteorder": self.byteorder, "python2": resolver.python2_strings,
+                "module_sources": dict(self.storages.module_sources)}
+
+    def module_hook(self) -> ModuleHook:
+        return module_state_dict
 
     def load(self, resolver: TorchResolver) -> Any:
         m = self.archive.members["pickle"]

@@ -27,7 +27,7 @@ from ._errors import (
     UnsafePathError,
     UnsupportedError,
 )
-from ._graph import ModuleDict, module_state_dict
+from ._graph import ModuleDict, ModuleHook, module_state_dict
 from ._limits import Limits
 from ._pickle.vm import run_pickle
 from ._rules import TorchResolver
@@ -82,6 +82,17 @@ class TorchZip:
         self.version = self._version()
         self.byteorder = self._byteorder()
         self._storages: dict[str, Storage] = {}
+
+    @property
+    def format(self) -> str:
+        return "torchscript" if self.is_torchscript else "zip"
+
+    def describe(self, resolver: TorchResolver) -> dict[str, Any]:
+        n = len(self.prefix)
+        records = sorted(name[n:] for name in self.archive.entries
+                         if not name[n:].startswith(("data/", "code/", "constants/")))
+        return {"prefix": self.prefix.rstrip("/"), "version": self.version,
+                "byteorder": self.byteorder, "crc": self.has_crc, "records": records}
 
     def _has(self, record: str) -> bool:
         return self.prefix + record in self.archive.entries
@@ -192,7 +203,7 @@ class TorchZip:
                 classes[f"{module}.{m.group(1)}"] = cls
         return classes
 
-    def module_hook(self) -> Any:
+    def module_hook(self) -> ModuleHook:
         """How modules are recognised: by their pickled __dict__, or by TorchScript class."""
         if not self.is_torchscript:
             return module_state_dict

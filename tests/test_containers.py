@@ -1,0 +1,143 @@
+"""One contract every container reader meets, checked on a small file of each layout.
+
+The files hold w = arange(6).reshape(2, 3) (float32) and b = [1, 2] (int64), written by
+torch itself (ZIP, TorchScript, legacy) or by our test writer that torch reads (TAR); the
+plain pickle holds the same values as NumPy arrays. Every cut-short or extended copy of a
+valid file must be refused with a torchless error, never read differently or crash.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import torchless
+from tests._legacy_writer import write_tar
+
+W = np.arange(6, dtype=np.float32).reshape(2, 3)
+B = np.array([1, 2], dtype=np.int64)
+
+
+class ContainerContract:
+    """Subclasses write one file of their layout with ``make``."""
+
+    format = ""
+    has_tensors = True
+
+    def make(self, torch: Any, path: Path) -> None:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def file(self, torch: Any, tmp_path: Path) -> Path:
+        path = tmp_path / f"ckpt.{self.format}"
+        self.make(torch, path)
+        return path
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert ckpt.format == self.format
+            assert ckpt.info["era"]
+            if self.has_tensors:
+                assert list(ckpt.tensors) == ["w", "b"]
+                np.testing.assert_array_equal(ckpt.numpy("w"), W)
+                np.testing.assert_array_equal(ckpt.numpy("b"), B)
+                assert not ckpt.numpy("w").flags.writeable
+        loaded = torchless.load(file)
+        np.testing.assert_array_equal(loaded["w"], W)
+        np.testing.assert_array_equal(loaded["b"], B)
+
+    def valid_length(self, data: bytes) -> int:
+        """Bytes that carry the checkpoint; cutting any of them must be refused."""
+        return len(data)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        data = file.read_bytes()[:self.valid_length(file.read_bytes())]
+        cut = tmp_path / "cut"
+        step = max(1, len(data) // 97)
+        for n in range(0, len(data), step):
+            cut.write_bytes(data[:n])
+            with pytest.raises(torchless.CheckpointError) as info:
+                torchless.load(cut)
+            assert type(info.value) is not torchless.CheckpointError, (n, info.value)
+
+    def test_trailing_bytes_are_refused(self, file: Path, tmp_path: Path) -> None:
+        grown = tmp_path / "grown"
+        grown.write_bytes(file.read_bytes() + b"\x00junk")
+        with pytest.raises((torchless.FormatError, torchless.PickleError)):
+            torchless.load(grown)
+
+    def test_strict_mode_reads_it(self, file: Path) -> None:
+        with torchless.open(file, strict=True) as ckpt:
+            assert ckpt.format == self.format
+
+
+def _state(torch: Any) -> dict[str, Any]:
+    return {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+            "b": torch.tensor([1, 2], dtype=torch.int64)}
+
+
+class TestZip(ContainerContract):
+    format = "zip"
+
+    def make(self, torch: Any, path: Path) -> None:
+        torch.save(_state(torch), path)
+
+
+class TestLegacy(ContainerContract):
+    format = "legacy"
+
+    def make(self, torch: Any, path: Path) -> None:
+        torch.save(_state(torch), path, _use_new_zipfile_serialization=False)
+
+
+class TestTar(ContainerContract):
+    format = "tar"
+
+    def valid_length(self, data: bytes) -> int:
+        # TAR writers pad with zero blocks to a 10 KiB record: cutting padding after the
+        # end-of-archive block loses nothing
+        return len(data.rstrip(b"\x00")) + 1
+
+    def make(self, torch: Any, path: Path) -> None:
+        write_tar(torch, _state(torch), str(path), views=False)
+
+
+class TestTorchScript(ContainerContract):
+    format = "torchscript"
+
+    def make(self, torch: Any, path: Path) -> None:
+        class M(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.register_buffer("w", _state(torch)["w"])
+                self.register_buffer("b", _state(torch)["b"])
+
+            def forward(self, x: Any) -> Any:
+                return x
+
+        import warnings
+
+        buf = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit is deprecated
+            torch.jit.save(torch.jit.script(M()), buf)
+        path.write_bytes(buf.getvalue())
+
+    def test_strict_mode_reads_it(self, file: Path) -> None:
+        """TorchScript objects are __torch__ classes: outside the rules, so strict refuses."""
+        with pytest.raises(torchless.UnsafeGlobalError):
+            torchless.open(file, strict=True)
+
+
+class TestPlainPickle(ContainerContract):
+    format = "pickle"
+    has_tensors = False
+
+    def make(self, torch: Any, path: Path) -> None:
+        import pickle
+
+        path.write_bytes(pickle.dumps({"w": W, "b": B}, protocol=2))
