@@ -93,11 +93,8 @@ def check_array(tg: ModuleType, arr: Any, t: Any, where: str) -> None:
     np.testing.assert_array_equal(_values(arr, name), tg.reference_values(t), err_msg=where)
 
 
-def check_tensor(tg: ModuleType, tl: Any, t: Any, where: str) -> None:
-    """A torchless Tensor against the torch tensor: dtype name, shape, stride, offset, flags,
-    storage size and values."""
-    import torch
-
+def check_geometry(tg: ModuleType, tl: Any, t: Any, where: str) -> None:
+    """dtype name, shape, stride, storage offset and storage size of a torchless Tensor."""
     assert isinstance(tl, torchless.Tensor), f"{where}: {type(tl).__name__}, not a Tensor"
     assert tl.dtype.name == tg.dtype_name(t.dtype), f"{where}: {tl.dtype} != {t.dtype}"
     assert tl.shape == tuple(t.shape), f"{where}: shape {tl.shape} != {tuple(t.shape)}"
@@ -105,6 +102,13 @@ def check_tensor(tg: ModuleType, tl: Any, t: Any, where: str) -> None:
     assert tl.storage_offset == t.storage_offset(), (
         f"{where}: storage offset {tl.storage_offset} != {t.storage_offset()}")
     assert tl.storage.nbytes == tg.storage_nbytes(t), f"{where}: storage size differs"
+
+
+def check_tensor(tg: ModuleType, tl: Any, t: Any, where: str) -> None:
+    """check_geometry, then the parameter flags and the values."""
+    import torch
+
+    check_geometry(tg, tl, t, where)
     assert tl.is_parameter == isinstance(t, torch.nn.Parameter), f"{where}: is_parameter"
     assert tl.requires_grad == t.requires_grad, f"{where}: requires_grad"
     check_array(tg, tl.numpy(), t, where)

@@ -38,6 +38,7 @@ from tests.test_differential_torch import (
     _check_script,
     _values,
     check_array,
+    check_geometry,
     check_storage_sharing,
     check_tensor,
 )
@@ -83,17 +84,6 @@ def check_values(tg: ModuleType, arr: Any, t: Any, where: str, *, strides: bool 
     else:
         got, ref = _values(arr, name), tg.reference_values(t)
     np.testing.assert_array_equal(got, ref, err_msg=where)
-
-
-def check_geometry(tg: ModuleType, tl: Any, t: Any, where: str) -> None:
-    """dtype name, shape, stride, storage offset and storage size of a torchless Tensor."""
-    assert isinstance(tl, torchless.Tensor), f"{where}: {type(tl).__name__}, not a Tensor"
-    assert tl.dtype.name == tg.dtype_name(t.dtype), f"{where}: {tl.dtype} != {t.dtype}"
-    assert tl.shape == tuple(t.shape), f"{where}: shape {tl.shape} != {tuple(t.shape)}"
-    assert tl.stride == t.stride(), f"{where}: stride {tl.stride} != {t.stride()}"
-    assert tl.storage_offset == t.storage_offset(), (
-        f"{where}: storage offset {tl.storage_offset} != {t.storage_offset()}")
-    assert tl.storage.nbytes == t.untyped_storage().nbytes(), f"{where}: storage size differs"
 
 
 def storage_bytes(torch: ModuleType, t: Any) -> bytes:
