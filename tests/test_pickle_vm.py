@@ -340,3 +340,18 @@ def test_common_config_values_stay_inert_but_open(protocol: int) -> None:
     assert out["id"].class_path == "uuid.UUID"
     assert out["pattern"].class_path == "re._compile"
     assert out["pattern"].args == ("a+b", 32)
+
+
+@pytest.mark.parametrize("module,name", [
+    ("torch", "sigmoid"), ("torch.nn.functional", "relu"), ("torch.special", "expit"),
+    ("math", "sqrt"), ("torch.nn.modules.linear", "Linear"), ("omegaconf.dictconfig", "DictConfig"),
+])
+def test_inert_references_a_saved_model_may_hold(module: str, name: str) -> None:
+    out = loads(b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n.")
+    assert out == Global(module, name)
+
+
+@pytest.mark.parametrize("name", ["save", "load", "_load_global_deps", "compile", "hub"])
+def test_other_torch_functions_stay_refused(name: str) -> None:
+    with pytest.raises(UnsafeGlobalError):
+        loads(b"\x80\x02ctorch\n" + name.encode() + b"\n.")

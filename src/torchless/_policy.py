@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DENIED_MODULE_FAMILIES", "INERT_FUNCTION_MODULES", "judge"]
+__all__ = ["DENIED_MODULE_FAMILIES", "INERT_FUNCTION_MODULES", "INERT_TORCH_FUNCTIONS", "judge"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
@@ -79,7 +79,22 @@ DENIED_MODULE_FAMILIES: frozenset[str] = frozenset({
 #: Modules whose lower-case names are plain functions a model object may hold as an
 #: attribute (an activation function of a saved module); kept as inert references.
 INERT_FUNCTION_MODULES: frozenset[str] = frozenset({
-    "torch.nn.functional", "torch.nn.init", "torch._C._nn", "math",
+    "torch.nn.functional", "torch.nn.init", "torch._C._nn", "torch.special", "torch.fft",
+    "torch.linalg", "math",
+})
+
+#: Pure tensor functions of the ``torch`` namespace a saved module may hold as an attribute
+#: (``self.act = torch.sigmoid``); kept as inert references. Exact names: torch.save and
+#: torch.load stay refused.
+INERT_TORCH_FUNCTIONS: frozenset[str] = frozenset({
+    "sigmoid", "tanh", "relu", "exp", "log", "log1p", "expm1", "abs", "sqrt", "rsqrt", "sin",
+    "cos", "erf", "softmax", "log_softmax", "clamp", "clip", "sign", "neg", "square", "add",
+    "mul", "sub", "div", "matmul", "mm", "bmm", "cat", "stack", "sum", "mean", "max", "min",
+    "maximum", "minimum", "flatten", "logsumexp", "selu", "celu", "prelu", "rrelu", "hardshrink",
+    "threshold", "dropout", "layer_norm", "group_norm", "batch_norm", "conv1d", "conv2d",
+    "conv3d", "zeros", "ones", "zeros_like", "ones_like", "full", "arange", "einsum", "where",
+    "argmax", "argmin", "topk", "sort", "cumsum", "pow", "reciprocal", "floor", "ceil", "round",
+    "mish", "silu", "gelu", "sinh", "cosh", "atan", "atan2", "norm", "outer", "diag",
 })
 
 
@@ -107,6 +122,8 @@ def judge(module: str, name: str, *, known: bool, strict: bool,
     if _family(module, DENIED_MODULE_FAMILIES):
         return "belongs to a module that can run code, touch files, processes or the network"
     last = segments[-1].lstrip("_")
+    if module == "torch" and name in INERT_TORCH_FUNCTIONS:
+        return None
     if last[:1].islower() and not _family(module, INERT_FUNCTION_MODULES):
         return "is a function outside the rebuild rules"
     return None
