@@ -355,3 +355,18 @@ def test_inert_references_a_saved_model_may_hold(module: str, name: str) -> None
 def test_other_torch_functions_stay_refused(name: str) -> None:
     with pytest.raises(UnsafeGlobalError):
         loads(b"\x80\x02ctorch\n" + name.encode() + b"\n.")
+
+
+def test_a_dag_sharing_one_object_a_million_times_is_walked_once() -> None:
+    """One dict referenced 10^6 times: the finishing walk and the tensor naming visit it once
+    (a tree walk would visit it 10^6 times; this pickle is ~2 MB and must stay cheap)."""
+    shared = b"}q\x00(X\x01\x00\x00\x00kK\x01u"  # {"k": 1}, memoised as 0
+    data = b"\x80\x02]q\x01(" + shared + b"h\x00" * 999_999 + b"e."
+    lim = Limits()
+    value, _ = run_pickle(data, TorchResolver(lim), lim)
+    assert len(value) == 1_000_000 and all(v is value[0] for v in value[:10])
+    tree = finish(value, lim)
+    assert tree[999_999] is tree[0] == {"k": 1}
+    from torchless._graph import flatten
+
+    assert flatten(tree, lim) == ({}, {})
