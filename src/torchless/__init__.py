@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._checkpoint import Checkpoint, load, open
+from ._convert import ConversionReport, VerifyReport, convert, verify
 from ._dtypes import DType
 from ._errors import (
     AmbiguousArchiveError,
@@ -36,6 +37,7 @@ __all__ = [
     "CheckpointError",
     "ChecksumError",
     "ConversionError",
+    "ConversionReport",
     "DType",
     "FormatError",
     "Global",
@@ -55,7 +57,10 @@ __all__ = [
     "UnsupportedError",
     "UnsupportedOpcodeError",
     "UnsupportedTensor",
+    "VerifyReport",
     "__version__",
+    "convert",
     "load",
     "open",
+    "verify",
 ]

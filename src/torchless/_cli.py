@@ -7,10 +7,11 @@ import collections
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import _checkpoint
+from . import _checkpoint, _convert
 from ._errors import CheckpointError
 from ._graph import ModuleDict
 from ._tensor import Tensor, UnsupportedTensor
@@ -24,7 +25,116 @@ examples:
   torchless inspect model.pt
   torchless inspect model.pt --json | jq '.tensors[].name'
   torchless inspect checkpoint.ckpt --strict
+  torchless convert model.pt                 # writes model.safetensors
+  torchless verify model.pt model.safetensors
 """
+
+_CONVERT_EXAMPLES = """\
+examples:
+  torchless convert model.pt                      # writes model.safetensors beside it
+  torchless convert model.ckpt -o out.safetensors --key state_dict
+  torchless convert model.bin --dedupe --verify --json
+"""
+
+_VERIFY_EXAMPLES = """\
+examples:
+  torchless verify model.pt model.safetensors
+  torchless verify model.ckpt out.safetensors --key state_dict --json
+"""
+
+
+class _Bar:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        elapsed = now - self.start
+        if elapsed < 0.5 and not self.shown:
+            return
+        self.shown = True
+        frac = done / total if total else 1.0
+        speed = done / elapsed if elapsed > 0 else 0.0
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(f"\r[{bar:<30}] {_human(done)} / {_human(total)}  "
+                         f"{_human(int(speed))}/s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _verify_json(r: _convert.VerifyReport) -> dict[str, Any]:
+    return {"src": r.src, "dst": r.dst, "ok": r.ok, "matched": list(r.matched),
+            "mismatched": dict(r.mismatched), "missing": list(r.missing),
+            "extra": list(r.extra), "skipped": list(r.skipped), "aliases": dict(r.aliases)}
+
+
+def _verify_text(r: _convert.VerifyReport, out: Any) -> None:
+    w = out.write
+    for name in r.matched:
+        w(f"  ok        {name}{' -> ' + r.aliases[name] if name in r.aliases else ''}\n")
+    for name, why in r.mismatched.items():
+        w(f"  MISMATCH  {name}: {why}\n")
+    for name in r.missing:
+        w(f"  MISSING   {name}\n")
+    for name in r.extra:
+        w(f"  EXTRA     {name}\n")
+    for name in r.skipped:
+        w(f"  skipped   {name} (no safetensors dtype)\n")
+    verdict = "identical" if r.ok else "DIFFERENT"
+    w(f"{r.src} vs {r.dst}: {verdict} ({len(r.matched)} tensors match, "
+      f"{len(r.mismatched)} differ, {len(r.missing)} missing, {len(r.extra)} extra)\n")
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    bar = _Bar() if sys.stderr.isatty() else None
+    try:
+        report = _convert.convert(args.src, args.output, key=args.key, force=args.force,
+                                  dedupe=args.dedupe, skip_unsupported=args.skip_unsupported,
+                                  verify=args.verify, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        doc: dict[str, Any] = {
+            "src": report.src, "dst": report.dst, "tensors": report.tensors,
+            "bytes": report.bytes, "skipped": list(report.skipped),
+            "aliases": dict(report.aliases), "seconds": round(report.seconds, 3)}
+        if report.verified is not None:
+            doc["verify"] = _verify_json(report.verified)
+        json.dump(doc, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        w = sys.stdout.write
+        w(f"{report.dst}: {report.tensors} tensors, {_human(report.bytes)} "
+          f"in {report.seconds:.2f} s\n")
+        for name in report.skipped:
+            w(f"  skipped (safetensors cannot hold it): {name}\n")
+        for removed, kept in report.aliases.items():
+            w(f"  alias recorded in __metadata__: {removed} -> {kept}\n")
+        if report.verified is not None:
+            w(f"  verified: {len(report.verified.matched)} tensors identical\n")
+    return 0
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    report = _convert.verify(args.src, args.dst, key=args.key)
+    if args.json:
+        json.dump(_verify_json(report), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        _verify_text(report, sys.stdout)
+    return 0 if report.ok else 1
 
 
 def _human(n: int) -> str:
@@ -186,6 +296,34 @@ def _parser() -> argparse.ArgumentParser:
                      help="refuse every global outside the rebuild rules")
     ins.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
                      help="keep this refused global as an inert record (repeatable)")
+    conv = sub.add_parser(
+        "convert", help="write a checkpoint's tensors as a safetensors file",
+        description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
+                    "contiguous and little-endian, written atomically (temporary file, fsync, "
+                    "rename). Shared tensors are written once per name unless --dedupe.",
+        epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    conv.add_argument("src", help="checkpoint file")
+    conv.add_argument("-o", "--output", metavar="DST",
+                      help="output file (default: SRC with the suffix .safetensors)")
+    conv.add_argument("--key", metavar="K",
+                      help="convert only the subtree under this dotted key (e.g. state_dict)")
+    conv.add_argument("--force", action="store_true", help="replace an existing DST")
+    conv.add_argument("--dedupe", action="store_true",
+                      help="write identical aliases once; record the others in __metadata__")
+    conv.add_argument("--skip-unsupported", action="store_true",
+                      help="leave out tensors safetensors cannot hold (complex128 …)")
+    conv.add_argument("--verify", action="store_true",
+                      help="re-read both files afterwards and compare every tensor")
+    conv.add_argument("--json", action="store_true", help="print a JSON summary")
+    ver = sub.add_parser(
+        "verify", help="compare a checkpoint with a safetensors file",
+        description="Compare every tensor of a torch checkpoint with a safetensors file by "
+                    "dtype, shape and bytes. Exit 0 only on an exact match.",
+        epilog=_VERIFY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ver.add_argument("src", help="torch checkpoint")
+    ver.add_argument("dst", help="safetensors file")
+    ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
+    ver.add_argument("--json", action="store_true", help="print a JSON report")
     return p
 
 
@@ -201,6 +339,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     sys.stdout.write("\n")
                 else:
                     _inspect_text(ckpt, sys.stdout, 10**9 if args.all else 100)
+        elif args.command == "convert":
+            return _run_convert(args)
+        elif args.command == "verify":
+            return _run_verify(args)
         return 0
     except CheckpointError as e:
         sys.stderr.write(f"torchless: error: {e}\n")

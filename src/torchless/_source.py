@@ -30,6 +30,7 @@ class Source:
             if not stat.S_ISREG(st.st_mode):
                 raise FormatError("not a regular file", path=self.path)
             self.size = st.st_size
+            self.identity = (st.st_dev, st.st_ino)  # lets a writer copy from the same file
             self._mmap: mmap.mmap | None = None
             if self.size:
                 self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)

@@ -1,0 +1,333 @@
+"""``convert``: a torch checkpoint to one safetensors file; ``verify``: compare the two.
+
+Names are the flat names of :attr:`Checkpoint.tensors`. Shared storage is written once per
+name by default. With ``dedupe=True``, names that are the *same* view (one storage, offset,
+shape, stride and dtype) keep one copy under the first name in sorted order, and every other
+name is recorded in ``__metadata__`` as ``removed name -> kept name``: the convention of
+``safetensors.torch.save_model`` / ``_remove_duplicate_names`` (and the Hugging Face convert
+script), which ``safetensors.torch.load_model`` reads back. A name that cannot be recorded that
+way (``format``, ``source``) is written with its own bytes: no name is ever dropped silently.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from . import _checkpoint
+from ._errors import CheckpointError, ConversionError, FormatError
+from ._limits import Limits
+from ._safetensors import Progress, chunks, plan, read_header, write_atomic
+from ._source import Source
+from ._tensor import Tensor
+
+__all__ = ["ConversionReport", "VerifyReport", "convert", "default_dst", "verify"]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Every tensor of SRC compared with DST by dtype, shape and bytes.
+
+    ``matched``: names equal in both. ``mismatched``: name -> what differs. ``missing``:
+    names of SRC absent from DST. ``extra``: names only in DST. ``skipped``: SRC names with no
+    safetensors dtype, not expected in DST. ``aliases``: SRC names found through DST's
+    ``__metadata__`` (removed -> kept)."""
+
+    src: str
+    dst: str
+    matched: tuple[str, ...]
+    mismatched: Mapping[str, str]
+    missing: tuple[str, ...]
+    extra: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mismatched or self.missing or self.extra)
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What :func:`convert` wrote."""
+
+    src: str
+    dst: str
+    tensors: int
+    bytes: int
+    skipped: tuple[str, ...]
+    aliases: Mapping[str, str]
+    seconds: float
+    verified: VerifyReport | None = None
+
+
+def default_dst(src: str) -> str:
+    """SRC with its suffix replaced by ``.safetensors`` (appended when it has none)."""
+    root, ext = os.path.splitext(src)
+    return (root if ext else src) + ".safetensors"
+
+
+def _select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Tensor],
+                                                                    dict[str, str]]:
+    """The tensors (and unsupported tensors) under ``key``, named relative to it."""
+    if key is None:
+        return dict(ckpt.tensors), dict(ckpt.unsupported)
+    prefix = key + "."
+
+    def pick(names: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in names.items():
+            if name == key:
+                out[key.rsplit(".", 1)[-1]] = value
+            elif name.startswith(prefix):
+                out[name[len(prefix):]] = value
+        return out
+
+    tensors, unsupported = pick(ckpt.tensors), pick(ckpt.unsupported)
+    if not tensors and not unsupported:
+        tree = ckpt.tree
+        if isinstance(tree, dict):
+            keys = [str(k) for k in tree]
+        elif isinstance(tree, (list, tuple)):
+            keys = [str(i) for i in range(len(tree))]
+        else:
+            keys = sorted({n.split(".", 1)[0] for n in ckpt.tensors})
+        shown = ", ".join(repr(k) for k in keys[:50]) + (" …" if len(keys) > 50 else "")
+        raise ConversionError(f"no tensors under key {key!r}; the top-level keys are: "
+                              f"{shown or '(none)'}", path=ckpt.path)
+    return tensors, unsupported
+
+
+def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
+    """removed name -> kept name, for names that are the very same view of one storage."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, t in tensors.items():
+        ident = (id(t.storage), t.storage_offset, t.shape, t.stride, t.dtype.name)
+        groups.setdefault(ident, []).append(name)
+    out: dict[str, str] = {}
+    for names in groups.values():
+        if len(names) > 1:
+            kept, *rest = sorted(names)
+            for name in rest:
+                if name not in reserved:
+                    out[name] = kept
+    return out
+
+
+def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tensor],
+                                                                          int | None]]:
+    """A descriptor of the very file ``source`` maps, and where a tensor's bytes lie in it."""
+    base = source.buffer
+    if not len(base):
+        return None, lambda t: None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None, lambda t: None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != source.identity or st.st_size != source.size:
+        os.close(fd)
+        return None, lambda t: None
+    base_addr = np.frombuffer(base, dtype=np.uint8).ctypes.data
+
+    def offset(t: Tensor) -> int | None:
+        buf = t.storage.buffer()
+        if not isinstance(buf, memoryview) or buf.obj is not base.obj or not len(buf):
+            return None
+        where = int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) - base_addr
+        return where if 0 <= where and where + len(buf) <= source.size else None
+
+    return fd, offset
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None = None,
+    *,
+    key: str | None = None,
+    force: bool = False,
+    dedupe: bool = False,
+    skip_unsupported: bool = False,
+    verify: bool = False,
+    limits: Limits | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ConversionReport:
+    """Convert a torch checkpoint to a safetensors file, exactly and atomically.
+
+    Args:
+        src: the checkpoint (any layout torchless reads).
+        dst: the output; default SRC with its suffix replaced by ``.safetensors``.
+        key: convert only the subtree under this dotted key (e.g. ``"state_dict"``).
+        force: replace an existing DST.
+        dedupe: write identical aliases once, recording the others in ``__metadata__``.
+        skip_unsupported: leave out tensors safetensors cannot hold instead of refusing.
+        verify: re-read both files afterwards and compare every tensor.
+        limits: resource bounds for reading SRC.
+        progress: ``progress(bytes_done, bytes_total)`` while writing.
+
+    Raises:
+        ConversionError: the output cannot be written as asked (nothing is left at DST).
+        CheckpointError: SRC cannot be read.
+    """
+    spath = os.fspath(src)
+    dpath = os.fspath(dst) if dst is not None else default_dst(spath)
+    try:
+        return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, limits,
+                        progress)
+    except CheckpointError:
+        raise
+    except MemoryError as e:
+        raise ConversionError("out of memory while converting", path=spath) from e
+    except Exception as e:  # a bug of ours must still surface as our error
+        raise ConversionError(f"internal error while converting ({type(e).__name__}: {e}); "
+                              "please report this file", path=spath) from e
+
+
+def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
+             skip_unsupported: bool, verify: bool, limits: Limits | None,
+             progress: Callable[[int, int], None] | None) -> ConversionReport:
+    started = time.monotonic()
+    if not force and os.path.lexists(dpath):
+        raise ConversionError("the output file exists (use force=True / --force to replace "
+                              "it)", path=dpath)
+    with _checkpoint.open(spath, limits=limits) as ckpt:
+        try:
+            if os.path.exists(dpath) and os.path.samefile(spath, dpath):
+                raise ConversionError("the output path is the source file", path=dpath)
+        except OSError:
+            pass
+        tensors, unsupported = _select(ckpt, key)
+        bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
+               if t.dtype.safetensors is None}
+        bad.update({n: f"{kind} tensor" for n, kind in unsupported.items()})
+        if bad and not skip_unsupported:
+            listed = ", ".join(f"{n} ({why})" for n, why in list(bad.items())[:20])
+            more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+            raise ConversionError(
+                f"safetensors cannot hold {len(bad)} tensor(s): {listed}{more} "
+                "(skip them with skip_unsupported=True / --skip-unsupported)", path=spath)
+        tensors = {n: t for n, t in tensors.items() if n not in bad}
+        metadata = {"format": "pt", "source": os.path.basename(spath)}
+        aliases = _aliases(tensors, set(metadata)) if dedupe else {}
+        for removed, kept in aliases.items():
+            metadata[removed] = kept
+        written = {n: t for n, t in tensors.items() if n not in aliases}
+        try:
+            header, planned = plan(written, metadata)
+        except CheckpointError as e:
+            raise e.add_context(path=spath) from None
+        total = len(header) + sum(p.tensor.nbytes for p in planned)
+        report_progress: Progress | None = None
+        if progress is not None:
+            callback = progress
+
+            def report_progress(done: int) -> None:
+                callback(done, total)
+
+        src_fd, file_offset = _file_offset(ckpt._source, spath)
+        try:
+            nbytes = write_atomic(dpath, header, planned, force=force, src_fd=src_fd,
+                                  file_offset=file_offset, progress=report_progress)
+        except CheckpointError as e:
+            raise e.add_context(path=dpath) from None
+        finally:
+            if src_fd is not None:
+                os.close(src_fd)
+    checked = None
+    if verify:
+        checked = _verify(spath, dpath, key=key, limits=limits,
+                          skip_unsupported=skip_unsupported)
+        if not checked.ok:
+            os.unlink(dpath)
+            raise ConversionError(f"verification failed: {_summary(checked)}; the output "
+                                  "was removed", path=dpath)
+    return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
+                            MappingProxyType(aliases), time.monotonic() - started, checked)
+
+
+def _summary(r: VerifyReport) -> str:
+    parts = [f"{n}: {why}" for n, why in list(r.mismatched.items())[:5]]
+    if r.missing:
+        parts.append(f"missing {', '.join(r.missing[:5])}")
+    if r.extra:
+        parts.append(f"unexpected {', '.join(r.extra[:5])}")
+    return "; ".join(parts)
+
+
+def _same_bytes(t: Tensor, data: memoryview) -> bool:
+    pos = 0
+    for block in chunks(t):
+        n = len(block)
+        if data[pos:pos + n] != block:
+            return False
+        pos += n
+    return pos == len(data)
+
+
+def verify(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    key: str | None = None,
+    limits: Limits | None = None,
+    skip_unsupported: bool = True,
+) -> VerifyReport:
+    """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
+
+    DST is read with torchless's own header parser (the data section must be tiled exactly).
+    Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
+    Tensors of SRC that safetensors cannot hold are listed as skipped (or as missing when
+    ``skip_unsupported=False``)."""
+    spath, dpath = os.fspath(src), os.fspath(dst)
+    with Source(dpath) as out:
+        try:
+            header = read_header(out.buffer)
+        except FormatError as e:
+            raise e.add_context(path=dpath) from None
+        data = out.buffer[header.data_start:]
+        with _checkpoint.open(spath, limits=limits) as ckpt:
+            tensors, unsupported = _select(ckpt, key)
+            matched: list[str] = []
+            mismatched: dict[str, str] = {}
+            missing: list[str] = []
+            skipped: list[str] = []
+            aliases: dict[str, str] = {}
+            seen: set[str] = set()
+            for name in unsupported:
+                (skipped if skip_unsupported else missing).append(name)
+            for name, t in tensors.items():
+                target = name
+                if name not in header.entries and header.metadata.get(name) in header.entries:
+                    target = header.metadata[name]
+                    aliases[name] = target
+                entry = header.entries.get(target)
+                if t.dtype.safetensors is None:
+                    if entry is None:
+                        (skipped if skip_unsupported else missing).append(name)
+                        continue
+                if entry is None:
+                    missing.append(name)
+                    continue
+                seen.add(target)
+                dtype, shape, begin, end = entry
+                if dtype != t.dtype.safetensors:
+                    mismatched[name] = f"dtype {dtype} != {t.dtype.safetensors}"
+                elif shape != t.shape:
+                    mismatched[name] = f"shape {list(shape)} != {list(t.shape)}"
+                elif not _same_bytes(t, data[begin:end]):
+                    mismatched[name] = "bytes differ"
+                else:
+                    matched.append(name)
+            extra = [n for n in header.entries if n not in seen]
+        del data
+    return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
+                        tuple(missing), tuple(extra), tuple(skipped), MappingProxyType(aliases))
+
+
+_verify = verify  # convert's ``verify`` flag shadows the function inside convert

@@ -1,0 +1,410 @@
+"""The safetensors format: a streaming, atomic writer and a minimal header reader.
+
+File layout (https://github.com/huggingface/safetensors, "Format")::
+
+    offset 0      u64 little-endian N: the header length in bytes
+    offset 8      N bytes of UTF-8 JSON, padded with spaces (0x20) to a multiple of 8
+    offset 8+N    the data section: every tensor's bytes, contiguous, row-major,
+                  little-endian, with no holes and no overlaps
+
+The header is one JSON object: ``"__metadata__"`` (str -> str) and, per tensor,
+``{"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}`` with offsets
+relative to the data section.
+
+Layout choices, taken from the ``safetensors`` package itself so that its output and ours
+agree on everything but the ``__metadata__`` key order (which it leaves to a hash map):
+
+* tensors are ordered by dtype, widest alignment first in the package's own dtype order
+  (:data:`_DTYPE_RANK`), then by name (code point order, which is UTF-8 byte order); the
+  header lists them in that same data order;
+* compact JSON (no spaces), non-ASCII characters written as UTF-8, keys of ``__metadata__``
+  sorted (so two conversions of one file are byte-identical);
+* header padded with spaces to a multiple of 8, the data section starting right after it.
+
+Memory stays bounded whatever the model size: contiguous little-endian tensors whose bytes
+lie in the source file are copied by the kernel (``os.copy_file_range``, then
+``os.sendfile``, then chunked writes from the map); any other tensor is made contiguous and
+little-endian in chunks of at most :data:`CHUNK_BYTES`.
+
+Writing is atomic: a hidden temporary file beside DST (``.<name>.<random>.tmp``), fsync,
+then a rename. Any error, ``KeyboardInterrupt`` included, removes the temporary file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import secrets
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._errors import ConversionError, FormatError, InvalidKeyError
+from ._tensor import Tensor
+
+__all__ = ["CHUNK_BYTES", "MAX_HEADER_BYTES", "Planned", "SafetensorsHeader",
+           "Progress", "check_name", "chunks", "plan", "read_header", "write_atomic"]
+
+#: Largest block a strided or byte-swapped tensor is copied in.
+CHUNK_BYTES = 16 << 20
+#: The safetensors package refuses headers larger than this (``MAX_HEADER_SIZE``).
+MAX_HEADER_BYTES = 100_000_000
+#: The safetensors ``Dtype`` enum order; data is laid out highest rank first.
+_DTYPE_RANK = {name: i for i, name in enumerate((
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+    "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"))}
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+             "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+             "C64": 8, "F64": 8, "I64": 8, "U64": 8}
+
+#: ``progress(bytes_done)`` after each block written.
+Progress = Callable[[int], None]
+#: The absolute offset of a tensor's bytes in the open source file, or None.
+FileOffset = Callable[[Tensor], int | None]
+
+
+def check_name(name: str) -> bytes:
+    """The name as UTF-8, or :class:`InvalidKeyError` if safetensors cannot hold it."""
+    if name == "__metadata__":
+        raise InvalidKeyError("the name '__metadata__' is reserved by safetensors",
+                              member=name)
+    try:
+        return name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidKeyError(f"tensor name {name!r} is not valid Unicode (lone surrogate)",
+                              member=name.encode("utf-8", "backslashreplace").decode()
+                              ) from None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One tensor's place in the output file."""
+
+    name: str
+    tensor: Tensor
+    begin: int
+    end: int
+
+
+def plan(tensors: Mapping[str, Tensor],
+         metadata: Mapping[str, str]) -> tuple[bytes, list[Planned]]:
+    """The padded header (with its 8-byte length prefix) and where each tensor goes."""
+    for name in tensors:
+        check_name(name)
+    order = sorted(tensors, key=lambda n: (-_DTYPE_RANK[_st_dtype(tensors[n])], n))
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    planned: list[Planned] = []
+    pos = 0
+    for name in order:
+        t = tensors[name]
+        planned.append(Planned(name, t, pos, pos + t.nbytes))
+        header[name] = {"dtype": _st_dtype(t), "shape": list(t.shape),
+                        "data_offsets": [pos, pos + t.nbytes]}
+        pos += t.nbytes
+    try:
+        text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidKeyError(f"metadata is not valid Unicode: {e.reason}") from None
+    text += b" " * (-len(text) % 8)
+    if len(text) > MAX_HEADER_BYTES:
+        raise ConversionError(
+            f"the safetensors header would be {len(text)} bytes; readers refuse more than "
+            f"{MAX_HEADER_BYTES}")
+    return struct.pack("<Q", len(text)) + text, planned
+
+
+def _st_dtype(t: Tensor) -> str:
+    name = t.dtype.safetensors
+    if name is None or name not in _DTYPE_RANK:
+        raise ConversionError(f"safetensors has no dtype for torch.{t.dtype.name}")
+    return name
+
+
+# ---- the bytes of one tensor ------------------------------------------------------------
+
+
+def _unit(t: Tensor) -> int:
+    """Size of the parts a byte swap reverses: half the item for complex types."""
+    return t.dtype.itemsize // 2 if t.dtype.name.startswith("complex") else t.dtype.itemsize
+
+
+def raw_view(t: Tensor) -> np.ndarray[Any, Any]:
+    """The tensor's elements as unsigned ints in the storage's byte order, any strides.
+
+    Shape is ``t.shape + (parts,)`` where ``parts`` is 2 for complex types, else 1."""
+    unit = _unit(t)
+    parts = t.dtype.itemsize // unit
+    order = ">" if t.storage.byteorder == "big" and unit > 1 else "<"
+    npdt = np.dtype(f"{order}u{unit}")
+    shape = (*t.shape, parts)
+    if t.numel == 0:
+        return np.empty(shape, dtype=npdt)
+    itemsize = t.dtype.itemsize
+    strides = (*(s * itemsize for s in t.stride), unit)
+    view: np.ndarray[Any, Any] = np.ndarray(shape, dtype=npdt, buffer=t.storage.buffer(),
+                                            offset=t.storage_offset * itemsize,
+                                            strides=strides)
+    return view
+
+
+def chunks(t: Tensor) -> Iterator[bytes | memoryview]:
+    """The tensor's bytes, contiguous row-major little-endian, in blocks of bounded size."""
+    view = raw_view(t)
+    swap = view.dtype.byteorder == ">"
+    for block in _blocks(view):
+        if not block.size:
+            continue
+        out = np.ascontiguousarray(block)
+        if swap:
+            out = out.astype(out.dtype.newbyteorder("<"))
+        yield out.data.cast("B")
+
+
+def _blocks(a: np.ndarray[Any, Any]) -> Iterator[np.ndarray[Any, Any]]:
+    if a.nbytes <= CHUNK_BYTES or a.ndim == 1:
+        yield a
+        return
+    row = a.nbytes // a.shape[0]
+    step = max(1, CHUNK_BYTES // max(row, 1))
+    for i in range(0, a.shape[0], step):
+        sub = a[i:i + step]
+        if sub.nbytes <= CHUNK_BYTES:
+            yield sub
+        else:
+            yield from _blocks(a[i])
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP,
+                   errno.EBADF, errno.ESPIPE, errno.ETXTBSY}
+
+
+class _Writer:
+    def __init__(self, fd: int, src_fd: int | None, progress: Progress | None) -> None:
+        self.fd = fd
+        self.src_fd = src_fd
+        self.progress = progress
+        self.done = 0
+        self.kernel = {"copy_file_range": hasattr(os, "copy_file_range"),
+                       "sendfile": hasattr(os, "sendfile")}
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done)
+
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.write(self.fd, view[:CHUNK_BYTES])
+            view = view[n:]
+            self._advance(n)
+
+    def copy(self, offset: int, count: int, mapped: memoryview) -> None:
+        """``count`` bytes of the source file at ``offset`` (also ``mapped``) to the output."""
+        copied = 0
+        for method in ("copy_file_range", "sendfile"):
+            if not self.kernel[method] or self.src_fd is None:
+                continue
+            while copied < count:
+                n = min(count - copied, 1 << 30)
+                try:
+                    if method == "copy_file_range":
+                        got = os.copy_file_range(self.src_fd, self.fd, n, offset + copied)
+                    else:
+                        got = os.sendfile(self.fd, self.src_fd, offset + copied, n)
+                except OSError as e:
+                    if e.errno not in _NO_KERNEL_COPY:
+                        raise
+                    self.kernel[method] = False
+                    break
+                if got == 0:
+                    raise ConversionError("the source file ended early (changed while "
+                                          "converting?)")
+                copied += got
+                self._advance(got)
+            if copied == count:
+                return
+        self.write(mapped[copied:count])
+
+
+def _write_error(e: OSError, dst: str) -> ConversionError:
+    return ConversionError(f"cannot write: {e.strerror or e}", path=dst)
+
+
+def write_atomic(
+    dst: str,
+    header: bytes,
+    planned: Sequence[Planned],
+    *,
+    force: bool,
+    src_fd: int | None = None,
+    file_offset: FileOffset | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """Write the file to a temporary name beside ``dst``, fsync and rename it into place.
+
+    Returns the bytes written. ``file_offset(t)`` says where a tensor's bytes are in the file
+    behind ``src_fd`` (None when they are not a plain byte range there)."""
+    directory = os.path.dirname(dst) or "."
+    if os.path.isdir(dst):
+        raise ConversionError("the output path is a directory", path=dst)
+    if not force and os.path.lexists(dst):
+        raise ConversionError("the output file exists (use force=True / --force to replace "
+                              "it)", path=dst)
+    tmp, fd = _create_temp(directory, os.path.basename(dst))
+    try:
+        try:
+            writer = _Writer(fd, src_fd, progress)
+            writer.write(header)
+            for p in planned:
+                _write_tensor(writer, p, file_offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _publish(tmp, dst, force)
+    except OSError as e:
+        _unlink(tmp)
+        raise _write_error(e, dst) from None
+    except BaseException:
+        _unlink(tmp)
+        raise
+    _fsync_dir(directory)
+    return writer.done
+
+
+def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None) -> None:
+    t = p.tensor
+    start = writer.done
+    if t.nbytes and t.is_contiguous() and (t.storage.byteorder == "little"
+                                           or _unit(t) == 1):
+        offset = file_offset(t) if file_offset is not None else None
+        buf = t.storage.buffer()
+        begin = t.storage_offset * t.dtype.itemsize
+        mapped = memoryview(buf)[begin:begin + t.nbytes]
+        if offset is not None:
+            writer.copy(offset + begin, t.nbytes, mapped)
+        else:
+            writer.write(mapped)
+    else:
+        for block in chunks(t):
+            writer.write(block)
+    if writer.done - start != t.nbytes:  # pragma: no cover - a bug of ours
+        raise ConversionError(f"wrote {writer.done - start} bytes for a tensor of {t.nbytes}",
+                              member=p.name)
+
+
+def _create_temp(directory: str, base: str) -> tuple[str, int]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(
+        os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ConversionError(f"cannot create a file in {directory!r}: "
+                                  f"{e.strerror or e}") from None
+    raise ConversionError(f"cannot create a temporary file in {directory!r}")  # pragma: no cover
+
+
+def _publish(tmp: str, dst: str, force: bool) -> None:
+    """Rename into place; without ``force``, never replace a file that appeared meanwhile."""
+    if force:
+        os.replace(tmp, dst)
+        return
+    try:
+        os.link(tmp, dst)
+    except FileExistsError:
+        raise ConversionError("the output file exists (use force=True / --force to replace "
+                              "it)", path=dst) from None
+    except OSError:  # no hard links here: the check before writing has to do
+        os.replace(tmp, dst)
+        return
+    _unlink(tmp)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---- reading a header back ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A checked safetensors header: entries by name, in file order."""
+
+    metadata: dict[str, str]
+    entries: dict[str, tuple[str, tuple[int, ...], int, int]]  # dtype, shape, begin, end
+    data_start: int
+    header_bytes: bytes
+
+
+def read_header(buf: memoryview | bytes) -> SafetensorsHeader:
+    """Parse and check a safetensors header: valid JSON, known dtypes, shapes that match the
+    byte ranges, ranges that tile the data section with no holes or overlaps."""
+    if len(buf) < 8:
+        raise FormatError("too short for a safetensors header")
+    (n,) = struct.unpack("<Q", bytes(buf[:8]))
+    if n > MAX_HEADER_BYTES or 8 + n > len(buf):
+        raise FormatError(f"safetensors header declares {n} bytes; the file has {len(buf)}")
+    raw = bytes(buf[8:8 + n])
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"safetensors header is not UTF-8 JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise FormatError("safetensors header is not a JSON object")
+    meta = obj.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise FormatError("safetensors __metadata__ is not a str -> str object")
+    entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+    for name, info in obj.items():
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise FormatError(f"safetensors entry {name!r} is malformed")
+        dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in _ITEMSIZE or not isinstance(shape, list) or not all(
+                type(s) is int and s >= 0 for s in shape) or not isinstance(offs, list) or len(
+                offs) != 2 or not all(type(o) is int for o in offs):
+            raise FormatError(f"safetensors entry {name!r} is malformed")
+        begin, end = offs
+        if not 0 <= begin <= end or end - begin != math.prod(shape) * _ITEMSIZE[dtype]:
+            raise FormatError(f"safetensors entry {name!r}: offsets {offs} do not match "
+                              f"{dtype} x {shape}")
+        entries[name] = (dtype, tuple(shape), begin, end)
+    pos = 0
+    for _, _, begin, end in sorted(entries.values(), key=lambda e: (e[2], e[3])):
+        if begin != pos:
+            raise FormatError(f"safetensors data has a hole or overlap at {begin} "
+                              f"(expected {pos})")
+        pos = end
+    if 8 + n + pos != len(buf):
+        raise FormatError(f"safetensors data section is {len(buf) - 8 - n} bytes, the header "
+                          f"describes {pos}")
+    return SafetensorsHeader(dict(meta), entries, 8 + n, raw)
