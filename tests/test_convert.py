@@ -286,7 +286,7 @@ def test_interrupted_write_leaves_nothing(torch: ModuleType, tmp_path: Path,
 def test_unreadable_source(tmp_path: Path) -> None:
     with pytest.raises(torchless.CheckpointError, match="cannot open"):
         torchless.convert(tmp_path / "missing.pt")
-    with pytest.raises(torchless.CheckpointError, match="not a regular file"):
+    with pytest.raises(torchless.CheckpointError, match="no Hugging Face weights here"):
         torchless.convert(tmp_path, tmp_path / "x.safetensors")
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint at all")
     with pytest.raises(torchless.CheckpointError):

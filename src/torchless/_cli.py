@@ -34,6 +34,9 @@ examples:
   torchless convert model.pt                      # writes model.safetensors beside it
   torchless convert model.ckpt -o out.safetensors --key state_dict
   torchless convert model.bin --dedupe --verify --json
+  torchless convert ./my-model/                   # pytorch_model*.bin -> model*.safetensors
+  torchless convert ./my-model/ --max-shard-size 5GB -o ./out/
+  torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
 """
 
 _VERIFY_EXAMPLES = """\
@@ -96,35 +99,95 @@ def _verify_text(r: _convert.VerifyReport, out: Any) -> None:
       f"{len(r.mismatched)} differ, {len(r.missing)} missing, {len(r.extra)} extra)\n")
 
 
+def _report_json(report: _convert.ConversionReport) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "src": report.src, "dst": report.dst, "ok": True, "tensors": report.tensors,
+        "bytes": report.bytes, "files": list(report.files), "skipped": list(report.skipped),
+        "aliases": dict(report.aliases), "seconds": round(report.seconds, 3)}
+    if report.verified is not None:
+        doc["verify"] = _verify_json(report.verified)
+    return doc
+
+
+def _report_text(report: _convert.ConversionReport, out: Any) -> None:
+    w = out.write
+    w(f"{report.dst}: {report.tensors} tensors, {_human(report.bytes)} "
+      f"in {report.seconds:.2f} s\n")
+    if len(report.files) > 1:
+        for path in report.files:
+            w(f"  wrote {path}\n")
+    for name in report.skipped:
+        w(f"  skipped (safetensors cannot hold it): {name}\n")
+    for removed, kept in report.aliases.items():
+        w(f"  alias recorded in __metadata__: {removed} -> {kept}\n")
+    if report.verified is not None:
+        w(f"  verified: {len(report.verified.matched)} tensors identical\n")
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
+            "skip_unsupported": args.skip_unsupported, "verify": args.verify,
+            "max_shard_size": args.max_shard_size}
+
+
+def _convert_job(src: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One conversion of a batch, as its JSON summary (also in a worker process)."""
+    try:
+        return _report_json(_convert.convert(src, **options))
+    except CheckpointError as e:
+        return {"src": src, "ok": False, "error": str(e)}
+    except KeyboardInterrupt:
+        return {"src": src, "ok": False, "error": "interrupted"}
+
+
 def _run_convert(args: argparse.Namespace) -> int:
+    if len(args.src) > 1:
+        return _run_batch(args)
     bar = _Bar() if sys.stderr.isatty() else None
     try:
-        report = _convert.convert(args.src, args.output, key=args.key, force=args.force,
-                                  dedupe=args.dedupe, skip_unsupported=args.skip_unsupported,
-                                  verify=args.verify, progress=bar)
+        report = _convert.convert(args.src[0], args.output, progress=bar, **_options(args))
     finally:
         if bar is not None:
             bar.close()
     if args.json:
-        doc: dict[str, Any] = {
-            "src": report.src, "dst": report.dst, "tensors": report.tensors,
-            "bytes": report.bytes, "skipped": list(report.skipped),
-            "aliases": dict(report.aliases), "seconds": round(report.seconds, 3)}
-        if report.verified is not None:
-            doc["verify"] = _verify_json(report.verified)
-        json.dump(doc, sys.stdout, indent=1)
+        json.dump(_report_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        w = sys.stdout.write
-        w(f"{report.dst}: {report.tensors} tensors, {_human(report.bytes)} "
-          f"in {report.seconds:.2f} s\n")
-        for name in report.skipped:
-            w(f"  skipped (safetensors cannot hold it): {name}\n")
-        for removed, kept in report.aliases.items():
-            w(f"  alias recorded in __metadata__: {removed} -> {kept}\n")
-        if report.verified is not None:
-            w(f"  verified: {len(report.verified.matched)} tensors identical\n")
+        _report_text(report, sys.stdout)
     return 0
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    """Many sources, each to its default output; a failure does not stop the others."""
+    options = _options(args)
+    docs: list[dict[str, Any]] = []
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(args.jobs, len(args.src))) as pool:
+            futures = [pool.submit(_convert_job, src, options) for src in args.src]
+            for future in futures:
+                docs.append(future.result())
+                _batch_line(docs[-1], args.json)
+    else:
+        for src in args.src:
+            docs.append(_convert_job(src, options))
+            _batch_line(docs[-1], args.json)
+    if args.json:
+        json.dump(docs, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    failed = [d for d in docs if not d["ok"]]
+    if failed and not args.json:
+        sys.stdout.write(f"{len(docs) - len(failed)} converted, {len(failed)} failed\n")
+    return 1 if failed else 0
+
+
+def _batch_line(doc: dict[str, Any], as_json: bool) -> None:
+    if not doc["ok"]:
+        sys.stderr.write(f"torchless: error: {doc['error']}\n")
+    elif not as_json:
+        sys.stdout.write(f"{doc['dst']}: {doc['tensors']} tensors, {_human(doc['bytes'])} "
+                         f"in {doc['seconds']:.2f} s\n")
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -302,9 +365,17 @@ def _parser() -> argparse.ArgumentParser:
                     "contiguous and little-endian, written atomically (temporary file, fsync, "
                     "rename). Shared tensors are written once per name unless --dedupe.",
         epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    conv.add_argument("src", help="checkpoint file")
+    conv.add_argument("src", nargs="+",
+                      help="checkpoint file, Hugging Face model directory or *.bin.index.json "
+                           "(several: each to its default output)")
     conv.add_argument("-o", "--output", metavar="DST",
-                      help="output file (default: SRC with the suffix .safetensors)")
+                      help="output file, or output directory for a model directory (default: "
+                           "SRC with the suffix .safetensors / SRC's directory); one SRC only")
+    conv.add_argument("--max-shard-size", metavar="SIZE",
+                      help="split the output into shards of at most SIZE tensor bytes "
+                           "(5GB = 5*10^9, 500MB, 1GiB = 2^30, or bytes) with an index")
+    conv.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                      help="convert several SRC in N worker processes (default 1)")
     conv.add_argument("--key", metavar="K",
                       help="convert only the subtree under this dotted key (e.g. state_dict)")
     conv.add_argument("--force", action="store_true", help="replace an existing DST")
@@ -328,7 +399,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "convert":
+        if len(args.src) > 1 and args.output is not None:
+            parser.error("-o/--output takes a single SRC; several SRC go to their default "
+                         "outputs")
+        if args.jobs < 1:
+            parser.error("-j/--jobs must be at least 1")
     try:
         if args.command == "inspect":
             ckpt = _checkpoint.open(args.file, strict=args.strict,

@@ -23,7 +23,7 @@ import numpy as np
 from . import _checkpoint
 from ._errors import CheckpointError, ConversionError, FormatError
 from ._limits import Limits
-from ._safetensors import Progress, chunks, plan, read_header, write_atomic
+from ._safetensors import Progress, SafetensorsHeader, chunks, plan, read_header, write_atomic
 from ._source import Source
 from ._tensor import Tensor
 
@@ -65,6 +65,8 @@ class ConversionReport:
     aliases: Mapping[str, str]
     seconds: float
     verified: VerifyReport | None = None
+    #: every file written, in the order written (shards first, an index last)
+    files: tuple[str, ...] = ()
 
 
 def default_dst(src: str) -> str:
@@ -146,6 +148,31 @@ def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tenso
     return fd, offset
 
 
+def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
+            skip_unsupported: bool) -> tuple[dict[str, Tensor], dict[str, str],
+                                             dict[str, str], dict[str, str]]:
+    """What one checkpoint contributes: (tensors to write, ``__metadata__``, refused name ->
+    why, removed alias -> kept name)."""
+    spath = ckpt.path
+    tensors, unsupported = _select(ckpt, key)
+    bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
+           if t.dtype.safetensors is None}
+    bad.update({n: f"{kind} tensor" for n, kind in unsupported.items()})
+    if bad and not skip_unsupported:
+        listed = ", ".join(f"{n} ({why})" for n, why in list(bad.items())[:20])
+        more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise ConversionError(
+            f"safetensors cannot hold {len(bad)} tensor(s): {listed}{more} "
+            "(skip them with skip_unsupported=True / --skip-unsupported)", path=spath)
+    tensors = {n: t for n, t in tensors.items() if n not in bad}
+    metadata = {"format": "pt", "source": os.path.basename(spath)}
+    aliases = _aliases(tensors, set(metadata)) if dedupe else {}
+    for removed, kept in aliases.items():
+        metadata[removed] = kept
+    written = {n: t for n, t in tensors.items() if n not in aliases}
+    return written, metadata, bad, aliases
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str] | None = None,
@@ -157,8 +184,13 @@ def convert(
     verify: bool = False,
     limits: Limits | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_shard_size: int | str | None = None,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
+
+    SRC may also be a Hugging Face model directory (``pytorch_model.bin`` or shards with a
+    ``*.bin.index.json``) or such an index file; DST is then an output directory (default:
+    SRC's directory) and the outputs follow transformers' naming (see :mod:`torchless._hf`).
 
     Args:
         src: the checkpoint (any layout torchless reads).
@@ -170,14 +202,23 @@ def convert(
         verify: re-read both files afterwards and compare every tensor.
         limits: resource bounds for reading SRC.
         progress: ``progress(bytes_done, bytes_total)`` while writing.
+        max_shard_size: split the output into shards of at most this many tensor bytes
+            (an int, or ``"5GB"``, ``"500MB"``, ``"1GiB"``: GB = 10**9, GiB = 2**30), named
+            ``<stem>-0000K-of-0000N.safetensors`` with ``<stem>.safetensors.index.json``.
 
     Raises:
         ConversionError: the output cannot be written as asked (nothing is left at DST).
         CheckpointError: SRC cannot be read.
     """
     spath = os.fspath(src)
-    dpath = os.fspath(dst) if dst is not None else default_dst(spath)
     try:
+        if os.path.isdir(spath) or spath.endswith(".index.json") or max_shard_size is not None:
+            from . import _hf
+            return _hf.convert_layout(
+                spath, None if dst is None else os.fspath(dst), key=key, force=force,
+                dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
+                limits=limits, progress=progress, max_shard_size=max_shard_size)
+        dpath = os.fspath(dst) if dst is not None else default_dst(spath)
         return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, limits,
                         progress)
     except CheckpointError:
@@ -202,22 +243,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                 raise ConversionError("the output path is the source file", path=dpath)
         except OSError:
             pass
-        tensors, unsupported = _select(ckpt, key)
-        bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
-               if t.dtype.safetensors is None}
-        bad.update({n: f"{kind} tensor" for n, kind in unsupported.items()})
-        if bad and not skip_unsupported:
-            listed = ", ".join(f"{n} ({why})" for n, why in list(bad.items())[:20])
-            more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
-            raise ConversionError(
-                f"safetensors cannot hold {len(bad)} tensor(s): {listed}{more} "
-                "(skip them with skip_unsupported=True / --skip-unsupported)", path=spath)
-        tensors = {n: t for n, t in tensors.items() if n not in bad}
-        metadata = {"format": "pt", "source": os.path.basename(spath)}
-        aliases = _aliases(tensors, set(metadata)) if dedupe else {}
-        for removed, kept in aliases.items():
-            metadata[removed] = kept
-        written = {n: t for n, t in tensors.items() if n not in aliases}
+        written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
         try:
             header, planned = plan(written, metadata)
         except CheckpointError as e:
@@ -248,7 +274,8 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
             raise ConversionError(f"verification failed: {_summary(checked)}; the output "
                                   "was removed", path=dpath)
     return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
-                            MappingProxyType(aliases), time.monotonic() - started, checked)
+                            MappingProxyType(aliases), time.monotonic() - started, checked,
+                            (dpath,))
 
 
 def _summary(r: VerifyReport) -> str:
@@ -293,41 +320,54 @@ def verify(
         data = out.buffer[header.data_start:]
         with _checkpoint.open(spath, limits=limits) as ckpt:
             tensors, unsupported = _select(ckpt, key)
-            matched: list[str] = []
-            mismatched: dict[str, str] = {}
-            missing: list[str] = []
-            skipped: list[str] = []
-            aliases: dict[str, str] = {}
-            seen: set[str] = set()
-            for name in unsupported:
-                (skipped if skip_unsupported else missing).append(name)
-            for name, t in tensors.items():
-                target = name
-                if name not in header.entries and header.metadata.get(name) in header.entries:
-                    target = header.metadata[name]
-                    aliases[name] = target
-                entry = header.entries.get(target)
-                if t.dtype.safetensors is None:
-                    if entry is None:
-                        (skipped if skip_unsupported else missing).append(name)
-                        continue
-                if entry is None:
-                    missing.append(name)
-                    continue
-                seen.add(target)
-                dtype, shape, begin, end = entry
-                if dtype != t.dtype.safetensors:
-                    mismatched[name] = f"dtype {dtype} != {t.dtype.safetensors}"
-                elif shape != t.shape:
-                    mismatched[name] = f"shape {list(shape)} != {list(t.shape)}"
-                elif not _same_bytes(t, data[begin:end]):
-                    mismatched[name] = "bytes differ"
-                else:
-                    matched.append(name)
-            extra = [n for n in header.entries if n not in seen]
+            result = compare(tensors, list(unsupported), header, data, skip_unsupported)
         del data
+    matched, mismatched, missing, extra, skipped, aliases = result
     return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
                         tuple(missing), tuple(extra), tuple(skipped), MappingProxyType(aliases))
+
+
+Compared = tuple[list[str], dict[str, str], list[str], list[str], list[str], dict[str, str]]
+
+
+def compare(tensors: Mapping[str, Tensor], unsupported: list[str],
+            header: SafetensorsHeader, data: memoryview,
+            skip_unsupported: bool) -> Compared:
+    """(matched, mismatched, missing, extra, skipped, aliases) of ``tensors`` against one
+    safetensors file's header and data section."""
+    matched: list[str] = []
+    mismatched: dict[str, str] = {}
+    missing: list[str] = []
+    skipped: list[str] = []
+    aliases: dict[str, str] = {}
+    seen: set[str] = set()
+    for name in unsupported:
+        (skipped if skip_unsupported else missing).append(name)
+    for name, t in tensors.items():
+        target = name
+        if name not in header.entries and header.metadata.get(name) in header.entries:
+            target = header.metadata[name]
+            aliases[name] = target
+        entry = header.entries.get(target)
+        if t.dtype.safetensors is None:
+            if entry is None:
+                (skipped if skip_unsupported else missing).append(name)
+                continue
+        if entry is None:
+            missing.append(name)
+            continue
+        seen.add(target)
+        dtype, shape, begin, end = entry
+        if dtype != t.dtype.safetensors:
+            mismatched[name] = f"dtype {dtype} != {t.dtype.safetensors}"
+        elif shape != t.shape:
+            mismatched[name] = f"shape {list(shape)} != {list(t.shape)}"
+        elif not _same_bytes(t, data[begin:end]):
+            mismatched[name] = "bytes differ"
+        else:
+            matched.append(name)
+    extra = [n for n in header.entries if n not in seen]
+    return matched, mismatched, missing, extra, skipped, aliases
 
 
 _verify = verify  # convert's ``verify`` flag shadows the function inside convert

@@ -23,8 +23,10 @@ agree on everything but the ``__metadata__`` key order (which it leaves to a has
 
 Memory stays bounded whatever the model size: contiguous little-endian tensors whose bytes
 lie in the source file are copied by the kernel (``os.copy_file_range``, then
-``os.sendfile``, then chunked writes from the map); any other tensor is made contiguous and
-little-endian in chunks of at most :data:`CHUNK_BYTES`.
+``os.sendfile``, then chunked writes from the map); contiguous little-endian tensors whose
+storage is a deflated ZIP member are inflated and written in blocks of at most
+:data:`INFLATE_CHUNK_BYTES` (the storage is not kept in memory); any other tensor is made
+contiguous and little-endian in chunks of at most :data:`CHUNK_BYTES`.
 
 Writing is atomic: a hidden temporary file beside DST (``.<name>.<random>.tmp``), fsync,
 then a rename. Any error, ``KeyboardInterrupt`` included, removes the temporary file.
@@ -47,11 +49,13 @@ import numpy as np
 from ._errors import ConversionError, FormatError, InvalidKeyError
 from ._tensor import Tensor
 
-__all__ = ["CHUNK_BYTES", "MAX_HEADER_BYTES", "Planned", "SafetensorsHeader",
+__all__ = ["CHUNK_BYTES", "INFLATE_CHUNK_BYTES", "MAX_HEADER_BYTES", "Planned", "SafetensorsHeader",
            "Progress", "check_name", "chunks", "plan", "read_header", "write_atomic"]
 
 #: Largest block a strided or byte-swapped tensor is copied in.
 CHUNK_BYTES = 16 << 20
+#: Largest block a compressed (deflated) storage is inflated in while it is written.
+INFLATE_CHUNK_BYTES = 4 << 20
 #: The safetensors package refuses headers larger than this (``MAX_HEADER_SIZE``).
 MAX_HEADER_BYTES = 100_000_000
 #: The safetensors ``Dtype`` enum order; data is laid out highest rank first.
@@ -285,9 +289,14 @@ def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None) -
     start = writer.done
     if t.nbytes and t.is_contiguous() and (t.storage.byteorder == "little"
                                            or _unit(t) == 1):
+        begin = t.storage_offset * t.dtype.itemsize
+        if t.storage.streams:  # compressed in the file: inflated block by block, not kept
+            for block in t.storage.iter_bytes(begin, begin + t.nbytes, INFLATE_CHUNK_BYTES):
+                writer.write(block)
+            _check_written(writer, start, p)
+            return
         offset = file_offset(t) if file_offset is not None else None
         buf = t.storage.buffer()
-        begin = t.storage_offset * t.dtype.itemsize
         mapped = memoryview(buf)[begin:begin + t.nbytes]
         if offset is not None:
             writer.copy(offset + begin, t.nbytes, mapped)
@@ -296,9 +305,13 @@ def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None) -
     else:
         for block in chunks(t):
             writer.write(block)
-    if writer.done - start != t.nbytes:  # pragma: no cover - a bug of ours
-        raise ConversionError(f"wrote {writer.done - start} bytes for a tensor of {t.nbytes}",
-                              member=p.name)
+    _check_written(writer, start, p)
+
+
+def _check_written(writer: _Writer, start: int, p: Planned) -> None:
+    if writer.done - start != p.tensor.nbytes:  # pragma: no cover - a bug of ours
+        raise ConversionError(f"wrote {writer.done - start} bytes for a tensor of "
+                              f"{p.tensor.nbytes}", member=p.name)
 
 
 def _create_temp(directory: str, base: str) -> tuple[str, int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,10 +23,14 @@ class Storage:
 
     ``loader`` returns the bytes (a memoryview of the file map for stored
     members, inflated bytes otherwise) and is called at most once.
+
+    ``stream``, given for storages whose bytes are compressed in the file,
+    yields the bytes in blocks of at most the size it is passed, without
+    holding them all: :meth:`iter_bytes` uses it while the storage is not loaded.
     """
 
-    __slots__ = ("_buffer", "_loader", "_swapped", "byteorder", "dtype", "key", "location",
-                 "nbytes")
+    __slots__ = ("_buffer", "_loader", "_stream", "_swapped", "byteorder", "dtype", "key",
+                 "location", "nbytes")
 
     def __init__(
         self,
@@ -37,6 +41,7 @@ class Storage:
         *,
         location: str = "cpu",
         byteorder: str = "little",
+        stream: Callable[[int], Iterator[memoryview | bytes]] | None = None,
     ) -> None:
         self.key = key
         self.dtype = dtype
@@ -44,6 +49,7 @@ class Storage:
         self.location = location
         self.byteorder = byteorder
         self._loader = loader
+        self._stream = stream
         self._buffer: memoryview | bytes | None = None
         self._swapped: dict[int, bytes] = {}
 
@@ -51,6 +57,36 @@ class Storage:
         if self._buffer is None:
             self._buffer = self._loader()
         return self._buffer
+
+    @property
+    def streams(self) -> bool:
+        """True when :meth:`iter_bytes` reads the file block by block (compressed bytes,
+        not loaded yet); False when it slices :meth:`buffer`."""
+        return self._stream is not None and self._buffer is None
+
+    def iter_bytes(self, begin: int, end: int, chunk: int) -> Iterator[memoryview | bytes]:
+        """Bytes ``begin:end`` of the storage (its own byte order) in blocks of at most
+        ``chunk`` bytes.
+
+        A compressed storage that is not loaded is inflated block by block (the whole
+        member, so that its size and CRC are checked) and is not kept: memory stays bounded
+        by ``chunk`` whatever its size. Otherwise the blocks are slices of :meth:`buffer`."""
+        if not 0 <= begin <= end <= self.nbytes:
+            raise ValueError(f"byte range {begin}:{end} outside a storage of {self.nbytes}")
+        if chunk < 1:
+            raise ValueError("chunk must be positive")
+        if self._stream is None or self._buffer is not None:
+            view = memoryview(self.buffer()).cast("B")
+            for i in range(begin, end, chunk):
+                yield view[i:min(i + chunk, end)]
+            return
+        pos = 0
+        for block in self._stream(chunk):
+            n = len(block)
+            lo, hi = max(begin, pos), min(end, pos + n)
+            if lo < hi:
+                yield block if (lo, hi) == (pos, pos + n) else memoryview(block)[lo - pos:hi - pos]
+            pos += n
 
     def native_buffer(self, unit: int) -> memoryview | bytes:
         """The bytes in this machine's order for elements of ``unit`` bytes.

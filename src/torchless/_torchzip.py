@@ -15,6 +15,7 @@ Every member lives under one prefix, taken from the first entry as torch does.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,9 +171,13 @@ class TorchZip:
                 f"its record holds {entry.size}")
         check = self.verify_crc and self.has_crc
         archive = self.archive  # not self: the loader must not keep the storage table alive
+        # a deflated storage can also be read block by block (converting, in bounded memory)
+        stream: Callable[[int], Iterator[memoryview | bytes]] | None = (
+            (lambda chunk: archive.iter_member(name, chunk, check_crc=check))
+            if archive.is_deflated(name) else None)
         storage = Storage(key, dtype, nbytes,
                           lambda: archive.data(name, check_crc=check),
-                          location=location, byteorder=self.byteorder)
+                          location=location, byteorder=self.byteorder, stream=stream)
         self._storages[key] = storage
         return storage
 

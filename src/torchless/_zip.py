@@ -12,7 +12,8 @@ duplicates, local header equal to central entry, entries that do not
 overlap, data descriptors that agree, sizes inside the file.
 
 Stored members are returned as zero-copy views of the file map; deflated
-members are inflated with the output bounded by the declared size.
+members are inflated with the output bounded by the declared size, whole
+(:meth:`ZipArchive.data`) or block by block (:meth:`ZipArchive.iter_member`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import codecs
 import itertools
 import struct
 import zlib
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from ._errors import (
@@ -54,6 +56,8 @@ _ALLOWED_FLAGS = _FLAG_DESCRIPTOR | _FLAG_UTF8 | 0x0006  # bits 1-2: deflate spe
 _STORED, _DEFLATED = 0, 8
 _MAX_COMMENT = 0xFFFF
 _RATIO_FLOOR = 64 << 20
+#: Compressed bytes fed to the inflater at a time when streaming a member.
+_INFLATE_INPUT = 1 << 20
 codecs.lookup("cp437")  # member names without the UTF-8 flag; looked up now, not mid-read
 
 
@@ -343,13 +347,16 @@ class ZipArchive:
             raise ChecksumError(f"CRC-32 of member {name!r} does not match its bytes")
         return out
 
-    def _inflate(self, e: Entry, raw: memoryview) -> bytes:
+    def _check_inflate(self, e: Entry) -> None:
         lim = self.limits
         if e.size > lim.max_inflated_bytes:
             raise LimitError("max_inflated_bytes", lim.max_inflated_bytes, e.size, e.name)
         if e.size > _RATIO_FLOOR and e.size > lim.max_inflate_ratio * max(1, e.compressed_size):
             raise LimitError("max_inflate_ratio", lim.max_inflate_ratio,
                              e.size // max(1, e.compressed_size), e.name)
+
+    def _inflate(self, e: Entry, raw: memoryview) -> bytes:
+        self._check_inflate(e)
         d = zlib.decompressobj(-15)
         try:
             out = d.decompress(raw, e.size + 1)
@@ -362,3 +369,63 @@ class ZipArchive:
             raise TruncatedInputError(
                 f"member {e.name!r}: deflate data ends after {len(out)} of {e.size} bytes")
         return out
+
+    def is_deflated(self, name: str) -> bool:
+        return self.entries[name].method == _DEFLATED
+
+    def iter_member(self, name: str, chunk: int, *,
+                    check_crc: bool) -> Iterator[memoryview | bytes]:
+        """A member's bytes in blocks of at most ``chunk`` bytes, in bounded memory.
+
+        Stored members come as views of the map; deflated ones are inflated block by block
+        (at most ``chunk`` bytes of output and :data:`_INFLATE_INPUT` of input at a time),
+        with the checks of :meth:`data`: the limits, the exact declared size, the end of
+        the deflate stream and, if asked, the CRC-32, which is known only at the end, so a
+        mismatch is raised after the last block."""
+        if chunk < 1:
+            raise ValueError("chunk must be positive")
+        e = self.entries[name]
+        raw = self.source.view(e.data_offset, e.compressed_size, name)
+        crc = 0
+        if e.method == _STORED:
+            for i in range(0, e.size, chunk):
+                block = raw[i:i + chunk]
+                if check_crc:
+                    crc = zlib.crc32(block, crc)
+                yield block
+        else:
+            crc = yield from self._inflate_blocks(e, raw, chunk, check_crc)
+        if check_crc and crc != e.crc:
+            raise ChecksumError(f"CRC-32 of member {name!r} does not match its bytes")
+
+    def _inflate_blocks(self, e: Entry, raw: memoryview, chunk: int,
+                        check_crc: bool) -> Generator[bytes, None, int]:
+        self._check_inflate(e)
+        d = zlib.decompressobj(-15)
+        pos = produced = crc = 0
+        pending: memoryview | bytes = b""
+        while not d.eof:
+            if not pending and pos < len(raw):
+                pending = raw[pos:pos + _INFLATE_INPUT]
+                pos += len(pending)
+            fed = len(pending)
+            try:
+                out = d.decompress(pending, min(chunk, e.size + 1 - produced))
+            except zlib.error as err:
+                raise ArchiveFormatError(
+                    f"member {e.name!r}: corrupt deflate data ({err})") from None
+            pending = d.unconsumed_tail
+            produced += len(out)
+            if produced > e.size:
+                raise ArchiveFormatError(
+                    f"member {e.name!r} inflates to more than its declared {e.size} bytes")
+            if out:
+                if check_crc:
+                    crc = zlib.crc32(out, crc)
+                yield out
+            elif not fed:
+                break  # no input left and nothing more comes out
+        if produced < e.size or not d.eof:
+            raise TruncatedInputError(
+                f"member {e.name!r}: deflate data ends after {produced} of {e.size} bytes")
+        return crc
