@@ -23,7 +23,15 @@ import numpy as np
 from . import _checkpoint
 from ._errors import CheckpointError, ConversionError, FormatError
 from ._limits import Limits
-from ._safetensors import Progress, SafetensorsHeader, chunks, plan, read_header, write_atomic
+from ._safetensors import (
+    Planned,
+    Progress,
+    SafetensorsHeader,
+    chunks,
+    plan,
+    read_header,
+    write_atomic,
+)
 from ._source import Source
 from ._tensor import Tensor
 
@@ -249,22 +257,8 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
         except CheckpointError as e:
             raise e.add_context(path=spath) from None
         total = len(header) + sum(p.tensor.nbytes for p in planned)
-        report_progress: Progress | None = None
-        if progress is not None:
-            callback = progress
-
-            def report_progress(done: int) -> None:
-                callback(done, total)
-
-        src_fd, file_offset = _file_offset(ckpt._source, spath)
-        try:
-            nbytes = write_atomic(dpath, header, planned, force=force, src_fd=src_fd,
-                                  file_offset=file_offset, progress=report_progress)
-        except CheckpointError as e:
-            raise e.add_context(path=dpath) from None
-        finally:
-            if src_fd is not None:
-                os.close(src_fd)
+        nbytes = write_output(ckpt, dpath, header, planned, force=force, progress=progress,
+                              before=0, total=total)
     checked = None
     if verify:
         checked = _verify(spath, dpath, key=key, limits=limits,
@@ -276,6 +270,30 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
     return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
                             MappingProxyType(aliases), time.monotonic() - started, checked,
                             (dpath,))
+
+
+def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
+                 planned: list[Planned], *, force: bool,
+                 progress: Callable[[int, int], None] | None, before: int, total: int) -> int:
+    """Write one safetensors file from ``ckpt`` atomically; kernel copies come from its file.
+
+    ``progress(done, total)`` counts ``before`` bytes already written by earlier files."""
+    report: Progress | None = None
+    if progress is not None:
+        callback = progress
+
+        def report(done: int) -> None:
+            callback(before + done, total)
+
+    src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)
+    try:
+        return write_atomic(path, header, planned, force=force, src_fd=src_fd,
+                            file_offset=file_offset, progress=report)
+    except CheckpointError as e:
+        raise e.add_context(path=path) from None
+    finally:
+        if src_fd is not None:
+            os.close(src_fd)
 
 
 def _summary(r: VerifyReport) -> str:

@@ -46,10 +46,10 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 
 from . import _checkpoint
-from ._convert import ConversionReport, VerifyReport, _file_offset, compare, prepare
+from ._convert import ConversionReport, VerifyReport, compare, prepare, write_output
 from ._errors import CheckpointError, ConversionError, FormatError, UnsafePathError
 from ._limits import Limits
-from ._safetensors import Planned, plan, read_header, write_atomic
+from ._safetensors import Planned, plan, read_header
 from ._source import Source
 from ._tensor import Tensor
 
@@ -398,22 +398,8 @@ def _write_shard(shard: _Shard, path: str, header: bytes, planned: list[Planned]
     for i, t in shard.tensors.values():
         weight[i] += t.nbytes
     main = max(shard.sources, key=lambda i: weight[i])
-    report = None
-    if progress is not None:
-        callback = progress
-
-        def report(done: int) -> None:
-            callback(before + done, total)
-
-    src_fd, file_offset = _file_offset(ckpts[main]._source, ckpts[main].path)
-    try:
-        return write_atomic(path, header, planned, force=force, src_fd=src_fd,
-                            file_offset=file_offset, progress=report)
-    except CheckpointError as e:
-        raise e.add_context(path=path) from None
-    finally:
-        if src_fd is not None:
-            os.close(src_fd)
+    return write_output(ckpts[main], path, header, planned, force=force, progress=progress,
+                        before=before, total=total)
 
 
 def _verify_shards(spath: str, dpath: str, shards: list[_Shard], paths: list[str],
