@@ -111,7 +111,7 @@ def test_dtype_views(torch: ModuleType, tg: ModuleType, tmp_path: Path,  # noqa:
     assert ours == theirs and data == ref_data
 
 
-@pytest.mark.parametrize("layout", ["legacy", "deflated", "big_endian"])
+@pytest.mark.parametrize("layout", ["legacy", "deflated", "big_endian", "tar", "torchscript"])
 def test_layouts(torch: ModuleType, tg: ModuleType, tmp_path: Path,  # noqa: F811
                  big_endian: tuple[Path, dict[str, Any]], layout: str) -> None:  # noqa: F811
     if layout == "big_endian":
@@ -125,11 +125,26 @@ def test_layouts(torch: ModuleType, tg: ModuleType, tmp_path: Path,  # noqa: F81
         src = tmp_path / "in.pt"
         if layout == "legacy":
             torch.save(saved, src, _use_new_zipfile_serialization=False)
+        elif layout == "tar":
+            from tests._legacy_writer import write_tar
+
+            write_tar(torch, saved, str(src), views=False)
+        elif layout == "torchscript":
+            import warnings
+
+            module = torch.nn.Module()
+            for i, t in enumerate(saved.values()):
+                module.register_buffer(f"b{i}", t)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.jit.save(torch.jit.script(module), src)
+                expected = dict(torch.jit.load(src).state_dict())
         else:
             plain = tmp_path / "plain.pt"
             torch.save(saved, plain)
             tg.repack(plain, src, lambda name: True)
-        expected = torch.load(src, weights_only=False)
+        if layout != "torchscript":
+            expected = torch.load(src, weights_only=False)
         dst = tmp_path / "in.safetensors"
         torchless.convert(src, dst)
     import safetensors.torch
