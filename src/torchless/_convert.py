@@ -11,9 +11,10 @@ way (``format``, ``source``) is written with its own bytes: no name is ever drop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -296,6 +297,17 @@ def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
             os.close(src_fd)
 
 
+@contextlib.contextmanager
+def safetensors_data(path: str) -> Iterator[tuple[SafetensorsHeader, memoryview]]:
+    """A safetensors file's checked header and its data section (a view of the file map)."""
+    with Source(path) as out:
+        try:
+            header = read_header(out.buffer)
+        except FormatError as e:
+            raise e.add_context(path=path) from None
+        yield header, out.buffer[header.data_start:]
+
+
 def _summary(r: VerifyReport) -> str:
     parts = [f"{n}: {why}" for n, why in list(r.mismatched.items())[:5]]
     if r.missing:
@@ -330,16 +342,10 @@ def verify(
     Tensors of SRC that safetensors cannot hold are listed as skipped (or as missing when
     ``skip_unsupported=False``)."""
     spath, dpath = os.fspath(src), os.fspath(dst)
-    with Source(dpath) as out:
-        try:
-            header = read_header(out.buffer)
-        except FormatError as e:
-            raise e.add_context(path=dpath) from None
-        data = out.buffer[header.data_start:]
-        with _checkpoint.open(spath, limits=limits) as ckpt:
-            tensors, unsupported = _select(ckpt, key)
-            result = compare(tensors, list(unsupported), header, data, skip_unsupported)
-        del data
+    with safetensors_data(dpath) as (header, data), \
+            _checkpoint.open(spath, limits=limits) as ckpt:
+        tensors, unsupported = _select(ckpt, key)
+        result = compare(tensors, list(unsupported), header, data, skip_unsupported)
     matched, mismatched, missing, extra, skipped, aliases = result
     return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
                         tuple(missing), tuple(extra), tuple(skipped), MappingProxyType(aliases))

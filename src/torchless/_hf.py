@@ -46,11 +46,17 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 
 from . import _checkpoint
-from ._convert import ConversionReport, VerifyReport, compare, prepare, write_output
+from ._convert import (
+    ConversionReport,
+    VerifyReport,
+    compare,
+    prepare,
+    safetensors_data,
+    write_output,
+)
 from ._errors import CheckpointError, ConversionError, FormatError, UnsafePathError
 from ._limits import Limits
-from ._safetensors import Planned, plan, read_header
-from ._source import Source
+from ._safetensors import Planned, plan
 from ._tensor import Tensor
 
 __all__ = ["convert_layout", "output_name", "parse_size"]
@@ -417,14 +423,8 @@ def _verify_shards(spath: str, dpath: str, shards: list[_Shard], paths: list[str
             for name, kept in removed.items():
                 if kept in shard.tensors:
                     expected[name] = written[kept]
-        with Source(path) as out:
-            try:
-                header = read_header(out.buffer)
-            except FormatError as e:
-                raise e.add_context(path=path) from None
-            data = out.buffer[header.data_start:]
+        with safetensors_data(path) as (header, data):
             m, mm, miss, ext, _, al = compare(expected, [], header, data, True)
-            del data
         matched += m
         mismatched.update(mm)
         missing += miss
