@@ -273,20 +273,13 @@ class TorchTar:
                                             values[ndim:2 * ndim], storage.dtype, self.limits)
 
     def persistent_load(self, pid: Any, offset: int) -> Any:
-        if isinstance(pid, tuple):
-            if pid and pid[0] == "module":
-                return self.storages.module(pid)
-            return self.storages.module(("module", *pid)) if len(pid) == 3 else \
-                self._bad(pid)
+        if isinstance(pid, tuple):  # a module class record: (class, source_file, source)
+            return self.storages.module(pid if pid[:1] == ("module",) else ("module", *pid))
         key = self._key(pid)
         obj = self.objects.get(key)
         if obj is None:
             raise StorageError(f"the pickle references unknown TAR object {key!r}")
         return obj
-
-    @staticmethod
-    def _bad(pid: tuple[Any, ...]) -> Any:
-        raise StorageError(f"TAR persistent id tuple of {len(pid)} fields")
 
     def describe(self, resolver: TorchResolver) -> dict[str, Any]:
         return {"byteorder": self.byteorder, "python2": resolver.python2_strings,
