@@ -26,6 +26,7 @@ import pytest
 import torchless
 from torchless import _safetensors
 from torchless._cli import main
+from torchless._source import Source
 
 from .test_differential_torch import NUMPY_DTYPES, tg  # noqa: F401 (tg is a fixture)
 from .test_differential_zip_extra import big_endian  # noqa: F401 (a fixture)
@@ -174,14 +175,41 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     def fail(*args: Any) -> int:
         raise OSError(errno.ENOSYS, "not here")
 
+    released: list[tuple[int, int]] = []
+    real_release = Source.release
+
+    def spy(self: Source, offset: int, n: int) -> None:
+        released.append((offset, n))
+        real_release(self, offset, n)
+
+    # writes from the map in 100-byte blocks, pages released every 1000 bytes
+    with monkeypatch.context() as m:
+        m.setattr(_safetensors, "COPY_BLOCK_BYTES", 100)
+        m.setattr(_safetensors, "RELEASE_BYTES", 1000)
+        m.setattr(Source, "release", spy)
+        torchless.convert(src, tmp_path / "map.st")
+    assert (tmp_path / "map.st").read_bytes() == reference
+    # the contiguous 160,000-byte "big" went out in releases of 1000 bytes, in order
+    runs = [n for _, n in released]
+    assert runs.count(1000) >= 160 and all(0 < n <= 1000 for n in runs)
+    # with kernel copies on: copy_file_range, else sendfile, else writes from the map
     variants: list[tuple[str, ...]] = [(), ("copy_file_range",), ("copy_file_range",
                                                                   "sendfile")]
     for i, broken in enumerate(variants):
         with monkeypatch.context() as m:
-            for name in broken:
-                m.setattr(os, name, fail)
+            m.setattr(_safetensors, "KERNEL_COPY", True)
+            calls: list[str] = []
+            for name in ("copy_file_range", "sendfile"):
+                if name in broken:
+                    m.setattr(os, name, fail)
+                else:
+                    real = getattr(os, name)
+                    m.setattr(os, name, lambda *a, _r=real, _n=name, _c=calls:
+                              _c.append(_n) or _r(*a))
             torchless.convert(src, tmp_path / f"b{i}.st")
         assert (tmp_path / f"b{i}.st").read_bytes() == reference, broken
+        expected = [n for n in ("copy_file_range", "sendfile") if n not in broken][:1]
+        assert sorted(set(calls)) == expected, (broken, calls)
     check_against_torch(torch, tg, src, tmp_path / "a.st", torch.load(src, weights_only=False))
 
 

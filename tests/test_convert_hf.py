@@ -410,3 +410,89 @@ def test_interrupted_run_leaves_nothing(torch: ModuleType, tmp_path: Path,
     assert {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} <= set(
         order)
     assert set(os.listdir(root)) == before
+
+
+# ---- verify on directories, indexes and shard sets -------------------------------------------
+
+
+def _flip_byte(path: Path, name: str) -> None:
+    """Change one byte of tensor ``name``'s data in a safetensors file (the header is parsed
+    by hand: 8-byte little-endian length, then JSON with data_offsets)."""
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin = json.loads(raw[8:8 + n])[name]["data_offsets"][0]
+    raw[8 + n + begin] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+def test_verify_sharded_dirs(torch: ModuleType, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    shards = [_state(torch, 5, seed=1), _state(torch, 4, seed=2)]
+    shards[1] = {k.replace("layer", "block"): v for k, v in shards[1].items()}
+    src = _hf_dir(torch, tmp_path / "m", shards)
+    out = tmp_path / "out"
+    torchless.convert(src, out)
+    names = sorted([*shards[0], *shards[1]])
+    for s, d in [(src, out), (src / "pytorch_model.bin.index.json",
+                              out / "model.safetensors.index.json")]:
+        report = torchless.verify(s, d)
+        assert report.ok and sorted(report.matched) == names, report
+    assert main(["verify", str(src), str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+    # re-sharded output: three shards of at most two 64-byte tensors, same tensors
+    resharded = tmp_path / "re"
+    torchless.convert(src, resharded, max_shard_size=150)
+    assert len(list(resharded.glob("model-*-of-*.safetensors"))) >= 3
+    assert torchless.verify(src, resharded).ok
+
+    # one flipped byte in one shard: that tensor, and only it, mismatches
+    victim = next(iter(shards[1])).replace("layer", "block")
+    _flip_byte(out / "model-00002-of-00002.safetensors", victim)
+    report = torchless.verify(src, out)
+    assert not report.ok and dict(report.mismatched) == {victim: "bytes differ"}
+    assert main(["verify", str(src), str(out)]) == 1
+    assert victim in capsys.readouterr().out
+
+
+def test_verify_index_disagreements(torch: ModuleType, tmp_path: Path) -> None:
+    shards = [{"a": torch.ones(3), "b": torch.zeros(2)}, {"c": torch.arange(4.0)}]
+    src = _hf_dir(torch, tmp_path / "m", shards)
+    out = tmp_path / "out"
+    torchless.convert(src, out)
+    index = out / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    assert doc["weight_map"] == {"a": "model-00001-of-00002.safetensors",
+                                 "b": "model-00001-of-00002.safetensors",
+                                 "c": "model-00002-of-00002.safetensors"}
+    # the index puts "b" in the wrong shard
+    doc["weight_map"]["b"] = "model-00002-of-00002.safetensors"
+    index.write_text(json.dumps(doc))
+    report = torchless.verify(src, out)
+    assert set(report.mismatched) == {"b"} and "index says" in report.mismatched["b"]
+    # the index names a tensor the source does not have
+    doc["weight_map"]["b"] = "model-00001-of-00002.safetensors"
+    doc["weight_map"]["ghost"] = "model-00002-of-00002.safetensors"
+    index.write_text(json.dumps(doc))
+    report = torchless.verify(src, out)
+    assert not report.ok and report.extra == ("index: ghost",)
+    # a shard gone: its tensor is missing, and the index names a file that is not there
+    del doc["weight_map"]["ghost"]
+    index.write_text(json.dumps(doc))
+    assert torchless.verify(src, out).ok
+    (out / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(torchless.ConversionError, match="does not exist"):
+        torchless.verify(src, out)
+    # a directory with no single output to compare with
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(torchless.ConversionError, match="found none"):
+        torchless.verify(src, tmp_path / "empty")
+
+
+def test_verify_single_file_against_dir(torch: ModuleType, tmp_path: Path) -> None:
+    sd = {"w": torch.randn(4, 4), "v": torch.randn(3).to(torch.bfloat16)}
+    src = _hf_dir(torch, tmp_path / "m", [sd])
+    torchless.convert(src)  # writes m/model.safetensors beside pytorch_model.bin
+    assert torchless.verify(src, src).ok
+    assert torchless.verify(src / "pytorch_model.bin", src).ok
+    assert sorted(torchless.verify(src, src / "model.safetensors").matched) == ["v", "w"]

@@ -43,6 +43,7 @@ _VERIFY_EXAMPLES = """\
 examples:
   torchless verify model.pt model.safetensors
   torchless verify model.ckpt out.safetensors --key state_dict --json
+  torchless verify ./my-model/ ./out/             # every shard, and the output index
 """
 
 
@@ -389,10 +390,12 @@ def _parser() -> argparse.ArgumentParser:
     ver = sub.add_parser(
         "verify", help="compare a checkpoint with a safetensors file",
         description="Compare every tensor of a torch checkpoint with a safetensors file by "
-                    "dtype, shape and bytes. Exit 0 only on an exact match.",
+                    "dtype, shape and bytes. Exit 0 only on an exact match. SRC may be a "
+                    "model directory or a *.bin.index.json, DST a directory or a "
+                    "*.safetensors.index.json with its shards.",
         epilog=_VERIFY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ver.add_argument("src", help="torch checkpoint")
-    ver.add_argument("dst", help="safetensors file")
+    ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json")
+    ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
     ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
     ver.add_argument("--json", action="store_true", help="print a JSON report")
     return p

@@ -276,7 +276,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
 def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
                  planned: list[Planned], *, force: bool,
                  progress: Callable[[int, int], None] | None, before: int, total: int) -> int:
-    """Write one safetensors file from ``ckpt`` atomically; kernel copies come from its file.
+    """Write one safetensors file from ``ckpt`` atomically, copying byte ranges of its file.
 
     ``progress(done, total)`` counts ``before`` bytes already written by earlier files."""
     report: Progress | None = None
@@ -289,7 +289,8 @@ def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
     src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)
     try:
         return write_atomic(path, header, planned, force=force, src_fd=src_fd,
-                            file_offset=file_offset, progress=report)
+                            file_offset=file_offset, progress=report,
+                            release=ckpt._source.release)
     except CheckpointError as e:
         raise e.add_context(path=path) from None
     finally:
@@ -337,11 +338,21 @@ def verify(
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
+    SRC may also be a Hugging Face model directory or a ``*.bin.index.json`` with its shards,
+    and DST a directory holding one ``*.safetensors`` file or a ``*.safetensors.index.json``,
+    or such an index: every tensor must then be in exactly one output shard, the one the
+    output index names.
+
     DST is read with torchless's own header parser (the data section must be tiled exactly).
     Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
     Tensors of SRC that safetensors cannot hold are listed as skipped (or as missing when
     ``skip_unsupported=False``)."""
     spath, dpath = os.fspath(src), os.fspath(dst)
+    if any(os.path.isdir(p) or p.endswith(".index.json") for p in (spath, dpath)):
+        from . import _hf
+
+        return _hf.verify_layout(spath, dpath, key=key, limits=limits,
+                                 skip_unsupported=skip_unsupported)
     with safetensors_data(dpath) as (header, data), \
             _checkpoint.open(spath, limits=limits) as ckpt:
         tensors, unsupported = _select(ckpt, key)

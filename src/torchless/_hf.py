@@ -482,3 +482,100 @@ def _write_text(path: str, data: bytes, force: bool) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+# ---- verifying a directory, an index or a set of shards --------------------------------------
+
+
+def _outputs(dpath: str) -> tuple[list[str], dict[str, str] | None]:
+    """The safetensors files DST stands for, and its index's weight_map (if it has one)."""
+    if os.path.isdir(dpath):
+        names = sorted(os.listdir(dpath))
+        indexes = [n for n in names if n.endswith(".safetensors.index.json")]
+        if len(indexes) > 1:
+            raise ConversionError(f"the directory holds several indexes ({', '.join(indexes)}"
+                                  "); give the one to verify as DST", path=dpath)
+        if indexes:
+            dpath = os.path.join(dpath, indexes[0])
+        else:
+            files = [n for n in names if n.endswith(".safetensors")]
+            if len(files) != 1:
+                raise ConversionError(
+                    "expected one *.safetensors file or a *.safetensors.index.json here, "
+                    f"found {', '.join(files[:10]) or 'none'}; give the file to verify as DST",
+                    path=dpath)
+            return [os.path.join(dpath, files[0])], None
+    if dpath.endswith(".index.json"):
+        wmap = _read_index(dpath)
+        directory = os.path.dirname(dpath) or "."
+        files = [os.path.join(directory, s) for s in sorted(set(wmap.values()))]
+        for f in files:
+            if not os.path.isfile(f):
+                raise ConversionError(f"the index names the shard {os.path.basename(f)!r}, "
+                                      "which does not exist", path=dpath)
+        return files, wmap
+    return [dpath], None
+
+
+def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | None,
+                  skip_unsupported: bool) -> VerifyReport:
+    """Compare a checkpoint, a model directory or an index of shards with one safetensors
+    file, a directory holding one, or a safetensors index and its shards.
+
+    Every tensor of the source must be in exactly one output file (directly, or as a
+    ``dedupe`` alias in that file's ``__metadata__``), where the output index says it is."""
+    from ._convert import _select
+
+    sources = _resolve(spath, None).sources if (
+        os.path.isdir(spath) or spath.endswith(".index.json")) else [spath]
+    files, wmap = _outputs(dpath)
+    matched: list[str] = []
+    mismatched: dict[str, str] = {}
+    missing: list[str] = []
+    extra: list[str] = []
+    skipped: list[str] = []
+    aliases: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        tensors: dict[str, Tensor] = {}
+        unsupported: list[str] = []
+        for path in sources:
+            ckpt = stack.enter_context(_checkpoint.open(path, limits=limits))
+            got, bad = _select(ckpt, key)
+            for name in [*got, *bad]:
+                if name in tensors or name in unsupported:
+                    raise ConversionError(f"the tensor {name!r} is in more than one source "
+                                          "file", path=path)
+            tensors.update(got)
+            unsupported += list(bad)
+        placed: dict[str, str] = {}
+        for path in files:
+            with safetensors_data(path) as (header, data):
+                mine = {n: t for n, t in tensors.items() if n not in placed and (
+                    n in header.entries or header.metadata.get(n) in header.entries)}
+                m, mm, _, ext, _, al = compare(mine, [], header, data, skip_unsupported)
+            base = os.path.basename(path)
+            for name in mine:
+                placed[name] = base
+            matched += m
+            mismatched.update(mm)
+            aliases.update(al)
+            extra += [n if len(files) == 1 else f"{base}: {n}" for n in ext
+                      if n not in mine]
+        for name in [*unsupported, *(n for n in tensors if n not in placed)]:
+            t = tensors.get(name)
+            if (t is None or t.dtype.safetensors is None) and skip_unsupported:
+                skipped.append(name)
+            else:
+                missing.append(name)
+        if wmap is not None:
+            for name, base in placed.items():
+                target = aliases.get(name, name)
+                if wmap.get(target, base) != base and name not in mismatched:
+                    mismatched[name] = f"in {base}, the index says {wmap[target]}"
+                    matched.remove(name)
+            listed = [n for n in wmap if n not in tensors and n not in aliases.values()]
+            extra += [f"index: {n}" for n in listed if not any(
+                e.endswith(f": {n}") or e == n for e in extra)]
+    return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
+                        tuple(missing), tuple(extra), tuple(skipped),
+                        MappingProxyType(aliases))

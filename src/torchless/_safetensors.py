@@ -22,8 +22,12 @@ agree on everything but the ``__metadata__`` key order (which it leaves to a has
 * header padded with spaces to a multiple of 8, the data section starting right after it.
 
 Memory stays bounded whatever the model size: contiguous little-endian tensors whose bytes
-lie in the source file are copied by the kernel (``os.copy_file_range``, then
-``os.sendfile``, then chunked writes from the map); contiguous little-endian tensors whose
+lie in the source file are written from its map in blocks of :data:`COPY_BLOCK_BYTES`, and
+the map's pages are handed back every :data:`RELEASE_BYTES` so they do not pile up in the
+process's resident set. (With :data:`KERNEL_COPY` set, the kernel copies them instead:
+``os.copy_file_range``, then ``os.sendfile``, then the same writes from the map. Measured on
+ext4 with 512 MiB, that is about 1.6x slower than 1 MiB writes from the map, whose blocks
+stay in the CPU cache; so it is off by default.) Contiguous little-endian tensors whose
 storage is a deflated ZIP member are inflated and written in blocks of at most
 :data:`INFLATE_CHUNK_BYTES` (the storage is not kept in memory); any other tensor is made
 contiguous and little-endian in chunks of at most :data:`CHUNK_BYTES`.
@@ -54,6 +58,12 @@ __all__ = ["CHUNK_BYTES", "INFLATE_CHUNK_BYTES", "MAX_HEADER_BYTES", "Planned", 
 
 #: Largest block a strided or byte-swapped tensor is copied in.
 CHUNK_BYTES = 16 << 20
+#: Block size of writes straight from the source's map (small enough to stay in cache).
+COPY_BLOCK_BYTES = 1 << 20
+#: How many bytes of the source's map are written before its pages are released.
+RELEASE_BYTES = 16 << 20
+#: Copy plain byte ranges with ``copy_file_range``/``sendfile`` instead of from the map.
+KERNEL_COPY = False
 #: Largest block a compressed (deflated) storage is inflated in while it is written.
 INFLATE_CHUNK_BYTES = 4 << 20
 #: The safetensors package refuses headers larger than this (``MAX_HEADER_SIZE``).
@@ -70,6 +80,8 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0":
 Progress = Callable[[int], None]
 #: The absolute offset of a tensor's bytes in the open source file, or None.
 FileOffset = Callable[[Tensor], int | None]
+#: ``release(offset, count)``: the process no longer needs these bytes of the source's map.
+Release = Callable[[int, int], None]
 
 
 def check_name(name: str) -> bytes:
@@ -191,13 +203,15 @@ _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, er
 
 
 class _Writer:
-    def __init__(self, fd: int, src_fd: int | None, progress: Progress | None) -> None:
+    def __init__(self, fd: int, src_fd: int | None, progress: Progress | None,
+                 release: Release | None = None) -> None:
         self.fd = fd
         self.src_fd = src_fd
         self.progress = progress
+        self.release = release
         self.done = 0
-        self.kernel = {"copy_file_range": hasattr(os, "copy_file_range"),
-                       "sendfile": hasattr(os, "sendfile")}
+        self.kernel = {"copy_file_range": KERNEL_COPY and hasattr(os, "copy_file_range"),
+                       "sendfile": KERNEL_COPY and hasattr(os, "sendfile")}
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -236,7 +250,19 @@ class _Writer:
                 self._advance(got)
             if copied == count:
                 return
-        self.write(mapped[copied:count])
+        self._write_mapped(offset, mapped, copied, count)
+
+    def _write_mapped(self, offset: int, mapped: memoryview, start: int, end: int) -> None:
+        """Write ``mapped[start:end]`` (file bytes from ``offset``), releasing pages behind."""
+        released = start
+        pos = start
+        while pos < end:
+            n = os.write(self.fd, mapped[pos:min(end, pos + COPY_BLOCK_BYTES)])
+            pos += n
+            self._advance(n)
+            if self.release is not None and (pos - released >= RELEASE_BYTES or pos == end):
+                self.release(offset + released, pos - released)
+                released = pos
 
 
 def _write_error(e: OSError, dst: str) -> ConversionError:
@@ -252,11 +278,13 @@ def write_atomic(
     src_fd: int | None = None,
     file_offset: FileOffset | None = None,
     progress: Progress | None = None,
+    release: Release | None = None,
 ) -> int:
     """Write the file to a temporary name beside ``dst``, fsync and rename it into place.
 
     Returns the bytes written. ``file_offset(t)`` says where a tensor's bytes are in the file
-    behind ``src_fd`` (None when they are not a plain byte range there)."""
+    behind ``src_fd`` (None when they are not a plain byte range there); ``release`` is told
+    which of those bytes have been written."""
     directory = os.path.dirname(dst) or "."
     if os.path.isdir(dst):
         raise ConversionError("the output path is a directory", path=dst)
@@ -266,7 +294,7 @@ def write_atomic(
     tmp, fd = _create_temp(directory, os.path.basename(dst))
     try:
         try:
-            writer = _Writer(fd, src_fd, progress)
+            writer = _Writer(fd, src_fd, progress, release)
             writer.write(header)
             for p in planned:
                 _write_tensor(writer, p, file_offset)

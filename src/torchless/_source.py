@@ -63,6 +63,21 @@ class Source:
             )
         return self._view[offset : offset + n]
 
+    def release(self, offset: int, n: int) -> None:
+        """Hand back the whole pages of ``[offset, offset + n)`` of the map: the process's
+        resident set shrinks, the page cache keeps them, and a later read faults them back
+        in from the file unchanged (the map is shared and read-only)."""
+        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        begin = -(-offset // page) * page
+        end = min(offset + n, self.size) // page * page
+        if end > begin:
+            try:
+                self._mmap.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+            except (OSError, ValueError):  # pragma: no cover - advice only
+                pass
+
     def read(self, offset: int, n: int, what: str = "data") -> bytes:
         return bytes(self.view(offset, n, what))
 
