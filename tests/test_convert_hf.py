@@ -104,7 +104,8 @@ def test_single_file_dir(torch: ModuleType, tmp_path: Path) -> None:
     with safe_open(str(root / "model.safetensors"), "pt") as f:
         assert f.metadata() == {"format": "pt", "source": "pytorch_model.bin"}
     # byte-identical to converting the file itself
-    single = torchless.convert(root / "pytorch_model.bin", tmp_path / "x.safetensors")
+    single = torchless.convert(root / "pytorch_model.bin", tmp_path / "x.safetensors",
+                               tree=False)
     assert Path(single.dst).read_bytes() == (root / "model.safetensors").read_bytes()
     # an existing output is refused, and left alone
     with pytest.raises(torchless.ConversionError, match="exist"):
@@ -144,7 +145,7 @@ def test_sharded_dir(torch: ModuleType, tmp_path: Path) -> None:
     assert text == json.dumps(expected_index, indent=2, sort_keys=True) + "\n"
     # each output shard is what converting its source shard alone gives
     alone = torchless.convert(root / "pytorch_model-00002-of-00003.bin",
-                              tmp_path / "alone.safetensors")
+                              tmp_path / "alone.safetensors", tree=False)
     assert Path(alone.dst).read_bytes() == after[names[1]]
     # to another directory, via the index file itself
     out = tmp_path / "out"

@@ -24,8 +24,10 @@ from ._errors import (
     UnsupportedError,
     UnsupportedOpcodeError,
 )
+from ._inert import TypeRegistry, register_type
 from ._limits import Limits
 from ._rules import GlobalRecord
+from ._store import save
 from ._tensor import Tensor, UnsupportedTensor
 from ._values import Global, Opaque
 from ._version import __version__
@@ -52,6 +54,7 @@ __all__ = [
     "Tensor",
     "TensorGeometryError",
     "TruncatedInputError",
+    "TypeRegistry",
     "UnsafeGlobalError",
     "UnsafePathError",
     "UnsupportedError",
@@ -62,5 +65,7 @@ __all__ = [
     "convert",
     "load",
     "open",
+    "register_type",
+    "save",
     "verify",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType, TracebackType
@@ -10,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from ._container import Container, PlainPickle
-from ._detect import Layout, detect
+from ._detect import Layout, detect, looks_like_safetensors
 from ._errors import CheckpointError, LimitError, UnsupportedError
 from ._graph import finish, flatten
+from ._inert import TensorMode, TypeRegistry, to_torch
 from ._legacy import LegacyStream
 from ._limits import Limits
 from ._rules import GlobalRecord, TorchResolver
@@ -177,18 +179,45 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
 def load(
     path: str | os.PathLike[str],
     *,
+    tensors: TensorMode = "numpy",
+    types: TypeRegistry | None = None,
     limits: Limits | None = None,
     strict: bool = False,
     allow_globals: Iterable[str] = (),
     copy: bool = False,
 ) -> Any:
-    """The whole saved object with NumPy arrays in place of tensors.
+    """The whole saved object: of a torch checkpoint, or of a file :func:`torchless.save`
+    or :func:`torchless.convert` wrote (for another safetensors file, its tensors by name).
 
-    Arrays are read-only views of the file unless ``copy=True``. Raises
-    :class:`UnsupportedError` if the file holds tensors torchless will not read.
+    Args:
+        tensors: ``"numpy"`` (default): tensors become NumPy arrays, read-only views of the
+            file unless ``copy=True``. ``"torch"``: writable torch tensors, and
+            ``torch.nn.Parameter`` where one was saved (with ``requires_grad``); torch dtypes,
+            devices and sizes of inert files become torch objects. torchless never imports
+            torch: the program must have imported it.
+        types: the registry of the program's own classes for inert files (default: the one
+            :func:`torchless.register_type` fills).
+        limits, strict, allow_globals: as for :func:`open`.
+
+    Raises :class:`UnsupportedError` if the file holds tensors torchless will not read.
     """
+    if tensors not in ("numpy", "torch"):
+        raise ValueError("tensors must be 'numpy' or 'torch'")
+    spath = os.fspath(path)
+    if _is_safetensors(spath):
+        from ._store import load_safetensors
+
+        return load_safetensors(spath, tensors=tensors, types=types, limits=limits, copy=copy)
+    torch = None
+    if tensors == "torch":
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is None:
+            raise UnsupportedError("tensors='torch' needs torch imported by your program "
+                                   "(torchless never imports it): add `import torch` first")
     lim = limits if limits is not None else Limits()
-    ckpt = open(path, limits=lim, strict=strict, allow_globals=allow_globals)
+    ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals)
     try:
         if ckpt.unsupported:
             name, kind = next(iter(ckpt.unsupported.items()))
@@ -196,18 +225,32 @@ def load(
                                    member=name)
         cache: dict[int, Any] = {}
 
-        def to_numpy(t: Any) -> Any:
-            arr = cache.get(id(t))
-            if arr is None:
-                arr = t.numpy()
-                if copy:
-                    arr = np.array(arr)
-                cache[id(t)] = arr
-            return arr
+        def leaf(t: Any) -> Any:
+            out = cache.get(id(t))
+            if out is None:
+                if torch is not None:
+                    out = to_torch(t, torch)
+                else:
+                    out = t.numpy()
+                    if copy:
+                        out = np.array(out)
+                cache[id(t)] = out
+            return out
 
         try:
-            return finish(ckpt.tree, lim, lambda o: None, to_numpy)
+            return finish(ckpt.tree, lim, lambda o: None, leaf)
         except CheckpointError as e:
             raise e.add_context(path=ckpt.path) from None
     finally:
         ckpt.close()
+
+
+def _is_safetensors(path: str) -> bool:
+    """Whether the file starts like a safetensors file (its own reader checks the rest)."""
+    try:
+        with builtins.open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False  # open() reports it
+    return looks_like_safetensors(head + b" ", size)

@@ -104,7 +104,8 @@ def _report_json(report: _convert.ConversionReport) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "src": report.src, "dst": report.dst, "ok": True, "tensors": report.tensors,
         "bytes": report.bytes, "files": list(report.files), "skipped": list(report.skipped),
-        "aliases": dict(report.aliases), "seconds": round(report.seconds, 3)}
+        "aliases": dict(report.aliases), "opaque": list(report.opaque),
+        "seconds": round(report.seconds, 3)}
     if report.verified is not None:
         doc["verify"] = _verify_json(report.verified)
     return doc
@@ -121,6 +122,8 @@ def _report_text(report: _convert.ConversionReport, out: Any) -> None:
         w(f"  skipped (safetensors cannot hold it): {name}\n")
     for removed, kept in report.aliases.items():
         w(f"  alias recorded in __metadata__: {removed} -> {kept}\n")
+    if report.opaque:
+        w(f"  kept as inert records (torchless.Opaque): {', '.join(report.opaque)}\n")
     if report.verified is not None:
         w(f"  verified: {len(report.verified.matched)} tensors identical\n")
 
@@ -128,13 +131,22 @@ def _report_text(report: _convert.ConversionReport, out: Any) -> None:
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
-            "max_shard_size": args.max_shard_size}
+            "max_shard_size": args.max_shard_size, "tree": not args.weights_only}
+
+
+def _quiet_convert(src: str, dst: str | None, **options: Any) -> _convert.ConversionReport:
+    """convert(), with the opaque-object warning left to the report (printed by us)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _convert.OpaqueObjectWarning)
+        return _convert.convert(src, dst, **options)
 
 
 def _convert_job(src: str, options: dict[str, Any]) -> dict[str, Any]:
     """One conversion of a batch, as its JSON summary (also in a worker process)."""
     try:
-        return _report_json(_convert.convert(src, **options))
+        return _report_json(_quiet_convert(src, None, **options))
     except CheckpointError as e:
         return {"src": src, "ok": False, "error": str(e)}
     except KeyboardInterrupt:
@@ -146,7 +158,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         return _run_batch(args)
     bar = _Bar() if sys.stderr.isatty() else None
     try:
-        report = _convert.convert(args.src[0], args.output, progress=bar, **_options(args))
+        report = _quiet_convert(args.src[0], args.output, progress=bar, **_options(args))
     finally:
         if bar is not None:
             bar.close()
@@ -386,6 +398,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="leave out tensors safetensors cannot hold (complex128 …)")
     conv.add_argument("--verify", action="store_true",
                       help="re-read both files afterwards and compare every tensor")
+    conv.add_argument("--weights-only", action="store_true",
+                      help="write the tensors only, not the rest of the object (epochs, "
+                           "optimizer state, configs …) as an inert tree")
     conv.add_argument("--json", action="store_true", help="print a JSON summary")
     ver = sub.add_parser(
         "verify", help="compare a checkpoint with a safetensors file",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _checkpoint
+from . import _checkpoint, _graph, _inert
 from ._errors import CheckpointError, ConversionError, FormatError
 from ._limits import Limits
 from ._safetensors import (
@@ -36,7 +37,8 @@ from ._safetensors import (
 from ._source import Source
 from ._tensor import Tensor
 
-__all__ = ["ConversionReport", "VerifyReport", "convert", "default_dst", "verify"]
+__all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "convert", "default_dst",
+           "verify"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,13 @@ class ConversionReport:
     verified: VerifyReport | None = None
     #: every file written, in the order written (shards first, an index last)
     files: tuple[str, ...] = ()
+    #: class paths of objects kept as inert records in the stored object tree
+    opaque: tuple[str, ...] = ()
+
+
+class OpaqueObjectWarning(UserWarning):
+    """A converted checkpoint holds objects torchless keeps as inert records (their class
+    path and state): :func:`torchless.load` returns them as :class:`torchless.Opaque`."""
 
 
 def default_dst(src: str) -> str:
@@ -175,7 +184,8 @@ def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
             "(skip them with skip_unsupported=True / --skip-unsupported)", path=spath)
     tensors = {n: t for n, t in tensors.items() if n not in bad}
     metadata = {"format": "pt", "source": os.path.basename(spath)}
-    aliases = _aliases(tensors, set(metadata)) if dedupe else {}
+    aliases = _aliases(tensors, {*metadata, _inert.FORMAT_KEY, _inert.TREE_KEY}
+                       ) if dedupe else {}
     for removed, kept in aliases.items():
         metadata[removed] = kept
     written = {n: t for n, t in tensors.items() if n not in aliases}
@@ -194,8 +204,16 @@ def convert(
     limits: Limits | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_shard_size: int | str | None = None,
+    tree: bool = True,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
+
+    The output also holds the rest of the saved object (epochs, optimizer and scheduler
+    state, RNG states, configs …) as an inert tree in ``__metadata__``
+    (``docs/inert-format.md``), so :func:`torchless.load` of it returns the whole original
+    structure; objects torchless does not rebuild are kept as :class:`Opaque` records and
+    listed in an :class:`OpaqueObjectWarning`. Hugging Face layouts and sharded outputs hold
+    the weights only.
 
     SRC may also be a Hugging Face model directory (``pytorch_model.bin`` or shards with a
     ``*.bin.index.json``) or such an index file; DST is then an output directory (default:
@@ -214,6 +232,7 @@ def convert(
         max_shard_size: split the output into shards of at most this many tensor bytes
             (an int, or ``"5GB"``, ``"500MB"``, ``"1GiB"``: GB = 10**9, GiB = 2**30), named
             ``<stem>-0000K-of-0000N.safetensors`` with ``<stem>.safetensors.index.json``.
+        tree: store the object tree beside the tensors (``False``: tensors only).
 
     Raises:
         ConversionError: the output cannot be written as asked (nothing is left at DST).
@@ -229,7 +248,7 @@ def convert(
                 limits=limits, progress=progress, max_shard_size=max_shard_size)
         dpath = os.fspath(dst) if dst is not None else default_dst(spath)
         return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, limits,
-                        progress)
+                        progress, tree)
     except CheckpointError:
         raise
     except MemoryError as e:
@@ -241,7 +260,7 @@ def convert(
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              skip_unsupported: bool, verify: bool, limits: Limits | None,
-             progress: Callable[[int, int], None] | None) -> ConversionReport:
+             progress: Callable[[int, int], None] | None, tree: bool) -> ConversionReport:
     started = time.monotonic()
     if not force and os.path.lexists(dpath):
         raise ConversionError("the output file exists (use force=True / --force to replace "
@@ -253,6 +272,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
         except OSError:
             pass
         written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
+        opaque = _store_tree(ckpt, key, written, bad, aliases, metadata, limits) if tree else ()
         try:
             header, planned = plan(written, metadata)
         except CheckpointError as e:
@@ -270,7 +290,45 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                                   "was removed", path=dpath)
     return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
                             MappingProxyType(aliases), time.monotonic() - started, checked,
-                            (dpath,))
+                            (dpath,), opaque)
+
+
+def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str, Tensor],
+                bad: dict[str, str], aliases: dict[str, str], metadata: dict[str, str],
+                limits: Limits | None) -> tuple[str, ...]:
+    """Put the whole object (or the subtree under ``key``) in ``metadata`` as an inert tree
+    whose tensors are the entries written; warn about objects kept as opaque records."""
+    root = ckpt.tree
+    if key is not None:
+        root = _graph.find(ckpt.tree, key)
+        if root is _graph.MISSING:  # pragma: no cover - _select found tensors under it
+            raise ConversionError(f"no value under key {key!r}", path=ckpt.path)
+    tensors, _ = _select(ckpt, key)
+    names: dict[int, str] = {}
+    skipped: dict[int, str] = {}
+    for name, t in tensors.items():
+        if name in bad:
+            skipped.setdefault(id(t), bad[name])
+        else:
+            names.setdefault(id(t), aliases.get(name, name))
+    encoder = _inert.Encoder(limits=limits, names=names, skipped=skipped)
+    try:
+        metadata[_inert.TREE_KEY] = encoder.encode(root)
+    except CheckpointError as e:
+        raise e.add_context(path=ckpt.path) from None
+    metadata[_inert.FORMAT_KEY] = _inert.VERSION
+    extra = set(encoder.tensors) - set(written)
+    if extra:  # pragma: no cover - every tensor of the tree was named by flatten
+        raise ConversionError(f"tensors outside the flat names: {sorted(extra)[:5]}",
+                              path=ckpt.path)
+    opaque = tuple(sorted(encoder.opaque))
+    if opaque:
+        shown = ", ".join(opaque[:10]) + (f" and {len(opaque) - 10} more" if len(opaque) > 10
+                                          else "")
+        warnings.warn(f"{ckpt.path}: {sum(encoder.opaque.values())} object(s) kept as inert "
+                      f"records (torchless.Opaque) in the stored tree: {shown}",
+                      OpaqueObjectWarning, stacklevel=4)
+    return opaque
 
 
 def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,

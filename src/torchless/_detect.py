@@ -42,7 +42,7 @@ _OTHER_FORMATS: tuple[tuple[int, bytes, str], ...] = (
 )
 
 
-def _looks_like_safetensors(head: bytes, size: int) -> bool:
+def looks_like_safetensors(head: bytes, size: int) -> bool:
     if len(head) < 10:
         return False
     n = int.from_bytes(head[:8], "little")
@@ -108,7 +108,7 @@ def _detect(source: Source) -> Layout:
     for offset, magic, what in _OTHER_FORMATS:
         if head[offset:offset + len(magic)] == magic:
             raise NotACheckpointError(f"this is {what}")
-    if _looks_like_safetensors(head, size):
+    if looks_like_safetensors(head, size):
         raise NotACheckpointError(
             "this is a safetensors file, not a torch checkpoint; read it with the "
             "safetensors package")

@@ -270,3 +270,28 @@ def flatten(
                     or (isinstance(child, _CONTAINERS) and counts.get(id(child)))]
         stack.extend(reversed(children))
     return tensors, unsupported
+
+
+_MISSING: Any = object()
+
+
+def find(root: Any, name: str) -> Any:
+    """The value whose flat name (as :func:`flatten` names things) is ``name``, or
+    ``MISSING``. Only children whose names lead towards ``name`` are visited."""
+    stack: list[tuple[str, Any]] = [("", root)]
+    seen: set[int] = set()
+    while stack:
+        full, obj = stack.pop()
+        if full == name and full:
+            return obj
+        if not isinstance(obj, _CONTAINERS) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        for child_name, child in _named_children(obj):
+            path = f"{full}.{child_name}" if full else child_name
+            if name == path or name.startswith(path + "."):
+                stack.append((path, child))
+    return _MISSING
+
+
+MISSING = _MISSING

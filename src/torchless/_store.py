@@ -1,0 +1,72 @@
+"""``save`` and the safetensors side of ``load``: whole objects in inert files.
+
+:func:`save` encodes an object with :class:`torchless._inert.Encoder` and writes one
+safetensors file atomically (a hidden temporary file beside the target, fsync, rename), so an
+interrupted save never leaves a half-written checkpoint where the last good one was.
+:func:`load_safetensors` reads an inert file back (or, for a plain safetensors file, a dict
+of its tensors).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _inert
+from ._errors import CheckpointError
+from ._limits import Limits
+from ._safetensors import plan, read_header, write_atomic
+from ._source import Source
+
+__all__ = ["load_safetensors", "save"]
+
+
+def save(obj: Any, path: str | os.PathLike[str], *,
+         types: _inert.TypeRegistry | None = None,
+         metadata: dict[str, str] | None = None) -> None:
+    """Write ``obj`` (plain Python, NumPy arrays, torch tensors …) as an inert file.
+
+    The result is a safetensors file: every tensor and array of ``obj`` is an entry any
+    safetensors reader can load, and ``__metadata__`` holds the rest of the object as a
+    JSON tree (``docs/inert-format.md``). Nothing in it can run code when loaded.
+    :func:`torchless.load` returns an equal object, shared references and cycles included.
+
+    Args:
+        obj: the object. torch is used only if the program imported it and ``obj`` holds
+            torch tensors.
+        path: the file to write; replaced atomically if it exists.
+        types: the registry of the program's own classes (default: the one
+            :func:`torchless.register_type` fills).
+        metadata: extra ``__metadata__`` entries (str -> str).
+
+    Raises:
+        ConversionError: ``obj`` holds something the format cannot hold (a lambda, an open
+            file …), named by its path in ``obj``; nothing is written.
+    """
+    dst = os.fspath(path)
+    encoder = _inert.Encoder(types=types)
+    try:
+        tree = encoder.encode(obj)
+    except CheckpointError as e:
+        raise e.add_context(path=dst) from None
+    meta = {"format": "pt", **(metadata or {}), _inert.FORMAT_KEY: _inert.VERSION,
+            _inert.TREE_KEY: tree}
+    header, planned = plan(encoder.tensors, meta)
+    write_atomic(dst, header, planned, force=True)
+
+
+def load_safetensors(path: str, *, tensors: _inert.TensorMode = "numpy",
+                     types: _inert.TypeRegistry | None = None, limits: Limits | None = None,
+                     copy: bool = False) -> Any:
+    """The object of an inert file; for another safetensors file, ``{name: tensor}`` in
+    file order."""
+    with Source(path) as src:
+        try:
+            header = read_header(src.buffer)
+            data = src.buffer[header.data_start:]
+            if _inert.FORMAT_KEY in header.metadata:
+                return _inert.decode(header.metadata, header.entries, data, tensors=tensors,
+                                     types=types, limits=limits, copy=copy)
+            return _inert.plain(header.entries, data, tensors=tensors, copy=copy)
+        except CheckpointError as e:
+            raise e.add_context(path=path) from None
