@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._checkpoint import Checkpoint, load, open
-from ._convert import ConversionReport, VerifyReport, convert, verify
+from ._convert import ConversionReport, OpaqueObjectWarning, VerifyReport, convert, verify
 from ._dtypes import DType
 from ._errors import (
     AmbiguousArchiveError,
@@ -49,6 +49,7 @@ __all__ = [
     "Limits",
     "NotACheckpointError",
     "Opaque",
+    "OpaqueObjectWarning",
     "PickleError",
     "StorageError",
     "Tensor",

@@ -14,7 +14,8 @@ from ._container import Container, PlainPickle
 from ._detect import Layout, detect, looks_like_safetensors
 from ._errors import CheckpointError, LimitError, UnsupportedError
 from ._graph import finish, flatten
-from ._inert import TensorMode, TypeRegistry, to_torch
+from ._inert import TensorMode, TypeRegistry
+from ._inert_read import to_torch
 from ._legacy import LegacyStream
 from ._limits import Limits
 from ._rules import GlobalRecord, TorchResolver

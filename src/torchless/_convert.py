@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _checkpoint, _graph, _inert
+from . import _checkpoint, _graph, _inert, _inert_write
 from ._errors import CheckpointError, ConversionError, FormatError
 from ._limits import Limits
 from ._safetensors import (
@@ -311,7 +311,7 @@ def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str
             skipped.setdefault(id(t), bad[name])
         else:
             names.setdefault(id(t), aliases.get(name, name))
-    encoder = _inert.Encoder(limits=limits, names=names, skipped=skipped)
+    encoder = _inert_write.Encoder(limits=limits, names=names, skipped=skipped)
     try:
         metadata[_inert.TREE_KEY] = encoder.encode(root)
     except CheckpointError as e:

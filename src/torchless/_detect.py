@@ -110,8 +110,8 @@ def _detect(source: Source) -> Layout:
             raise NotACheckpointError(f"this is {what}")
     if looks_like_safetensors(head, size):
         raise NotACheckpointError(
-            "this is a safetensors file, not a torch checkpoint; read it with the "
-            "safetensors package")
+            "this is a safetensors file, not a torch checkpoint; read it with "
+            "torchless.load() or the safetensors package")
     text = _looks_like_text(head)
     if text:
         raise NotACheckpointError(f"this is {text}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import _inert
+from . import _inert, _inert_read, _inert_write
 from ._errors import CheckpointError
 from ._limits import Limits
 from ._safetensors import plan, read_header, write_atomic
@@ -44,7 +44,7 @@ def save(obj: Any, path: str | os.PathLike[str], *,
             file …), named by its path in ``obj``; nothing is written.
     """
     dst = os.fspath(path)
-    encoder = _inert.Encoder(types=types)
+    encoder = _inert_write.Encoder(types=types)
     try:
         tree = encoder.encode(obj)
     except CheckpointError as e:
@@ -65,8 +65,8 @@ def load_safetensors(path: str, *, tensors: _inert.TensorMode = "numpy",
             header = read_header(src.buffer)
             data = src.buffer[header.data_start:]
             if _inert.FORMAT_KEY in header.metadata:
-                return _inert.decode(header.metadata, header.entries, data, tensors=tensors,
+                return _inert_read.decode(header.metadata, header.entries, data, tensors=tensors,
                                      types=types, limits=limits, copy=copy)
-            return _inert.plain(header.entries, data, tensors=tensors, copy=copy)
+            return _inert_read.plain(header.entries, data, tensors=tensors, copy=copy)
         except CheckpointError as e:
             raise e.add_context(path=path) from None
