@@ -45,11 +45,10 @@ _PATHS: dict[str, type[pathlib.PurePath]] = {
     "PosixPath": pathlib.PurePosixPath, "WindowsPath": pathlib.PureWindowsPath,
     "Path": pathlib.PurePath}
 #: ml_dtypes types an array may have, by name (their ``dtype.str`` is an opaque ``<V2``).
-_ML_DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(getattr(ml_dtypes, name)) for name in (
-        "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-        "float8_e4m3b11fnuz", "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint4")
-    if hasattr(ml_dtypes, name)}
+_ML_DTYPES: dict[str, np.dtype[Any]] = {np.dtype(t).name: np.dtype(t) for t in (
+    ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
+    ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float8_e4m3b11fnuz,
+    ml_dtypes.float8_e8m0fnu, ml_dtypes.float4_e2m1fn, ml_dtypes.int4, ml_dtypes.uint4)}
 _DESCR = re.compile(r"[<>|=]?([biufcSUVmM])(\d{1,6})(\[[0-9]*[a-zA-Z]{1,2}\])?")
 #: array descr -> the torch dtype whose safetensors name types its entry
 _TYPED_ARRAYS = {"|b1": "bool", "|u1": "uint8", "|i1": "int8", "<i2": "int16", "<u2": "uint16",
@@ -128,3 +127,9 @@ def register_type(cls: type, encode: Callable[[Any], Any], decode: Callable[[Any
 def _torch() -> Any:
     """torch, if the program has imported it (then its tensors may be in the object)."""
     return sys.modules.get("torch")
+
+
+def torch_dtypes(torch: Any) -> dict[str, Any]:
+    """The dtypes of a torch module the program imported, by name (``float32`` …)."""
+    return {str(v).removeprefix("torch."): v for v in vars(torch).values()
+            if isinstance(v, torch.dtype)}

@@ -40,6 +40,7 @@ from ._inert import (
     TypeRegistry,
     _torch,
     default_types,
+    torch_dtypes,
 )
 from ._limits import Limits
 from ._tensor import Storage, Tensor, UnsupportedTensor
@@ -218,7 +219,8 @@ class _Decoder:
 
 def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> None:
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise FormatError(f"{what}: expected {getattr(kind, '__name__', kind)}, got "
+        expected = kind.__name__ if isinstance(kind, type) else kind
+        raise FormatError(f"{what}: expected {expected}, got "
                           f"{type(value).__name__}")
 
 
@@ -568,8 +570,8 @@ def _h_tensor(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
 
 def to_torch(t: Tensor, torch: Any) -> Any:
     """A writable torch tensor (or Parameter) with ``t``'s dtype, shape, values and flags."""
-    tdtype = getattr(torch, t.dtype.name, None)
-    if not isinstance(tdtype, torch.dtype):
+    tdtype = torch_dtypes(torch).get(t.dtype.name)
+    if tdtype is None:
         raise UnsupportedError(f"this torch has no dtype {t.dtype.name}")
     if t.numel:
         if t.is_contiguous() and not t.storage.streams and (
@@ -594,8 +596,8 @@ def _h_dtype(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     if dtype is None:
         raise FormatError(f"unknown torch dtype {p!r}")
     if dec.torch is not None:
-        found = getattr(dec.torch, dtype.name, None)
-        if isinstance(found, dec.torch.dtype):
+        found = torch_dtypes(dec.torch).get(dtype.name)
+        if found is not None:
             return found
     return dtype
 

@@ -307,7 +307,7 @@ class Encoder:
             raise ConversionError(f"{where}: cannot store a {type(obj).__qualname__} "
                                   f"({type(e).__name__}: {e})") from None
         if isinstance(rv, str):  # a module-level singleton
-            module = getattr(obj, "__module__", None) or type(obj).__module__
+            module = _attr(obj, "module") or type(obj).__module__
             return Opaque(Global(module, rv))
         if not isinstance(rv, tuple) or not 2 <= len(rv) <= 6:
             raise ConversionError(f"{where}: cannot store a {type(obj).__qualname__}")
@@ -316,7 +316,7 @@ class Encoder:
         if func is copyreg.__newobj__:  # type: ignore[attr-defined]
             record = Opaque(Global(*_global_name(args[0], where)), tuple(args[1:]),
                             newobj=True)
-        elif func is getattr(copyreg, "__newobj_ex__", None):
+        elif func is copyreg.__newobj_ex__:  # type: ignore[attr-defined]
             cls, a, kw = args
             record = Opaque(Global(*_global_name(cls, where)), tuple(a), dict(kw), newobj=True)
         else:
@@ -369,7 +369,7 @@ class Encoder:
         if dtype is None:
             raise ConversionError(f"{where}: cannot store a tensor of {obj.dtype}")
         if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta" or (
-                getattr(obj, "is_nested", False)):
+                obj.is_nested):
             raise ConversionError(f"{where}: cannot store a {obj.layout} / quantized / nested "
                                   "/ meta tensor")
         body: dict[str, Any] = {"dtype": dtype.name, "shape": list(obj.shape)}
@@ -475,9 +475,19 @@ def _iso(obj: datetime.datetime | datetime.time) -> str:
     return text + (";fold=1" if obj.fold else "")
 
 
+def _attr(obj: Any, which: str) -> Any:
+    """``obj.__module__`` / ``__qualname__`` / ``__name__`` of a live object, or None."""
+    try:
+        if which == "module":
+            return obj.__module__
+        return obj.__qualname__ if which == "qualname" else obj.__name__
+    except AttributeError:
+        return None
+
+
 def _global_name(obj: Any, where: str) -> tuple[str, str]:
-    module = getattr(obj, "__module__", None)
-    qual = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    module = _attr(obj, "module")
+    qual = _attr(obj, "qualname") or _attr(obj, "name")
     if not isinstance(module, str) or not isinstance(qual, str) or "<" in qual:
         raise ConversionError(f"{where}: cannot store {obj!r}: it has no importable name "
                               "(a lambda or a local class or function)")
