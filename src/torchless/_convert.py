@@ -293,11 +293,11 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                             (dpath,), opaque)
 
 
-def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str, Tensor],
-                bad: dict[str, str], aliases: dict[str, str], metadata: dict[str, str],
-                limits: Limits | None) -> tuple[str, ...]:
-    """Put the whole object (or the subtree under ``key``) in ``metadata`` as an inert tree
-    whose tensors are the entries written; warn about objects kept as opaque records."""
+def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None, bad: Mapping[str, str],
+                  aliases: Mapping[str, str], reserved: set[str],
+                  limits: Limits | None) -> tuple[_inert_write.Encoder, str]:
+    """The encoder and tree text of SRC's object (or the subtree under ``key``), its tensors
+    named by their entries (aliases by the kept name), as convert writes them."""
     root = ckpt.tree
     if key is not None:
         root = _graph.find(ckpt.tree, key)
@@ -311,16 +311,24 @@ def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str
             skipped.setdefault(id(t), bad[name])
         else:
             names.setdefault(id(t), aliases.get(name, name))
-    encoder = _inert_write.Encoder(limits=limits, names=names, skipped=skipped)
+    encoder = _inert_write.Encoder(limits=limits, names=names, skipped=skipped,
+                                   reserved={*tensors, *reserved})
     try:
-        metadata[_inert.TREE_KEY] = encoder.encode(root)
+        return encoder, encoder.encode(root)
     except CheckpointError as e:
         raise e.add_context(path=ckpt.path) from None
+
+
+def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str, Tensor],
+                bad: dict[str, str], aliases: dict[str, str], metadata: dict[str, str],
+                limits: Limits | None) -> tuple[str, ...]:
+    """Put the whole object (or the subtree under ``key``) in ``metadata`` as an inert tree
+    whose tensors are the entries written; warn about objects kept as opaque records."""
+    encoder, metadata[_inert.TREE_KEY] = _tree_encoder(ckpt, key, bad, aliases, set(metadata),
+                                                       limits)
     metadata[_inert.FORMAT_KEY] = _inert.VERSION
-    extra = set(encoder.tensors) - set(written)
-    if extra:  # pragma: no cover - every tensor of the tree was named by flatten
-        raise ConversionError(f"tensors outside the flat names: {sorted(extra)[:5]}",
-                              path=ckpt.path)
+    # NumPy arrays pickled in the checkpoint (RNG states …) are entries of their own
+    written.update(encoder.tensors)
     opaque = tuple(sorted(encoder.opaque))
     if opaque:
         shown = ", ".join(opaque[:10]) + (f" and {len(opaque) - 10} more" if len(opaque) > 10
@@ -415,9 +423,38 @@ def verify(
             _checkpoint.open(spath, limits=limits) as ckpt:
         tensors, unsupported = _select(ckpt, key)
         result = compare(tensors, list(unsupported), header, data, skip_unsupported)
-    matched, mismatched, missing, extra, skipped, aliases = result
+        matched, mismatched, missing, extra, skipped, aliases = result
+        if _inert.TREE_KEY in header.metadata:
+            arrays = _compare_tree(ckpt, key, tensors, header, data, aliases, limits,
+                                   mismatched)
+            matched += [n for n in arrays if n not in mismatched]
+            extra = [n for n in extra if n not in arrays]
     return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
                         tuple(missing), tuple(extra), tuple(skipped), MappingProxyType(aliases))
+
+
+def _compare_tree(ckpt: _checkpoint.Checkpoint, key: str | None, tensors: Mapping[str, Tensor],
+                  header: SafetensorsHeader, data: memoryview, aliases: Mapping[str, str],
+                  limits: Limits | None, mismatched: dict[str, str]) -> list[str]:
+    """Check DST's object tree: SRC's object encoded as convert does must give the same
+    text, and the entries it adds (NumPy arrays of the object) the same bytes. Records
+    differences in ``mismatched``; returns the names of those entries."""
+    bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
+           if t.dtype.safetensors is None and n not in header.entries}
+    reserved = {n for n in header.metadata if n not in (_inert.TREE_KEY, _inert.FORMAT_KEY)}
+    encoder, text = _tree_encoder(ckpt, key, bad, aliases, reserved, limits)
+    if text != header.metadata[_inert.TREE_KEY]:
+        mismatched["(object tree)"] = "the stored tree differs from the source's object"
+    for name, t in encoder.tensors.items():
+        entry = header.entries.get(name)
+        if entry is None:
+            mismatched[name] = "missing (an array of the object tree)"
+        elif entry[0] != t.dtype.safetensors or entry[1] != t.shape:
+            mismatched[name] = f"{entry[0]} {list(entry[1])} != {t.dtype.safetensors} " \
+                               f"{list(t.shape)}"
+        elif not _same_bytes(t, data[entry[2]:entry[3]]):
+            mismatched[name] = "bytes differ"
+    return list(encoder.tensors)
 
 
 Compared = tuple[list[str], dict[str, str], list[str], list[str], list[str], dict[str, str]]

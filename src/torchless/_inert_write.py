@@ -13,7 +13,7 @@ import math
 import pathlib
 import struct
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -75,11 +75,13 @@ class Encoder:
 
     def __init__(self, *, types: TypeRegistry | None = None, limits: Limits | None = None,
                  names: Mapping[int, str] | None = None,
-                 skipped: Mapping[int, str] | None = None) -> None:
+                 skipped: Mapping[int, str] | None = None,
+                 reserved: Iterable[str] = ()) -> None:
         self.types = types if types is not None else default_types
         self.limits = limits if limits is not None else Limits()
         self.names = dict(names or {})
         self.skipped = dict(skipped or {})
+        self.reserved = set(reserved)           # names taken by entries written beside
         self.tensors: dict[str, Tensor] = {}
         self.opaque: dict[str, int] = {}        # class path -> count, for warnings
         self._counts: dict[int, int] = {}
@@ -332,7 +334,7 @@ class Encoder:
     def _name(self, path: str) -> str:
         base = path or "tensor"
         name, n = base, 1
-        while name in self.tensors or name == "__metadata__":
+        while name in self.tensors or name in self.reserved or name == "__metadata__":
             n += 1
             name = f"{base}~{n}"
         return name
