@@ -366,12 +366,20 @@ def test_cli_batch(torch: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixt
     assert safetensors.torch.load_file(tmp_path / "a.safetensors")["x"].tolist() == [0, 1, 2, 3]
     assert safetensors.torch.load_file(tmp_path / "b.safetensors")["y"].tolist() == [[1.0] * 2] * 2
     assert not (tmp_path / "bad.safetensors").exists()
-    # again: both outputs exist now, both refused, exit 1
+    # again: both outputs exist and verify, so both are skipped (a resumed run)
+    assert main(["convert", str(a), str(b), "-j", jobs]) == 0
+    out = capsys.readouterr()
+    assert out.out.count("already converted (verified)") == 2
+    assert "0 converted, 2 already done, 0 failed" in out.out
+    # an output that no longer matches its source is refused, not replaced
+    torch.save({"y": torch.zeros(2, 2)}, b)
     assert main(["convert", str(a), str(b), "-j", jobs]) == 1
     out = capsys.readouterr()
-    assert out.err.count("exists") == 2 and "0 converted, 2 failed" in out.out
+    assert "does not match" in out.err and "1 failed" in out.out
+    assert safetensors.torch.load_file(tmp_path / "b.safetensors")["y"].tolist() == [[1.0] * 2] * 2
     assert main(["convert", str(a), str(b), "--force", "-j", jobs]) == 0
     assert "a.safetensors: 1 tensors" in capsys.readouterr().out
+    assert safetensors.torch.load_file(tmp_path / "b.safetensors")["y"].tolist() == [[0.0] * 2] * 2
 
 
 def test_cli_batch_rejects_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._batch import BatchResult, batch
 from ._checkpoint import Checkpoint, load, open
 from ._convert import ConversionReport, OpaqueObjectWarning, VerifyReport, convert, verify
 from ._dtypes import DType
@@ -34,6 +35,7 @@ from ._version import __version__
 
 __all__ = [
     "AmbiguousArchiveError",
+    "BatchResult",
     "ArchiveFormatError",
     "Checkpoint",
     "CheckpointError",
@@ -63,6 +65,7 @@ __all__ = [
     "UnsupportedTensor",
     "VerifyReport",
     "__version__",
+    "batch",
     "convert",
     "load",
     "open",

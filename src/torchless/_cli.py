@@ -143,18 +143,8 @@ def _quiet_convert(src: str, dst: str | None, **options: Any) -> _convert.Conver
         return _convert.convert(src, dst, **options)
 
 
-def _convert_job(src: str, options: dict[str, Any]) -> dict[str, Any]:
-    """One conversion of a batch, as its JSON summary (also in a worker process)."""
-    try:
-        return _report_json(_quiet_convert(src, None, **options))
-    except CheckpointError as e:
-        return {"src": src, "ok": False, "error": str(e)}
-    except KeyboardInterrupt:
-        return {"src": src, "ok": False, "error": "interrupted"}
-
-
 def _run_convert(args: argparse.Namespace) -> int:
-    if len(args.src) > 1:
+    if _is_batch(args.src):
         return _run_batch(args)
     bar = _Bar() if sys.stderr.isatty() else None
     try:
@@ -170,34 +160,57 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_batch(sources: Sequence[str]) -> bool:
+    """Several sources, or a directory that is not a Hugging Face model directory."""
+    from ._hf import is_model_dir
+
+    return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s) for s in sources)
+
+
 def _run_batch(args: argparse.Namespace) -> int:
-    """Many sources, each to its default output; a failure does not stop the others."""
+    """Many sources (directories walked), each to its default output; a failure does not
+    stop the others; outputs already there and verified are skipped."""
+    from ._batch import BatchResult, batch
+
     options = _options(args)
+    options["resume"] = not args.force
     docs: list[dict[str, Any]] = []
+
+    def show(result: BatchResult) -> None:
+        doc = _batch_doc(result)
+        docs.append(doc)
+        _batch_line(doc, args.json)
+
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=min(args.jobs, len(args.src))) as pool:
-            futures = [pool.submit(_convert_job, src, options) for src in args.src]
-            for future in futures:
-                docs.append(future.result())
-                _batch_line(docs[-1], args.json)
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            results = batch(args.src, "convert", pool, report=args.report, on_result=show,
+                            **options)
     else:
-        for src in args.src:
-            docs.append(_convert_job(src, options))
-            _batch_line(docs[-1], args.json)
+        results = batch(args.src, "convert", report=args.report, on_result=show, **options)
     if args.json:
-        json.dump(docs, sys.stdout, indent=1)
+        json.dump([_batch_doc(r) for r in results], sys.stdout, indent=1)
         sys.stdout.write("\n")
-    failed = [d for d in docs if not d["ok"]]
-    if failed and not args.json:
-        sys.stdout.write(f"{len(docs) - len(failed)} converted, {len(failed)} failed\n")
+    failed = [r for r in results if not r.ok]
+    if not args.json:
+        skipped = sum(r.status == "skipped" for r in results)
+        sys.stdout.write(f"{len(results) - len(failed) - skipped} converted, {skipped} "
+                         f"already done, {len(failed)} failed\n")
     return 1 if failed else 0
+
+
+def _batch_doc(result: Any) -> dict[str, Any]:
+    return {"src": result.path, "ok": result.ok, "status": result.status,
+            "dst": result.output, "error": result.error,
+            "seconds": round(result.seconds, 3), **result.detail}
 
 
 def _batch_line(doc: dict[str, Any], as_json: bool) -> None:
     if not doc["ok"]:
         sys.stderr.write(f"torchless: error: {doc['error']}\n")
+    elif not as_json and doc["status"] == "skipped":
+        sys.stdout.write(f"{doc['dst']}: already converted (verified)\n")
     elif not as_json:
         sys.stdout.write(f"{doc['dst']}: {doc['tensors']} tensors, {_human(doc['bytes'])} "
                          f"in {doc['seconds']:.2f} s\n")
@@ -211,6 +224,18 @@ def _run_verify(args: argparse.Namespace) -> int:
     else:
         _verify_text(report, sys.stdout)
     return 0 if report.ok else 1
+
+
+def _run_scan(args: argparse.Namespace) -> int:
+    """Exit 0 clean, 1 dangerous or anomalous, 2 unreadable (never raises for a file)."""
+    from ._scan import format_table, scan_paths
+
+    report = scan_paths(args.paths, strict=args.strict)
+    if args.json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        sys.stdout.write(format_table(report, verbose=args.verbose))
+    return report.exit_code
 
 
 def _human(n: int) -> str:
@@ -389,6 +414,8 @@ def _parser() -> argparse.ArgumentParser:
                            "(5GB = 5*10^9, 500MB, 1GiB = 2^30, or bytes) with an index")
     conv.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                       help="convert several SRC in N worker processes (default 1)")
+    conv.add_argument("--report", metavar="FILE",
+                      help="with several SRC: append one JSON line per file to FILE")
     conv.add_argument("--key", metavar="K",
                       help="convert only the subtree under this dotted key (e.g. state_dict)")
     conv.add_argument("--force", action="store_true", help="replace an existing DST")
@@ -413,6 +440,22 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
     ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
     ver.add_argument("--json", action="store_true", help="print a JSON report")
+    sc = sub.add_parser(
+        "scan", help="list every global and container trick in files, without running them",
+        description="Scan checkpoints (files or directories, recursively; layout found from "
+                    "the content) for globals that would run code and for container "
+                    "anomalies that make scanners and torch see different files. Every pickle "
+                    "is walked, not only data.pkl. Exit 0 clean, 1 dangerous or anomalous, "
+                    "2 unreadable.",
+        epilog="examples:\n  torchless scan model.pt\n  torchless scan ./models/ --json\n"
+               "  torchless scan model.ckpt --strict   # unknown classes count as dangerous\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
+    sc.add_argument("--json", action="store_true", help="print a JSON report")
+    sc.add_argument("--strict", action="store_true",
+                    help="count every global outside the rebuild rules as dangerous")
+    sc.add_argument("-v", "--verbose", action="store_true",
+                    help="list every global (not only dangerous ones) and skipped files")
     return p
 
 
@@ -420,9 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "convert":
-        if len(args.src) > 1 and args.output is not None:
-            parser.error("-o/--output takes a single SRC; several SRC go to their default "
-                         "outputs")
+        if _is_batch(args.src) and args.output is not None:
+            parser.error("-o/--output takes a single SRC; several SRC (or a directory of "
+                         "checkpoints) go to their default outputs")
         if args.jobs < 1:
             parser.error("-j/--jobs must be at least 1")
     try:
@@ -439,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_convert(args)
         elif args.command == "verify":
             return _run_verify(args)
+        elif args.command == "scan":
+            return _run_scan(args)
         return 0
     except CheckpointError as e:
         sys.stderr.write(f"torchless: error: {e}\n")

@@ -59,7 +59,7 @@ from ._limits import Limits
 from ._safetensors import Planned, plan
 from ._tensor import Tensor
 
-__all__ = ["convert_layout", "output_name", "parse_size"]
+__all__ = ["convert_layout", "is_model_dir", "output_name", "parse_size", "verify_layout"]
 
 WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
@@ -109,6 +109,15 @@ class _Layout:
     base: str                           # the unsharded output name (model.safetensors)
     outputs: list[str]                  # one output name per source (without resharding)
     out_index: str | None               # output index name (without resharding)
+
+
+def is_model_dir(path: str) -> bool:
+    """Whether a directory holds Hugging Face weights this module converts as a whole."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return any(n in _SINGLE_NAMES or n.endswith(".bin.index.json") for n in names)
 
 
 def _read_index(path: str) -> dict[str, str]:
