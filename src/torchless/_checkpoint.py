@@ -18,6 +18,7 @@ from ._inert import TensorMode, TypeRegistry
 from ._inert_read import to_torch
 from ._legacy import LegacyStream
 from ._limits import Limits
+from ._remote import RemoteSource, is_remote
 from ._rules import GlobalRecord, TorchResolver
 from ._source import Source
 from ._tar import TorchTar
@@ -102,7 +103,9 @@ def open(
     stay in the file until :meth:`Tensor.numpy` is called.
 
     Args:
-        path: the checkpoint file (its format is sniffed from its bytes).
+        path: the checkpoint file (its format is sniffed from its bytes); or a URL
+            (``https://…`` by range requests, ``s3://``, ``hf://`` … through fsspec) or an
+            open file object, read by ranges as needed (:mod:`torchless._remote`).
         limits: resource bounds (see :class:`Limits`).
         strict: refuse every global outside torchless's rebuild rules.
         allow_globals: exact ``"module.name"`` strings to keep as inert records
@@ -114,23 +117,26 @@ def open(
         CheckpointError: (a subclass of it) for anything wrong with the file.
     """
     lim = limits if limits is not None else Limits()
-    spath = os.fspath(path)
+    remote = is_remote(path)
+    spath = path if remote else os.fspath(path)
+    label = spath if isinstance(spath, str) else "<file object>"
     try:
         return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc)
     except CheckpointError as e:
-        raise e.add_context(path=spath) from None
+        raise e.add_context(path=label) from None
     except RecursionError as e:
-        raise LimitError("max_depth", lim.max_depth, -1, "recursion", path=spath) from e
+        raise LimitError("max_depth", lim.max_depth, -1, "recursion", path=label) from e
     except MemoryError as e:
-        raise LimitError("memory", 0, 0, "out of memory", path=spath) from e
+        raise LimitError("memory", 0, 0, "out of memory", path=label) from e
     except Exception as e:  # a bug of ours must still surface as our error
         raise CheckpointError(f"internal error while reading ({type(e).__name__}: {e}); "
-                              "please report this file", path=spath) from e
+                              "please report this file", path=label) from e
 
 
-def _open(path: str, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
+def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
           verify_crc: bool) -> Checkpoint:
-    source = Source(path)
+    source = RemoteSource(path) if is_remote(path) else Source(path)
+    path = source.path
     try:
         layout = detect(source)
         container: Container
@@ -204,8 +210,8 @@ def load(
     """
     if tensors not in ("numpy", "torch"):
         raise ValueError("tensors must be 'numpy' or 'torch'")
-    spath = os.fspath(path)
-    if _is_safetensors(spath):
+    spath: Any = path if is_remote(path) else os.fspath(path)
+    if not is_remote(spath) and _is_safetensors(spath):
         from ._store import load_safetensors
 
         return load_safetensors(spath, tensors=tensors, types=types, limits=limits, copy=copy)

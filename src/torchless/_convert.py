@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import numpy as np
 from . import _checkpoint, _graph, _inert, _inert_write
 from ._errors import CheckpointError, ConversionError, FormatError
 from ._limits import Limits
+from ._remote import is_remote
 from ._safetensors import (
     Planned,
     Progress,
@@ -88,7 +90,8 @@ class OpaqueObjectWarning(UserWarning):
 
 
 def default_dst(src: str) -> str:
-    """SRC with its suffix replaced by ``.safetensors`` (appended when it has none)."""
+    """SRC with its suffix replaced by ``.safetensors`` (appended when it has none); for a
+    URL, that name in the current directory."""
     root, ext = os.path.splitext(src)
     return (root if ext else src) + ".safetensors"
 
@@ -143,9 +146,9 @@ def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
 def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tensor],
                                                                           int | None]]:
     """A descriptor of the very file ``source`` maps, and where a tensor's bytes lie in it."""
-    base = source.buffer
-    if not len(base):
+    if source.remote or not source.size:
         return None, lambda t: None
+    base = source.buffer
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -238,9 +241,16 @@ def convert(
         ConversionError: the output cannot be written as asked (nothing is left at DST).
         CheckpointError: SRC cannot be read.
     """
+    if is_remote(src):
+        if not isinstance(src, str):
+            raise ConversionError("convert reads remote files by URL; for an open file "
+                                  "object use torchless.open and save its tensors")
+        if dst is None:
+            dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
     spath = os.fspath(src)
     try:
-        if os.path.isdir(spath) or spath.endswith(".index.json") or max_shard_size is not None:
+        local_dir = not is_remote(spath) and os.path.isdir(spath)
+        if local_dir or spath.endswith(".index.json") or max_shard_size is not None:
             from . import _hf
             return _hf.convert_layout(
                 spath, None if dst is None else os.fspath(dst), key=key, force=force,

@@ -49,7 +49,8 @@ _ML_DTYPES: dict[str, np.dtype[Any]] = {np.dtype(t).name: np.dtype(t) for t in (
     ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
     ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float8_e4m3b11fnuz,
     ml_dtypes.float8_e8m0fnu, ml_dtypes.float4_e2m1fn, ml_dtypes.int4, ml_dtypes.uint4)}
-_DESCR = re.compile(r"[<>|=]?([biufcSUVmM])(\d{1,6})(\[[0-9]*[a-zA-Z]{1,2}\])?")
+#: NumPy type strings allowed in a file: byte order, kind, size; m8/M8 with their unit.
+_DESCR = re.compile(r"[<>|](?:[biufcSUV]\d{1,6}|[mM]8\[[0-9]{0,6}[a-zA-Z]{1,2}\])")
 #: array descr -> the torch dtype whose safetensors name types its entry
 _TYPED_ARRAYS = {"|b1": "bool", "|u1": "uint8", "|i1": "int8", "<i2": "int16", "<u2": "uint16",
                  "<i4": "int32", "<u4": "uint32", "<i8": "int64", "<u8": "uint64",

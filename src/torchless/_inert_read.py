@@ -244,8 +244,9 @@ def _h_int(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     _expect(p, str, "$int")
     if not re.fullmatch(r"-?[0-9]+", p):
         raise FormatError("$int takes a decimal string")
-    if len(p) > dec.limits.max_int_digits:
-        raise LimitError("max_int_digits", dec.limits.max_int_digits, len(p), "a $int")
+    digits = len(p.lstrip("-"))
+    if digits > dec.limits.max_int_digits:
+        raise LimitError("max_int_digits", dec.limits.max_int_digits, digits, "a $int")
     return int(p)
 
 
@@ -306,10 +307,14 @@ def _h_dict(dec: _Decoder, p: Any, depth: int, nid: int | None) -> dict[Any, Any
     return out
 
 
+#: Attributes of an OrderedDict an ``attrs`` entry may not shadow (its methods).
+_ODICT_NAMES = frozenset(dir(collections.OrderedDict))
+
+
 def _attrs(dec: _Decoder, obj: Any, attrs: Any, depth: int) -> None:
     _expect(attrs, dict, "attrs")
     for name, v in attrs.items():
-        if not name.isidentifier() or name.startswith("__"):
+        if not name.isidentifier() or name.startswith("__") or name in _ODICT_NAMES:
             raise FormatError(f"attribute name {name!r} is not allowed")
         setattr(obj, name, dec.value(v, depth))
 
@@ -399,16 +404,33 @@ def _split_fold(p: Any, what: str) -> tuple[str, int]:
     return p, 0
 
 
-def _check_tz(value: datetime.datetime | datetime.time) -> None:
-    if value.tzinfo is not None and type(value.tzinfo) is not datetime.timezone:
-        raise FormatError("only fixed UTC offsets are allowed")  # pragma: no cover
+_OFFSET = re.compile(r"(.*?)(?:([+-])(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{6}))?)?|(Z))")
+
+
+def _split_offset(text: str) -> tuple[str, datetime.timezone | None]:
+    """The text before a UTC offset and the offset (parsed here: Python 3.11's
+    fromisoformat drops the microseconds of some sub-second offsets)."""
+    m = _OFFSET.fullmatch(text)
+    if m is None or (m.group(2) is None and m.group(7) is None):
+        return text, None
+    if m.group(7):
+        return m.group(1), datetime.timezone.utc
+    sign = -1 if m.group(2) == "-" else 1
+    delta = datetime.timedelta(hours=int(m.group(3)), minutes=int(m.group(4)),
+                               seconds=int(m.group(5) or 0),
+                               microseconds=int(m.group(6) or 0))
+    return m.group(1), datetime.timezone(sign * delta)
 
 
 def _h_datetime(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.datetime:
     text, fold = _split_fold(p, "$datetime")
-    value = datetime.datetime.fromisoformat(text).replace(fold=fold)
-    _check_tz(value)
-    return value
+    if "T" not in text:
+        raise FormatError("$datetime needs a date and a time")
+    naive, tz = _split_offset(text)
+    value = datetime.datetime.fromisoformat(naive)
+    if value.tzinfo is not None:
+        raise FormatError(f"bad $datetime {p!r}")
+    return value.replace(tzinfo=tz, fold=fold)
 
 
 def _h_date(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.date:
@@ -420,15 +442,19 @@ def _h_date(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.date
 
 def _h_time(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.time:
     text, fold = _split_fold(p, "$time")
-    value = datetime.time.fromisoformat(text).replace(fold=fold)
-    _check_tz(value)
-    return value
+    naive, tz = _split_offset(text)
+    value = datetime.time.fromisoformat(naive)
+    if value.tzinfo is not None:
+        raise FormatError(f"bad $time {p!r}")
+    return value.replace(tzinfo=tz, fold=fold)
 
 
 def _h_timedelta(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.timedelta:
     _expect(p, list, "$timedelta")
-    if len(p) != 3 or not all(type(x) is int for x in p):
-        raise FormatError("$timedelta takes [days, seconds, microseconds]")
+    if len(p) != 3 or not all(type(x) is int for x in p) or not (
+            0 <= p[1] < 86400 and 0 <= p[2] < 1_000_000 and abs(p[0]) <= 999_999_999):
+        raise FormatError("$timedelta takes [days, seconds, microseconds] as timedelta keeps "
+                          "them (0 <= seconds < 86400, 0 <= microseconds < 10**6)")
     return datetime.timedelta(days=p[0], seconds=p[1], microseconds=p[2])
 
 
@@ -484,7 +510,19 @@ def _h_npscalar(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     raw = _b64decode(f["data"], "$npscalar data")
     if len(raw) != dt.itemsize:
         raise FormatError(f"$npscalar of {dt} holds {len(raw)} bytes")
-    return np.frombuffer(raw, dtype=dt)[0]
+    arr = np.frombuffer(raw, dtype=dt)
+    _check_text(arr)
+    return arr[0]
+
+
+def _check_text(arr: np.ndarray[Any, Any]) -> None:
+    """NumPy's UCS-4 text must hold code points it can turn into str."""
+    if arr.dtype.kind != "U" or not arr.size:
+        return
+    points = arr.view(arr.dtype.byteorder.replace("|", "<").replace("=", "<") + "u4")
+    bad = (points >= 0x110000) | ((points >= 0xD800) & (points < 0xE000))
+    if bad.any():
+        raise FormatError("UCS-4 text holds a value that is not a Unicode code point")
 
 
 def _h_objarray(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
@@ -493,10 +531,12 @@ def _h_objarray(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     _expect(f["items"], list, "$objarray items")
     if len(f["items"]) != math.prod(shape):
         raise FormatError(f"$objarray of shape {list(shape)} holds {len(f['items'])} items")
-    out = dec.define(nid, np.empty(shape, dtype=object))
+    dec._length(f["items"])
+    items = [dec.value(v, depth) for v in f["items"]]  # no cycle may run through an array
+    out = np.empty(shape, dtype=object)
     flat = out.reshape(-1)
-    for i, v in enumerate(f["items"]):
-        flat[i] = dec.value(v, depth)
+    for i, v in enumerate(items):
+        flat[i] = v
     return out
 
 
@@ -520,7 +560,11 @@ def _h_ndarray(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
         raise FormatError(f"array {f['name']!r}: {end - begin} bytes for {nbytes}")
     arr: np.ndarray[Any, Any] = np.frombuffer(dec.bytes_of(begin, end), dtype=dt).reshape(
         shape) if nbytes else np.empty(shape, dtype=dt)
-    if f.get("fortran", False) is True:
+    if type(f.get("fortran", False)) is not bool:
+        raise FormatError("$ndarray fortran is a bool")
+    if f["descr"] not in _ML_DTYPES and dt.kind == "U" and nbytes:
+        _check_text(np.frombuffer(dec.bytes_of(begin, end), dtype=dt))
+    if f.get("fortran", False):
         arr = np.asfortranarray(arr)
     elif dec.copy or not nbytes:
         arr = np.array(arr)
@@ -533,8 +577,8 @@ def _h_tensor(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     f = _fields(p, {"dtype", "shape"}, {"name", "requires_grad", "parameter", "raw", "device",
                                         "skipped"}, "$tensor")
     dtype = _dtypes.by_torch_name(f["dtype"]) if isinstance(f["dtype"], str) else None
-    if dtype is None:
-        raise FormatError(f"unknown torch dtype {f['dtype']!r}")
+    if dtype is None or dtype.numpy is None:
+        raise FormatError(f"torch dtype {f['dtype']!r} is not one an inert file holds")
     shape = _shape(f["shape"], dec.limits)
     flags = {k: f.get(k, False) for k in ("requires_grad", "parameter", "raw")}
     if not all(type(v) is bool for v in flags.values()):
@@ -582,8 +626,8 @@ def to_torch(t: Tensor, torch: Any) -> Any:
             from ._safetensors import chunks  # contiguous little-endian bytes
             raw = bytearray(b"".join(bytes(c) for c in chunks(t)))
         out = torch.frombuffer(raw, dtype=torch.uint8).view(tdtype).reshape(t.shape)
-    else:
-        out = torch.empty(t.shape, dtype=tdtype)
+    else:  # empty: viewed from no bytes (torch.empty warns for some dtypes)
+        out = torch.empty(0, dtype=torch.uint8).view(tdtype).reshape(t.shape)
     if t.is_parameter:
         return torch.nn.Parameter(out, requires_grad=t.requires_grad)
     if t.requires_grad:
@@ -633,11 +677,12 @@ def _h_opaque(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Opaque:
     record.args = tuple(dec.value(v, depth) for v in f["args"])
     if f["kwargs"] is not None:
         record.kwargs = dict(dec.pairs(f["kwargs"], depth))
-    if "state" in f:
-        record.state = dec.value(f["state"], depth)
     _expect(f["items"], list, "$opaque items")
+    dec._length(f["items"])
     record.items = [dec.value(v, depth) for v in f["items"]]
     record.dict_items = list(dec.pairs(f["dict_items"], depth))
+    if "state" in f:  # last, as the writer puts it: $refs point backwards only
+        record.state = dec.value(f["state"], depth)
     return record
 
 

@@ -105,7 +105,13 @@ class Encoder:
         if obj is None or obj is True or obj is False or type(obj) is str:
             return obj
         if type(obj) is int:
-            return obj if -_SAFE_INT <= obj <= _SAFE_INT else {"$int": str(obj)}
+            if -_SAFE_INT <= obj <= _SAFE_INT:
+                return obj
+            if obj.bit_length() > 14_000:  # more than 4,215 decimal digits: maybe too many
+                text = _digits(obj, self.limits.max_int_digits, path)
+            else:
+                text = str(obj)
+            return {"$int": text}
         if type(obj) is float:
             return _float(obj)
         if type(obj) is bytes:
@@ -475,6 +481,17 @@ def _iso(obj: datetime.datetime | datetime.time) -> str:
                               "(only fixed UTC offsets)")
     text = obj.isoformat()
     return text + (";fold=1" if obj.fold else "")
+
+
+def _digits(value: int, limit: int, path: str) -> str:
+    try:
+        text = str(value)
+    except ValueError:  # Python's own int-to-str guard
+        text = ""
+    if not text or len(text.lstrip("-")) > limit:
+        raise ConversionError(f"{path or 'the object'}: an integer of more than {limit} "
+                              "digits (Limits.max_int_digits)")
+    return text
 
 
 def _attr(obj: Any, which: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+from collections.abc import Iterator
 from types import TracebackType
 
 from ._errors import CheckpointError, FormatError, TruncatedInputError
@@ -18,6 +19,9 @@ class Source:
     ``view(offset, n)`` returns a zero-copy memoryview after checking that the
     range lies inside the file; nothing ever reads past the end.
     """
+
+    #: Whether the bytes come from elsewhere by ranges (:mod:`torchless._remote`).
+    remote = False
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -77,6 +81,12 @@ class Source:
                 self._mmap.madvise(mmap.MADV_DONTNEED, begin, end - begin)
             except (OSError, ValueError):  # pragma: no cover - advice only
                 pass
+
+    def blocks(self, offset: int, n: int, chunk: int) -> Iterator[memoryview | bytes]:
+        """Bytes ``[offset, offset + n)`` in blocks of at most ``chunk`` bytes."""
+        view = self.view(offset, n)
+        for i in range(0, n, chunk):
+            yield view[i:i + chunk]
 
     def read(self, offset: int, n: int, what: str = "data") -> bytes:
         return bytes(self.view(offset, n, what))

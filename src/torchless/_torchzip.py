@@ -171,10 +171,11 @@ class TorchZip:
                 f"its record holds {entry.size}")
         check = self.verify_crc and self.has_crc
         archive = self.archive  # not self: the loader must not keep the storage table alive
-        # a deflated storage can also be read block by block (converting, in bounded memory)
+        # a deflated or remote storage can also be read block by block (converting, in
+        # bounded memory)
         stream: Callable[[int], Iterator[memoryview | bytes]] | None = (
             (lambda chunk: archive.iter_member(name, chunk, check_crc=check))
-            if archive.is_deflated(name) else None)
+            if archive.is_deflated(name) or archive.source.remote else None)
         storage = Storage(key, dtype, nbytes,
                           lambda: archive.data(name, check_crc=check),
                           location=location, byteorder=self.byteorder, stream=stream)

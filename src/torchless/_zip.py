@@ -169,7 +169,10 @@ class ZipArchive:
             if entry.name in self.entries:
                 raise AmbiguousArchiveError(f"duplicate archive member {entry.name!r}")
             self.entries[entry.name] = entry
-        self._check_locals(entries, cd_off)
+        self._cd_off = cd_off
+        if not self.source.remote:
+            self._check_locals(entries, cd_off)
+        # remote: each member's local header is checked when the member is read
 
     def _zip64(self, loc_off: int) -> tuple[int, int, int, int]:
         src = self.source
@@ -263,43 +266,8 @@ class ZipArchive:
         return name
 
     def _check_locals(self, entries: list[Entry], cd_off: int) -> None:
-        src = self.source
         for e in entries:
-            if e.header_offset + _LOCAL.size > cd_off:
-                raise ArchiveFormatError(
-                    f"member {e.name!r}: local header offset {e.header_offset} lies outside "
-                    "the archive data")
-            (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = _LOCAL.unpack(
-                src.view(e.header_offset, _LOCAL.size))
-            if sig != _SIG_LOCAL:
-                raise ArchiveFormatError(f"member {e.name!r}: bad local header signature")
-            raw_name = src.read(e.header_offset + _LOCAL.size, nlen, "local header name")
-            if raw_name != e.name.encode("utf-8" if e.flags & _FLAG_UTF8 else "cp437"):
-                raise AmbiguousArchiveError(
-                    f"member {e.name!r}: local header names it {raw_name[:60]!r}")
-            if method != e.method:
-                raise AmbiguousArchiveError(
-                    f"member {e.name!r}: local header says method {method}, central "
-                    f"directory says {e.method}")
-            if (flags & _FLAG_DESCRIPTOR) != (e.flags & _FLAG_DESCRIPTOR) or \
-                    (flags & ~_ALLOWED_FLAGS):
-                raise AmbiguousArchiveError(f"member {e.name!r}: local and central flags differ")
-            if not flags & _FLAG_DESCRIPTOR or crc or csize or usize:
-                if crc != e.crc:
-                    raise AmbiguousArchiveError(
-                        f"member {e.name!r}: local header CRC differs from the central one")
-                if (csize, usize) != (e.compressed_size, e.size) and \
-                        (csize, usize) != (0xFFFFFFFF, 0xFFFFFFFF):
-                    raise AmbiguousArchiveError(
-                        f"member {e.name!r}: local header sizes differ from the central ones")
-            e.data_offset = e.header_offset + _LOCAL.size + nlen + elen
-            e.end_offset = e.data_offset + e.compressed_size
-            if e.end_offset > cd_off:
-                raise ArchiveFormatError(
-                    f"member {e.name!r}: {e.compressed_size} bytes of data at offset "
-                    f"{e.data_offset} run past the archive data")
-            if flags & _FLAG_DESCRIPTOR:
-                e.end_offset = self._descriptor(e, cd_off)
+            self._check_local(e, cd_off)
         ordered = sorted(entries, key=lambda x: x.header_offset)
         if ordered and ordered[0].header_offset != 0:
             raise AmbiguousArchiveError(
@@ -315,6 +283,51 @@ class ZipArchive:
         if ordered and ordered[-1].end_offset != cd_off:
             raise AmbiguousArchiveError(
                 "unaccounted bytes between the last archive member and the central directory")
+
+    def _check_local(self, e: Entry, cd_off: int) -> None:
+        """One member's local header against its central entry; sets where its data is."""
+        src = self.source
+        if e.header_offset + _LOCAL.size > cd_off:
+            raise ArchiveFormatError(
+                f"member {e.name!r}: local header offset {e.header_offset} lies outside "
+                "the archive data")
+        (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = _LOCAL.unpack(
+            src.view(e.header_offset, _LOCAL.size))
+        if sig != _SIG_LOCAL:
+            raise ArchiveFormatError(f"member {e.name!r}: bad local header signature")
+        raw_name = src.read(e.header_offset + _LOCAL.size, nlen, "local header name")
+        if raw_name != e.name.encode("utf-8" if e.flags & _FLAG_UTF8 else "cp437"):
+            raise AmbiguousArchiveError(
+                f"member {e.name!r}: local header names it {raw_name[:60]!r}")
+        if method != e.method:
+            raise AmbiguousArchiveError(
+                f"member {e.name!r}: local header says method {method}, central "
+                f"directory says {e.method}")
+        if (flags & _FLAG_DESCRIPTOR) != (e.flags & _FLAG_DESCRIPTOR) or \
+                (flags & ~_ALLOWED_FLAGS):
+            raise AmbiguousArchiveError(f"member {e.name!r}: local and central flags differ")
+        if not flags & _FLAG_DESCRIPTOR or crc or csize or usize:
+            if crc != e.crc:
+                raise AmbiguousArchiveError(
+                    f"member {e.name!r}: local header CRC differs from the central one")
+            if (csize, usize) != (e.compressed_size, e.size) and \
+                    (csize, usize) != (0xFFFFFFFF, 0xFFFFFFFF):
+                raise AmbiguousArchiveError(
+                    f"member {e.name!r}: local header sizes differ from the central ones")
+        e.data_offset = e.header_offset + _LOCAL.size + nlen + elen
+        e.end_offset = e.data_offset + e.compressed_size
+        if e.end_offset > cd_off:
+            raise ArchiveFormatError(
+                f"member {e.name!r}: {e.compressed_size} bytes of data at offset "
+                f"{e.data_offset} run past the archive data")
+        if flags & _FLAG_DESCRIPTOR:
+            e.end_offset = self._descriptor(e, cd_off)
+
+    def _located(self, name: str) -> Entry:
+        e = self.entries[name]
+        if e.data_offset < 0 and not e.is_dir:
+            self._check_local(e, self._cd_off)
+        return e
 
     def _descriptor(self, e: Entry, cd_off: int) -> int:
         pos = e.end_offset
@@ -337,7 +350,7 @@ class ZipArchive:
 
     def data(self, name: str, *, check_crc: bool) -> memoryview | bytes:
         """A member's bytes: a view of the map if stored, inflated bytes if deflated."""
-        e = self.entries[name]
+        e = self._located(name)
         raw = self.source.view(e.data_offset, e.compressed_size, name)
         if e.method == _STORED:
             out: memoryview | bytes = raw
@@ -384,16 +397,15 @@ class ZipArchive:
         mismatch is raised after the last block."""
         if chunk < 1:
             raise ValueError("chunk must be positive")
-        e = self.entries[name]
-        raw = self.source.view(e.data_offset, e.compressed_size, name)
+        e = self._located(name)
         crc = 0
         if e.method == _STORED:
-            for i in range(0, e.size, chunk):
-                block = raw[i:i + chunk]
+            for block in self.source.blocks(e.data_offset, e.size, chunk):
                 if check_crc:
                     crc = zlib.crc32(block, crc)
                 yield block
         else:
+            raw = self.source.view(e.data_offset, e.compressed_size, name)
             crc = yield from self._inflate_blocks(e, raw, chunk, check_crc)
         if check_crc and crc != e.crc:
             raise ChecksumError(f"CRC-32 of member {name!r} does not match its bytes")

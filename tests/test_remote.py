@@ -1,0 +1,172 @@
+"""Remote checkpoints: range reads over HTTP (a local server that counts what it sends) and
+fsspec URLs. Oracles: the same file read locally (itself checked against torch elsewhere),
+torch.load, and the server's own byte and request counts.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import torchless
+
+pytestmark = pytest.mark.torch
+
+MiB = 1 << 20
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: Path, ranges: bool) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root = root
+        self.ranges = ranges
+        self.requests = 0
+        self.sent = 0
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        path = self.server.root / self.path.lstrip("/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        with self.server.lock:
+            self.server.requests += 1
+        if m is None or not self.server.ranges:
+            body = data
+            self.send_response(200)
+        else:
+            start, end = int(m.group(1)), min(int(m.group(2)), len(data) - 1)
+            if start >= len(data):
+                self.send_error(416)
+                return
+            body = data[start:end + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+            with self.server.lock:
+                self.server.sent += len(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def _serve(root: Path, ranges: bool = True) -> Iterator[_Server]:
+    server = _Server(root, ranges)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[_Server]:
+    yield from _serve(tmp_path)
+
+
+def _big_checkpoint(torch: ModuleType, path: Path, mib: int = 104, count: int = 52) -> dict:
+    g = torch.Generator().manual_seed(0)
+    per = mib * MiB // count // 4
+    sd = {f"layers.{i}.weight": torch.randn(per, generator=g) for i in range(count)}
+    sd["layers.0.bias"] = torch.arange(7, dtype=torch.bfloat16)
+    torch.save({"model": sd, "epoch": 7, "lr": [0.1, 0.01]}, path)
+    return sd
+
+
+def test_inspect_reads_under_one_percent(torch: ModuleType, tmp_path: Path,
+                                         served: _Server) -> None:
+    sd = _big_checkpoint(torch, tmp_path / "big.pt")
+    size = (tmp_path / "big.pt").stat().st_size
+    assert size >= 100 * MiB
+    with torchless.open(served.url + "big.pt") as ckpt:
+        assert ckpt.format == "zip"
+        assert list(ckpt.tensors) == [f"model.{k}" for k in sd]
+        assert ckpt.tensors["model.layers.3.weight"].shape == tuple(sd["layers.3.weight"].shape)
+        assert ckpt.tree["epoch"] == 7
+        requests, sent = served.requests, served.sent
+        # one tensor on demand: its bytes (and its local header), no more
+        arr = ckpt.tensors["model.layers.3.weight"].numpy()
+        assert arr.tobytes() == sd["layers.3.weight"].numpy().tobytes()
+        one = sd["layers.3.weight"].numel() * 4
+        assert served.sent - sent <= one + 2 * 64 * 1024
+    assert sent < size / 100, f"{sent} bytes read to open a {size}-byte checkpoint"
+    assert requests <= 8, requests
+
+
+def test_remote_convert_equals_local(torch: ModuleType, tmp_path: Path,
+                                     served: _Server) -> None:
+    _big_checkpoint(torch, tmp_path / "m.pt", mib=12, count=6)
+    local = torchless.convert(tmp_path / "m.pt", tmp_path / "local.safetensors")
+    remote = torchless.convert(served.url + "m.pt", tmp_path / "remote.safetensors",
+                               verify=True)
+    assert remote.verified is not None and remote.verified.ok
+    assert (tmp_path / "remote.safetensors").read_bytes() == \
+        (tmp_path / "local.safetensors").read_bytes()
+    assert local.tensors == remote.tensors == 7
+
+
+def test_remote_legacy_and_numpy_values(torch: ModuleType, tmp_path: Path,
+                                        served: _Server) -> None:
+    saved = {"a": torch.arange(10, dtype=torch.int16), "b": torch.ones(3, 4).t(),
+             "meta": {"step": 3}}
+    torch.save(saved, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    torch.save(saved, tmp_path / "new.pt")
+    for name in ("old.pt", "new.pt"):
+        got = torchless.load(served.url + name)
+        assert got["meta"] == {"step": 3}
+        for k in ("a", "b"):
+            assert np.array_equal(got[k], saved[k].numpy()), (name, k)
+
+
+def test_server_without_range_is_refused(torch: ModuleType, tmp_path: Path) -> None:
+    torch.save({"w": torch.ones(1000)}, tmp_path / "m.pt")
+    for server in _serve(tmp_path, ranges=False):
+        with pytest.raises(torchless.UnsupportedError, match="ignores Range"):
+            torchless.open(server.url + "m.pt")
+        assert server.requests == 1
+
+
+def test_missing_remote_file(served: _Server) -> None:
+    with pytest.raises(torchless.CheckpointError, match="404"):
+        torchless.open(served.url + "nope.pt")
+
+
+def test_fsspec_url_and_file_object(torch: ModuleType, tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    sd = {"w": torch.randn(5, 3), "v": torch.arange(4)}
+    torch.save(sd, tmp_path / "m.pt")
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/torchless-test/m.pt", (tmp_path / "m.pt").read_bytes())
+    try:
+        with torchless.open("memory://torchless-test/m.pt") as ckpt:
+            assert np.array_equal(ckpt.tensors["w"].numpy(), sd["w"].numpy())
+        with fs.open("/torchless-test/m.pt", "rb") as f, torchless.open(f) as ckpt:
+            assert np.array_equal(ckpt.tensors["v"].numpy(), sd["v"].numpy())
+    finally:
+        fs.rm("/torchless-test", recursive=True)
