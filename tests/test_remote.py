@@ -41,7 +41,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args: object) -> None:
+    def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
@@ -49,21 +49,23 @@ class _Handler(BaseHTTPRequestHandler):
         if not path.is_file():
             self.send_error(404)
             return
-        data = path.read_bytes()
+        size = path.stat().st_size
         m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
         with self.server.lock:
             self.server.requests += 1
         if m is None or not self.server.ranges:
-            body = data
+            body = path.read_bytes()
             self.send_response(200)
         else:
-            start, end = int(m.group(1)), min(int(m.group(2)), len(data) - 1)
-            if start >= len(data):
+            start, end = int(m.group(1)), min(int(m.group(2)), size - 1)
+            if start >= size:
                 self.send_error(416)
                 return
-            body = data[start:end + 1]
+            with path.open("rb") as f:
+                f.seek(start)
+                body = f.read(end + 1 - start)
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         try:

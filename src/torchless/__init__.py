@@ -28,6 +28,7 @@ from ._errors import (
 from ._inert import TypeRegistry, register_type
 from ._limits import Limits
 from ._rules import GlobalRecord
+from ._scan import ScanReport, scan
 from ._store import save
 from ._tensor import Tensor, UnsupportedTensor
 from ._values import Global, Opaque
@@ -53,6 +54,7 @@ __all__ = [
     "Opaque",
     "OpaqueObjectWarning",
     "PickleError",
+    "ScanReport",
     "StorageError",
     "Tensor",
     "TensorGeometryError",
@@ -71,5 +73,6 @@ __all__ = [
     "open",
     "register_type",
     "save",
+    "scan",
     "verify",
 ]

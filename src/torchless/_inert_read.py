@@ -516,7 +516,8 @@ def _h_npscalar(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
 
 
 def _check_text(arr: np.ndarray[Any, Any]) -> None:
-    """NumPy's UCS-4 text must hold code points it can turn into str."""
+    """A NumPy text scalar must hold code points it can turn into str (NumPy raises a
+    SystemError on others). Arrays keep any bytes: NumPy builds those, lossless."""
     if arr.dtype.kind != "U" or not arr.size:
         return
     points = arr.view(arr.dtype.byteorder.replace("|", "<").replace("=", "<") + "u4")
@@ -562,8 +563,6 @@ def _h_ndarray(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
         shape) if nbytes else np.empty(shape, dtype=dt)
     if type(f.get("fortran", False)) is not bool:
         raise FormatError("$ndarray fortran is a bool")
-    if f["descr"] not in _ML_DTYPES and dt.kind == "U" and nbytes:
-        _check_text(np.frombuffer(dec.bytes_of(begin, end), dtype=dt))
     if f.get("fortran", False):
         arr = np.asfortranarray(arr)
     elif dec.copy or not nbytes:

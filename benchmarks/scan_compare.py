@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""torchless scan against picklescan and modelscan on the same files: misses, false alarms, time.
+
+Usage::
+
+    python3 -m venv /tmp/scanvenv && /tmp/scanvenv/bin/pip install picklescan modelscan
+    python benchmarks/scan_compare.py /tmp/scanvenv
+    python benchmarks/scan_compare.py /tmp/scanvenv --hostile /tmp/hostile --extra DIR --json
+
+The files and what each must get (the labels come from the hostile manifest, the corpus
+provenance and REFERENCE.json, never from a scanner):
+
+* the generated hostile set (``../shared/hostile/make_hostile.py``, written to a temporary
+  directory unless ``--hostile DIR`` holds one): *payloads* (categories code-exec and gadget,
+  or an UnsafeGlobalError hint) and *bypasses* (category scanner-bypass, or a marker payload in
+  a case to reject) must be flagged; the ``read-safely`` cases must not;
+* ``../shared/hostile/corpus``: the picklescan and modelscan malicious samples must be flagged;
+  their benign controls and ziplinter's ``test.zip`` must not;
+* every checkpoint in ``../shared/fixtures`` (REFERENCE.json) must not be flagged;
+* ``--extra DIR`` (repeatable): another make_hostile-style directory (``manifest.json`` +
+  ``cases/``), graded like the hostile set.
+
+Each tool scans one file at a time through its Python API in one process (picklescan's
+``scan_file_path``; modelscan's ``ModelScan().scan``; ``torchless.scan``), so interpreter start
+is not counted; ``seconds`` is the sum over all files. Outcomes per file: ``flagged``
+(picklescan: a dangerous global; modelscan: any issue; torchless: exit code 1, a dangerous
+global or an anomaly), ``error`` (the tool could not scan it: picklescan scan error or nothing
+scanned, modelscan errors or nothing scanned, torchless exit code 2), or ``clean``. A *miss* is
+a must-flag file reported clean; an *unscanned* one is a must-flag file the tool gave up on
+(an error the caller may or may not treat as a failure); a *false alarm* is a must-not-flag
+file flagged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+CHECKPOINT_MAGICS = {"zip", "pickle", "tar", "4c31313935343730"}
+
+#: Corpus samples that are not payloads, and those graded neither way.
+CORPUS_BENIGN = {
+    "picklescan/data/benign0_v0.pkl", "picklescan/data/benign0_v3.pkl",
+    "picklescan/data/benign0_v4.pkl", "picklescan/data/new_pytorch_model.bin",
+    "picklescan/data/pytorch_model.bin", "ziplinter/test.zip",
+}
+CORPUS_UNGRADED = {
+    "picklescan/data/benign_password_protected.zip", "picklescan/data/bad_pytorch.pt",
+    "picklescan/data/not_a_pickle.bin", "modelscan/password_protected.zip",
+}
+
+_FOREIGN = r'''
+import json, sys, time, pathlib, logging, warnings
+logging.disable(logging.CRITICAL)
+warnings.simplefilter("ignore")
+tool = sys.argv[1]
+paths = json.load(sys.stdin)
+out = []
+if tool == "picklescan":
+    from picklescan.scanner import scan_file_path
+    def run(p):
+        r = scan_file_path(p)
+        if r.issues_count:
+            return "flagged"
+        return "error" if r.scan_err or not r.scanned_files else "clean"
+else:
+    from modelscan.modelscan import ModelScan
+    def run(p):
+        r = ModelScan().scan(pathlib.Path(p))
+        if r["summary"]["total_issues"]:
+            return "flagged"
+        if r.get("errors") or not r["summary"]["scanned"]["total_scanned"]:
+            return "error"
+        return "clean"
+for p in paths:
+    t = time.perf_counter()
+    try:
+        outcome = run(p)
+    except BaseException as e:  # a crash of the tool is an error, not a verdict
+        outcome = "error"
+    out.append([p, outcome, time.perf_counter() - t])
+json.dump(out, sys.stdout)
+'''
+
+
+def expectation(case: dict[str, Any]) -> str:
+    """'flag', 'clean' or 'other' for a make_hostile manifest entry (as tests/test_scan.py)."""
+    if case["category"] in ("code-exec", "gadget", "scanner-bypass") or \
+            case.get("error_class_hint") == "UnsafeGlobalError" or \
+            (case.get("marker") and case["expected"] == "reject"):
+        return "flag"
+    return "clean" if case["expected"] == "read-safely" else "other"
+
+
+def labelled_files(hostile: list[Path]) -> list[tuple[str, str, str]]:
+    """(set name, path, 'flag' | 'clean') for every graded file."""
+    out: list[tuple[str, str, str]] = []
+    for root in hostile:
+        manifest = json.loads((root / "manifest.json").read_text())
+        for case in manifest["cases"]:
+            want = expectation(case)
+            if want != "other":
+                out.append((root.name, str(root / case["file"]), want))
+    corpus = SHARED / "hostile" / "corpus"
+    for path in sorted(corpus.rglob("*")):
+        rel = path.relative_to(corpus).as_posix()
+        if not path.is_file() or rel.endswith(".md") or rel in CORPUS_UNGRADED:
+            continue
+        if rel in CORPUS_BENIGN:
+            out.append(("corpus", str(path), "clean"))
+        elif rel.startswith(("picklescan/", "modelscan/")):
+            out.append(("corpus", str(path), "flag"))
+    fixtures = SHARED / "fixtures"
+    reference = json.loads((fixtures / "REFERENCE.json").read_text())
+    for rel, ref in sorted(reference.items()):
+        if ref["magic"] in CHECKPOINT_MAGICS:
+            out.append(("fixtures", str(fixtures / rel), "clean"))
+    return out
+
+
+def run_torchless(paths: list[str]) -> dict[str, tuple[str, float]]:
+    from torchless._scan import scan
+
+    out = {}
+    for p in paths:
+        t = time.perf_counter()
+        code = scan(p).exit_code
+        out[p] = ({0: "clean", 1: "flagged"}.get(code, "error"), time.perf_counter() - t)
+    return out
+
+
+def run_foreign(venv: Path, tool: str, paths: list[str]) -> dict[str, tuple[str, float]]:
+    with tempfile.TemporaryDirectory() as cwd:  # tools that write reports write them here
+        cp = subprocess.run([str(venv / "bin" / "python"), "-c", _FOREIGN, tool],
+                            input=json.dumps(paths), capture_output=True, text=True, cwd=cwd,
+                            check=False, timeout=3600)
+    if cp.returncode:
+        raise SystemExit(f"{tool} runner failed: {cp.stderr[-2000:]}")
+    return {p: (outcome, seconds) for p, outcome, seconds in json.loads(cp.stdout)}
+
+
+def generate(out: Path) -> Path:
+    cmd = [sys.executable, str(SHARED / "hostile" / "make_hostile.py"), "--out", str(out)]
+    try:
+        import torch  # noqa: F401
+
+        cmd += ["--torch-benign", sys.executable]
+    except ImportError:
+        pass
+    subprocess.run(cmd, check=True, capture_output=True, cwd=out)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("venv", type=Path, help="venv with picklescan and modelscan installed")
+    ap.add_argument("--hostile", type=Path, help="an existing make_hostile.py output directory")
+    ap.add_argument("--extra", type=Path, action="append", default=[],
+                    help="another make_hostile-style directory to grade (repeatable)")
+    ap.add_argument("--json", action="store_true", help="print per-file outcomes as JSON")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        hostile = args.hostile or generate(Path(tmp))
+        files = labelled_files([hostile, *args.extra])
+        paths = [p for _, p, _ in files]
+        results = {"torchless": run_torchless(paths)}
+        for tool in ("picklescan", "modelscan"):
+            results[tool] = run_foreign(args.venv, tool, paths)
+    if args.json:
+        json.dump({tool: {p: list(v) for p, v in r.items()} for tool, r in results.items()},
+                  sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    must = [p for _, p, w in files if w == "flag"]
+    benign = [p for _, p, w in files if w == "clean"]
+    sets = sorted({s for s, _, _ in files})
+    print(f"{len(must)} files to flag, {len(benign)} not to flag "
+          f"({', '.join(f'{s}: {sum(1 for x, _, _ in files if x == s)}' for s in sets)})\n")
+    print("| scanner | misses (reported clean) | unscanned (error) | false alarms | "
+          "errors on benign | seconds |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for tool, r in results.items():
+        missed = [p for p in must if r[p][0] == "clean"]
+        unscanned = [p for p in must if r[p][0] == "error"]
+        false = [p for p in benign if r[p][0] == "flagged"]
+        benign_err = [p for p in benign if r[p][0] == "error"]
+        seconds = sum(s for _, s in r.values())
+        print(f"| {tool} | {len(missed)} | {len(unscanned)} | {len(false)} | "
+              f"{len(benign_err)} | {seconds:.2f} |")
+    print()
+    for tool, r in results.items():
+        missed = [os.path.basename(p) for p in must if r[p][0] == "clean"]
+        false = [os.path.basename(p) for p in benign if r[p][0] == "flagged"]
+        print(f"{tool} misses: {', '.join(missed) or '-'}")
+        print(f"{tool} false alarms: {', '.join(false) or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
