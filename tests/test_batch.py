@@ -161,3 +161,23 @@ def test_killed_run_resumes_without_redoing(torch: ModuleType, tmp_path: Path) -
     visible = [n for n in os.listdir(root) if not n.startswith(".")]
     assert sorted(visible) == sorted([f"m{i:02d}.pt" for i in range(12)]
                                      + [f"m{i:02d}.safetensors" for i in range(12)])
+
+
+def test_cli_inspect_and_scan_many(torch: ModuleType, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from torchless._cli import main
+
+    root = _mixed_dir(torch, tmp_path / "d")
+    for jobs in ("1", "2"):
+        assert main(["inspect", str(root), "--json", "-j", jobs]) == 1  # two refused
+        docs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        by_name = {os.path.relpath(d["path"], root): d for d in docs}
+        assert set(by_name) == set(EXPECTED)
+        assert by_name["m3.pt"]["detail"]["tensors"] == 1 and by_name["m3.pt"]["ok"]
+        assert by_name["sub/n.pth"]["detail"]["format"] == "legacy"
+        assert by_name["evil.pkl"]["status"] == "refused"
+        assert main(["scan", str(root), "--json", "-j", jobs]) == 1  # evil.pkl
+        report = json.loads(capsys.readouterr().out)
+        status = {os.path.relpath(f["path"], root): f["status"] for f in report["files"]}
+        assert status["evil.pkl"] == "dangerous" and status["m0.pt"] == "clean"
+        assert status["notes.txt"] == "skipped"

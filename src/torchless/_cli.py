@@ -216,6 +216,33 @@ def _batch_line(doc: dict[str, Any], as_json: bool) -> None:
                          f"in {doc['seconds']:.2f} s\n")
 
 
+def _run_inspect_many(args: argparse.Namespace) -> int:
+    """A summary per file (directories walked), in worker processes with -j."""
+    from ._batch import BatchResult, batch
+
+    def show(r: BatchResult) -> None:
+        if args.json:
+            sys.stdout.write(r.to_json() + "\n")
+        elif r.ok:
+            d = r.detail
+            sys.stdout.write(f"{r.path}: {d['format']}, {d['tensors']} tensors, "
+                             f"{_human(d['bytes'])}"
+                             + (f", {len(d['opaque_globals'])} opaque classes"
+                                if d["opaque_globals"] else "") + "\n")
+        else:
+            sys.stderr.write(f"torchless: error: {r.error}\n")
+
+    options = {"strict": args.strict, "allow_globals": tuple(args.allow_global)}
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            results = batch(args.file, "inspect", pool, on_result=show, **options)
+    else:
+        results = batch(args.file, "inspect", on_result=show, **options)
+    return 0 if all(r.ok for r in results) else 1
+
+
 def _run_verify(args: argparse.Namespace) -> int:
     report = _convert.verify(args.src, args.dst, key=args.key)
     if args.json:
@@ -230,7 +257,13 @@ def _run_scan(args: argparse.Namespace) -> int:
     """Exit 0 clean, 1 dangerous or anomalous, 2 unreadable (never raises for a file)."""
     from ._scan import format_table, scan_paths
 
-    report = scan_paths(args.paths, strict=args.strict)
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            report = scan_paths(args.paths, strict=args.strict, executor=pool)
+    else:
+        report = scan_paths(args.paths, strict=args.strict)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
@@ -390,7 +423,11 @@ def _parser() -> argparse.ArgumentParser:
                     "by dtype, other values and the globals kept as inert records.",
         epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ins.add_argument("file", help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …)")
+    ins.add_argument("file", nargs="+",
+                     help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …) or URL; several "
+                          "files or directories give one summary line (or JSON line) each")
+    ins.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                     help="with several files: inspect them in N worker processes")
     ins.add_argument("--json", action="store_true", help="print a JSON document")
     ins.add_argument("--all", action="store_true", help="list every tensor (default: 100)")
     ins.add_argument("--strict", action="store_true",
@@ -456,6 +493,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="count every global outside the rebuild rules as dangerous")
     sc.add_argument("-v", "--verbose", action="store_true",
                     help="list every global (not only dangerous ones) and skipped files")
+    sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                    help="scan files in N worker processes (default 1)")
     return p
 
 
@@ -466,11 +505,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _is_batch(args.src) and args.output is not None:
             parser.error("-o/--output takes a single SRC; several SRC (or a directory of "
                          "checkpoints) go to their default outputs")
-        if args.jobs < 1:
-            parser.error("-j/--jobs must be at least 1")
+    if vars(args).get("jobs", 1) < 1:
+        parser.error("-j/--jobs must be at least 1")
     try:
+        if args.command == "inspect" and (len(args.file) > 1 or os.path.isdir(args.file[0])):
+            return _run_inspect_many(args)
         if args.command == "inspect":
-            ckpt = _checkpoint.open(args.file, strict=args.strict,
+            ckpt = _checkpoint.open(args.file[0], strict=args.strict,
                                     allow_globals=args.allow_global)
             with ckpt:
                 if args.json:

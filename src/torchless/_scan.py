@@ -31,6 +31,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -140,17 +141,28 @@ def scan(path: str | os.PathLike[str], *, strict: bool = False,
 
 
 def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
-               limits: Limits | None = None) -> ScanReport:
-    """Scan several files or directories into one report (in the order given)."""
+               limits: Limits | None = None, executor: Executor | None = None) -> ScanReport:
+    """Scan several files or directories into one report (in the order given); with an
+    ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
     lim = limits or Limits()
-    files: list[FileScan] = []
+    jobs: list[tuple[str, bool]] = []
     for p in paths:
         p = os.fspath(p)
         if os.path.isdir(p):
-            files.extend(_scan_file(f, strict, lim, explicit=False) for f in _walk(p))
+            jobs.extend((f, False) for f in _walk(p))
         else:
-            files.append(_scan_file(p, strict, lim, explicit=True))
+            jobs.append((p, True))
+    if executor is None:
+        files = [_scan_file(f, strict, lim, explicit=e) for f, e in jobs]
+    else:
+        files = list(executor.map(_scan_job, [f for f, _ in jobs], [e for _, e in jobs],
+                                  [strict] * len(jobs), [lim] * len(jobs)))
     return ScanReport(tuple(files))
+
+
+def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits) -> FileScan:
+    """One file (module level, so executors can run it in other processes)."""
+    return _scan_file(path, strict, limits, explicit=explicit)
 
 
 def _walk(root: str) -> Iterator[str]:
