@@ -178,6 +178,30 @@ class Tensor:
             self.shape, dtype=npdt, buffer=buf, offset=offset, strides=strides)
         return view
 
+    def to_torch(self) -> Any:
+        """A writable torch tensor (a ``torch.nn.Parameter`` if one was saved) with this
+        tensor's dtype, shape, strides' values and ``requires_grad``. torchless never
+        imports torch: the program must have imported it."""
+        import sys
+
+        from ._inert_read import to_torch
+
+        torch = sys.modules.get("torch")
+        if torch is None:
+            raise UnsupportedError("to_torch() needs torch imported by your program "
+                                   "(torchless never imports it): add `import torch` first")
+        return to_torch(self, torch)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """DLPack export of :meth:`numpy` (zero-copy, read-only; where NumPy can export the
+        dtype: not bfloat16 or float8). ``torch.from_dlpack(t)``, ``np.from_dlpack(t)``,
+        ``jax.dlpack.from_dlpack(t)`` …"""
+        return self.numpy().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        device: tuple[int, int] = self.numpy().__dlpack_device__()
+        return device
+
     def __repr__(self) -> str:
         kind = "Parameter" if self.is_parameter else "Tensor"
         return f"{kind}(dtype={self.dtype!r}, shape={list(self.shape)})"
