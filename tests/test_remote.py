@@ -172,3 +172,37 @@ def test_fsspec_url_and_file_object(torch: ModuleType, tmp_path: Path) -> None:
             assert np.array_equal(ckpt.tensors["v"].numpy(), sd["v"].numpy())
     finally:
         fs.rm("/torchless-test", recursive=True)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_s3_through_moto(torch: ModuleType, tmp_path: Path,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": f"http://{host}:{port}"})
+        fs.mkdir("ckpts")
+        sd = _big_checkpoint(torch, tmp_path / "m.pt", mib=24, count=12)
+        fs.put(str(tmp_path / "m.pt"), "ckpts/m.pt")
+        size = (tmp_path / "m.pt").stat().st_size
+        with torchless.open("s3://ckpts/m.pt") as ckpt:
+            assert list(ckpt.tensors) == [f"model.{k}" for k in sd]
+            stats = ckpt._source.stats  # type: ignore[attr-defined]
+            assert stats.bytes < size / 100 and stats.requests <= 8, stats
+            w = ckpt.tensors["model.layers.2.weight"].numpy()
+            assert w.tobytes() == sd["layers.2.weight"].numpy().tobytes()
+        torchless.convert("s3://ckpts/m.pt", tmp_path / "s3.safetensors")
+        torchless.convert(tmp_path / "m.pt", tmp_path / "local.safetensors")
+        assert (tmp_path / "s3.safetensors").read_bytes() == \
+            (tmp_path / "local.safetensors").read_bytes()
+        with fs.open("ckpts/m.pt", "rb") as f:
+            assert torchless.load(f)["epoch"] == 7
+    finally:
+        server.stop()

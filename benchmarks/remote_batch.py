@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Remote reads and batch throughput, measured in one run (issue 7's benchmark lines).
+
+Usage::
+
+    python benchmarks/remote_batch.py                 # 512 MiB remote file, 24 x 16 MiB batch
+    python benchmarks/remote_batch.py --mib 1024 --files 48 --reps 3
+
+* **remote**: a checkpoint written by ``torch.save`` is served by a local HTTP server with
+  real ``Range`` support that counts requests and bytes sent. Reported: requests and bytes
+  for ``torchless.open`` + listing every tensor (what ``torchless inspect`` does), and the
+  time of ``torchless.convert`` from the URL against ``torchless.convert`` of the local file
+  (same output bytes, checked).
+* **batch**: ``torchless.batch(dir, "convert", executor)`` over a directory of checkpoints
+  with no executor (1), a ``ProcessPoolExecutor`` of 2, and of N = ``os.cpu_count()``
+  workers; files/s and MB/s, and the speed-up over 1. Outputs are deleted between runs
+  (outside the timing); the page cache is warm. Medians of ``--reps`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import torchless
+
+MiB = 1 << 20
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root = root
+        self.requests = 0
+        self.sent = 0
+        self.lock = threading.Lock()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        path = self.server.root / self.path.lstrip("/")
+        size = path.stat().st_size
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        if m is None:
+            self.send_error(400, "this server wants Range requests")
+            return
+        start, end = int(m.group(1)), min(int(m.group(2)), size - 1)
+        with path.open("rb") as f:
+            f.seek(start)
+            body = f.read(end + 1 - start)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        with self.server.lock:
+            self.server.requests += 1
+            self.server.sent += len(body)
+
+
+_WRITE = """
+import sys, torch
+mib, count, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+g = torch.Generator().manual_seed(0)
+per = max(1, mib * (1 << 20) // count // 4)
+sd = {f"layers.{i}.weight": torch.randn(per, generator=g) for i in range(count)}
+torch.save({"model": sd, "epoch": 3, "optimizer": {"lr": 0.1}}, path)
+"""
+
+
+def write(mib: int, count: int, path: Path) -> None:
+    subprocess.run([sys.executable, "-c", _WRITE, str(mib), str(count), str(path)], check=True)
+
+
+def remote(work: Path, mib: int, reps: int) -> None:
+    src = work / "big.pt"
+    write(mib, 128, src)
+    size = src.stat().st_size
+    server = _Server(work)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/big.pt"
+    try:
+        server.requests = server.sent = 0
+        t0 = time.perf_counter()
+        with torchless.open(url) as ckpt:
+            n = len(ckpt.tensors)
+        opened = time.perf_counter() - t0
+        print(f"remote inspect of {size / MiB:.0f} MiB ({n} tensors): {server.requests} "
+              f"requests, {server.sent:,} bytes = {100 * server.sent / size:.3f} % of the "
+              f"file, {opened:.3f} s")
+        local_t, remote_t = [], []
+        for _ in range(reps):
+            for dst in (work / "l.safetensors", work / "r.safetensors"):
+                dst.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            torchless.convert(src, work / "l.safetensors")
+            local_t.append(time.perf_counter() - t0)
+            server.requests = server.sent = 0
+            t0 = time.perf_counter()
+            torchless.convert(url, work / "r.safetensors")
+            remote_t.append(time.perf_counter() - t0)
+        same = (work / "l.safetensors").read_bytes() == (work / "r.safetensors").read_bytes()
+        lm, rm = statistics.median(local_t), statistics.median(remote_t)
+        print(f"convert: local {lm:.2f} s, over HTTP {rm:.2f} s ({rm / lm:.2f}x local), "
+              f"{server.requests} requests, {server.sent / size:.3f} x the file read; "
+              f"outputs identical: {same}")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def batch(work: Path, files: int, mib_each: int, reps: int) -> None:
+    d = work / "many"
+    d.mkdir()
+    for i in range(files):
+        write(mib_each, 8, d / f"m{i:03d}.pt")
+    total = sum(p.stat().st_size for p in d.glob("*.pt"))
+    cpus = os.cpu_count() or 1
+    base = None
+    for workers in sorted({1, 2, cpus}):
+        times = []
+        for _ in range(reps):
+            for p in d.glob("*.safetensors"):
+                p.unlink()
+            t0 = time.perf_counter()
+            if workers == 1:
+                results = torchless.batch([d], "convert")
+            else:
+                with ProcessPoolExecutor(workers) as pool:
+                    results = torchless.batch([d], "convert", pool)
+            times.append(time.perf_counter() - t0)
+            assert all(r.status == "done" for r in results)
+        med = statistics.median(times)
+        base = base or med
+        print(f"batch convert, {workers} worker(s): {files / med:.1f} files/s, "
+              f"{total / med / 1e6:.0f} MB/s, {base / med:.2f}x one worker ({med:.2f} s)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=int, default=512, help="size of the remote checkpoint")
+    p.add_argument("--files", type=int, default=24, help="checkpoints in the batch")
+    p.add_argument("--mib-each", type=int, default=16, help="size of each batch checkpoint")
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="torchless-remote-"))
+    try:
+        remote(work, args.mib, args.reps)
+        batch(work, args.files, args.mib_each, args.reps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
