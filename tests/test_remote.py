@@ -206,3 +206,17 @@ def test_s3_through_moto(torch: ModuleType, tmp_path: Path,
             assert torchless.load(f)["epoch"] == 7
     finally:
         server.stop()
+
+
+def test_scan_and_inspect_cli_remote(torch: ModuleType, tmp_path: Path, served: _Server,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from torchless._cli import main
+
+    torch.save({"w": torch.ones(3)}, tmp_path / "ok.pt")
+    (tmp_path / "evil.pkl").write_bytes(
+        b"\x80\x02cposix\nsystem\nq\x00X\x04\x00\x00\x00trueq\x01\x85q\x02Rq\x03.")
+    report = torchless.scan(served.url + "evil.pkl")
+    assert [f.status for f in report.files] == ["dangerous"] and report.exit_code == 1
+    assert torchless.scan(served.url + "ok.pt").exit_code == 0
+    assert main(["inspect", served.url + "ok.pt", "--json"]) == 0
+    assert '"w"' in capsys.readouterr().out

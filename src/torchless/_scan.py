@@ -39,6 +39,7 @@ from . import _dtypes
 from ._detect import LEGACY_MAGIC, Layout, _detect
 from ._errors import CheckpointError, NotACheckpointError
 from ._limits import Limits
+from ._remote import RemoteSource, is_remote
 from ._rules import TorchResolver
 from ._scan_pickle import FoundGlobal, StreamScan, scan_stream
 from ._scan_zip import ZipMember, read_member, scan_zip
@@ -146,9 +147,9 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
     ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
     lim = limits or Limits()
     jobs: list[tuple[str, bool]] = []
-    for p in paths:
-        p = os.fspath(p)
-        if os.path.isdir(p):
+    for given in paths:
+        p = given if isinstance(given, str) and is_remote(given) else os.fspath(given)
+        if not is_remote(p) and os.path.isdir(p):
             jobs.extend((f, False) for f in _walk(p))
         else:
             jobs.append((p, True))
@@ -176,7 +177,8 @@ def _walk(root: str) -> Iterator[str]:
 
 def _scan_file(path: str, strict: bool, limits: Limits, *, explicit: bool) -> FileScan:
     try:
-        source = Source(path)
+        # a remote file is fetched whole: every byte of it is scanned
+        source = RemoteSource(path) if is_remote(path) else Source(path)
     except CheckpointError as e:
         return FileScan(path, "unreadable", error=e.message)
     with source:
