@@ -181,3 +181,45 @@ def test_cli_inspect_and_scan_many(torch: ModuleType, tmp_path: Path,
         status = {os.path.relpath(f["path"], root): f["status"] for f in report["files"]}
         assert status["evil.pkl"] == "dangerous" and status["m0.pt"] == "clean"
         assert status["notes.txt"] == "skipped"
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_dask_worker_killed_mid_run_then_resume(torch: ModuleType, tmp_path: Path) -> None:
+    """One of two Dask workers is SIGKILLed once some files are done: the run still ends
+    with a result per file (the cluster reruns the lost tasks, or the file is reported
+    failed), and a re-run converts what is missing without redoing finished files."""
+    distributed = pytest.importorskip("distributed")
+    import threading
+
+    root = tmp_path / "d"
+    root.mkdir()
+    for i in range(10):
+        torch.save({"w": torch.full((1024 * 1024,), float(i))}, root / f"m{i:02d}.pt")
+    report = tmp_path / "run.jsonl"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+        assert len(pids) == 2
+        out: list[list[torchless.BatchResult]] = []
+        runner = threading.Thread(target=lambda: out.append(
+            batch([root], "convert", client.get_executor(pure=False), report=report)))
+        runner.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                report.exists() and report.read_text().count("\n") >= 2):
+            time.sleep(0.01)
+        os.kill(next(iter(pids.values())), signal.SIGKILL)
+        runner.join(timeout=300)
+        assert not runner.is_alive() and out
+    first = out[0]
+    assert len(first) == 10
+    done_first = {r.path for r in first if r.status == "done"}
+    assert len(done_first) >= 2
+    mtimes = {p: os.stat(p[:-3] + ".safetensors").st_mtime_ns for p in done_first}
+    again = batch([root], "convert")
+    assert all(r.ok for r in again), [r.error for r in again if not r.ok]
+    assert {r.path for r in again if r.status == "skipped"} >= done_first
+    assert {p: os.stat(p[:-3] + ".safetensors").st_mtime_ns for p in done_first} == mtimes
+    for r in again:
+        assert r.output is not None and torchless.verify(r.path, r.output).ok
