@@ -1,4 +1,4 @@
-"""Every Python example in the README runs, from the repository root."""
+"""Every Python example in the README and in docs/*.md runs, from the repository root."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
+DOC_BLOCKS = [(p.name, block) for p in sorted((ROOT / "docs").glob("*.md"))
+              for block in re.findall(r"```python\n(.*?)```", p.read_text(), re.S)]
 
 
 def test_readme_has_examples() -> None:
@@ -21,6 +23,14 @@ def test_readme_python_examples_run() -> None:
         out = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0, out.stderr
+
+
+def test_docs_python_examples_run() -> None:
+    assert DOC_BLOCKS
+    for name, block in DOC_BLOCKS:
+        out = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, f"{name}: {out.stderr}"
 
 
 def test_readme_keeps_two_setup_commands() -> None:
