@@ -204,7 +204,10 @@ def load(
             torch: the program must have imported it.
         types: the registry of the program's own classes for inert files (default: the one
             :func:`torchless.register_type` fills).
-        limits, strict, allow_globals: as for :func:`open`.
+        limits: resource bounds, as for :func:`open`.
+        strict: as for :func:`open`.
+        allow_globals: as for :func:`open`.
+        copy: writable NumPy copies instead of read-only views of the file.
 
     Raises :class:`UnsupportedError` if the file holds tensors torchless will not read.
     """
