@@ -31,7 +31,11 @@ try:
     torch.load(sys.argv[1], weights_only=True, map_location="cpu")
     print("ok")
 except Exception as e:
-    print("refused:", str(e).splitlines()[0][:160] if str(e) else type(e).__name__)
+    import re
+    text = str(e)
+    m = re.search(r"Unsupported (?:global|operand)[^\n]*", text)
+    print("refused:", (m.group(0) if m else text.splitlines()[0] if text
+                       else type(e).__name__)[:160])
 """
 
 
@@ -70,7 +74,7 @@ def main() -> int:
     print(f"  torch.load(weights_only=True) reads {wo[True]}, refuses {wo[False]}")
     print(f"  torchless.load reads {tl[True]}, refuses {tl[False]}")
     print(f"  read by torchless but refused by weights_only=True: {both}")
-    reasons = Counter(r[1].split(":", 2)[1].strip()[:70] for r in rows if r[1] != "ok")
+    reasons = Counter(r[1].split(":", 1)[1].strip()[:90] for r in rows if r[1] != "ok")
     for reason, n in reasons.most_common(8):
         print(f"    weights_only refusal x{n}: {reason}")
     for name, w, t in rows:
