@@ -208,20 +208,28 @@ def _tensor_counts(root: Any, limits: Limits) -> dict[int, int]:
     A DAG that reaches one tensor by 2^30 paths is refused here, in time linear in its
     size, before any name is built."""
     counts: dict[int, int] = {}
+    chars: dict[int, int] = {}  # characters of the names below, relative to the node
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
         obj, expanded = stack.pop()
         if expanded:
-            n = 0
-            for _, c in _named_children(obj):
+            n = size = 0
+            for name, c in _named_children(obj):
                 if isinstance(c, _LEAVES):
                     n += 1
-                elif isinstance(c, _CONTAINERS):
-                    n += counts.get(id(c), 0)
+                    size += len(name)
+                elif isinstance(c, _CONTAINERS) and counts.get(id(c), 0):
+                    below = counts[id(c)]
+                    n += below
+                    size += below * (len(name) + 1) + chars.get(id(c), 0)
             if n > limits.max_tensors:
                 raise LimitError("max_tensors", limits.max_tensors, n,
                                  "tensor names, aliases included")
+            if size > limits.max_name_bytes:
+                raise LimitError("max_name_bytes", limits.max_name_bytes, size,
+                                 "characters of the flat tensor names")
             counts[id(obj)] = n
+            chars[id(obj)] = size
             continue
         if id(obj) in counts or not isinstance(obj, _CONTAINERS):
             continue

@@ -39,6 +39,10 @@ class Limits:
     max_int_digits: int = 4300
     #: Tensors in one checkpoint (counted as flat names, so aliases count).
     max_tensors: int = 1_000_000
+    #: Characters of all flat tensor names together. A name repeats every key on its path,
+    #: so a long key shared down a deep chain makes huge names from a tiny file; counted
+    #: before any name is built. A million tensors with 64-character names fit.
+    max_name_bytes: int = 64 * MiB
     #: Logical bytes of one tensor (numel x itemsize). A stride-0 view of one element can
     #: declare terabytes; converting it would write them all.
     max_tensor_bytes: int = 256 * GiB

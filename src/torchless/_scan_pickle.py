@@ -334,7 +334,8 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
     return found
 
 
-_BURIED = re.compile(rb"c([A-Za-z_][A-Za-z0-9_.]*)\n([A-Za-z_][A-Za-z0-9_.]*)\n")
+# bounded repeats: an unbounded one backtracks quadratically over a long run of name bytes
+_BURIED = re.compile(rb"c([A-Za-z_][A-Za-z0-9_.]{0,255})\n([A-Za-z_][A-Za-z0-9_.]{0,255})\n")
 
 
 def _buried(data: Any, lo: int, hi: int, found: dict[int, FoundGlobal]) -> None:

@@ -174,8 +174,11 @@ class Tensor:
         buf = self.storage.native_buffer(unit)
         strides = tuple(s * itemsize for s in self.stride)
         offset = self.storage_offset * itemsize
-        view: np.ndarray[Any, Any] = np.ndarray(
-            self.shape, dtype=npdt, buffer=buf, offset=offset, strides=strides)
+        try:
+            view: np.ndarray[Any, Any] = np.ndarray(
+                self.shape, dtype=npdt, buffer=buf, offset=offset, strides=strides)
+        except ValueError as e:  # e.g. more dimensions than this NumPy allows (32 in 1.x)
+            raise UnsupportedError(f"NumPy cannot view this tensor: {e}") from None
         return view
 
     def to_torch(self) -> Any:

@@ -11,8 +11,9 @@ and :class:`~torchless._values.Opaque` records.
 
 Limits are checked as the stream runs: every declared length against the
 bytes actually present (before anything is allocated), opcode count, memo
-size, MARK depth, container length and tuple nesting (a deeply nested tuple
-would otherwise overflow the C stack when hashed as a dict key).
+size, values on the stack, MARK depth, container length and tuple nesting, of
+tuples built by opcodes and by the resolver alike (a deeply nested tuple would
+otherwise overflow the C stack when hashed as a dict key).
 
 Only our own errors leave :meth:`Machine.run`.
 """
@@ -42,8 +43,9 @@ from .opcodes import HIGHEST_PROTOCOL, OPCODES
 __all__ = ["Machine", "Resolver", "run_pickle"]
 
 _INT_RE = re.compile(rb"[+-]?[0-9]+\Z")
+# one way to match each digit: "[0-9]+\.?[0-9]*" backtracked quadratically on a long line
 _FLOAT_RE = re.compile(
-    rb"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
+    rb"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
     re.IGNORECASE,
 )
 # look the text codecs up now, so that reading a file never triggers an import
@@ -145,6 +147,8 @@ class Machine:
         self.limit = len(self.data)  # where reading must stop: end of data or of the frame
         self.stack: list[Any] = []
         self.metastack: list[list[Any]] = []
+        # values the current stack segment may still take: max_stack minus those below MARKs
+        self.room = self.limits.max_stack
         self.memo: dict[int, Any] = {}
         self.proto = 0
         # id(tuple or frozenset) -> (object, nesting depth); immutables only, so exact.
@@ -241,7 +245,9 @@ class Machine:
         raise TruncatedInputError(f"expected {n} bytes, got {max(0, left)}",
                                   offset=self.op_start)
 
-    def _line(self) -> bytes:
+    def _line(self, decimal: bool = False) -> bytes:
+        """The text argument up to the newline; a ``decimal`` one is refused by its digit
+        count before it is copied."""
         data = self.data
         limit = self.frame_end if self.frame_end >= 0 else len(data)
         nl = data.find(b"\n", self.pos, limit)
@@ -250,6 +256,9 @@ class Machine:
                 raise PickleError("text argument straddles the end of its FRAME",
                                   offset=self.op_start)
             raise TruncatedInputError("text argument has no end of line", offset=self.op_start)
+        if decimal and nl - self.pos > self.limits.max_int_digits + 2:  # sign, 'L'
+            raise LimitError("max_int_digits", self.limits.max_int_digits, nl - self.pos,
+                             "characters of a decimal integer", offset=self.op_start)
         if nl - self.pos > self.limits.max_str_bytes:
             raise LimitError("max_str_bytes", self.limits.max_str_bytes, nl - self.pos,
                              offset=self.op_start)
@@ -316,7 +325,14 @@ class Machine:
     # ---- stack helpers -------------------------------------------------------------
 
     def push(self, value: Any) -> None:
-        self.stack.append(value)
+        stack = self.stack
+        if len(stack) >= self.room:
+            self._stack_full()
+        stack.append(value)
+
+    def _stack_full(self) -> None:
+        raise LimitError("max_stack", self.limits.max_stack, self.limits.max_stack + 1,
+                         "values on the stack", offset=self.op_start)
 
     def pop(self) -> Any:
         if not self.stack:
@@ -333,17 +349,19 @@ class Machine:
             raise PickleError("no MARK on the stack", offset=self.op_start)
         items = self.stack
         self.stack = self.metastack.pop()
+        self.room += len(self.stack)
         return items
 
     def _depth(self, value: Any) -> int:
+        """Nesting depth of a tuple or frozenset: only those deeper than 1 are recorded."""
         entry = self.depths.get(id(value))
-        return entry[1] if entry is not None and entry[0] is value else 0
+        return entry[1] if entry is not None and entry[0] is value else 1
 
     def _immutable(self, value: tuple[Any, ...] | frozenset[Any]) -> Any:
         """Record the nesting depth of a new tuple/frozenset; refuse if too deep."""
         depth = 0
         for item in value:
-            if type(item) is tuple or type(item) is frozenset:
+            if isinstance(item, (tuple, frozenset)):
                 d = self._depth(item)
                 if d > depth:
                     depth = d
@@ -353,6 +371,13 @@ class Machine:
                              offset=self.op_start)
         if depth > 1:
             self.depths[id(value)] = (value, depth)
+        return value
+
+    def _made(self, value: Any) -> Any:
+        """What the resolver built: a tuple or frozenset (``builtins.tuple`` called on a
+        list of tuples …) has its nesting checked like one built by the opcodes."""
+        if isinstance(value, (tuple, frozenset)):
+            return self._immutable(value)
         return value
 
     def _check_len(self, n: int) -> None:
@@ -412,7 +437,7 @@ class Machine:
         self.push(False)
 
     def op_INT(self) -> None:
-        line = self._line()
+        line = self._line(decimal=True)
         if line == b"01":
             self.push(True)
         elif line == b"00":
@@ -430,7 +455,7 @@ class Machine:
         self.push(self._uint2())
 
     def op_LONG(self) -> None:
-        line = self._line()
+        line = self._line(decimal=True)
         if line.endswith(b"L"):
             line = line[:-1]
         self.push(self._decimal(line))
@@ -610,6 +635,7 @@ class Machine:
             raise LimitError("max_depth", self.limits.max_depth, len(self.metastack) + 1,
                              "open MARKs", offset=self.op_start)
         self.metastack.append(self.stack)
+        self.room -= len(self.stack)
         self.stack = []
 
     def op_POP(self) -> None:
@@ -627,7 +653,7 @@ class Machine:
     # ---- opcodes: memo ------------------------------------------------------------
 
     def op_GET(self) -> None:
-        self.push(self._memo_get(self._decimal(self._line())))
+        self.push(self._memo_get(self._decimal(self._line(decimal=True))))
 
     def op_BINGET(self) -> None:
         self.push(self._memo_get(self._uint1()))
@@ -636,7 +662,7 @@ class Machine:
         self.push(self._memo_get(self._uint4()))
 
     def op_PUT(self) -> None:
-        index = self._decimal(self._line())
+        index = self._decimal(self._line(decimal=True))
         if index < 0:
             raise PickleError("negative PUT index", offset=self.op_start)
         self._memo_put(index, self.top())
@@ -695,14 +721,14 @@ class Machine:
         if isinstance(func, (str, bytes, int, float, list, dict, tuple, type(None))):
             raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
                               offset=self.op_start)
-        self.push(self.resolver.call(func, args, self.op_start))
+        self.push(self._made(self.resolver.call(func, args, self.op_start)))
 
     def op_NEWOBJ(self) -> None:
         args = self.pop()
         cls = self.pop()
         if not isinstance(args, tuple):
             raise PickleError("NEWOBJ arguments are not a tuple", offset=self.op_start)
-        self.push(self.resolver.new_object(cls, args, None, self.op_start))
+        self.push(self._made(self.resolver.new_object(cls, args, None, self.op_start)))
 
     def op_NEWOBJ_EX(self) -> None:
         kwargs = self.pop()
@@ -711,25 +737,25 @@ class Machine:
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise PickleError("NEWOBJ_EX operands must be a tuple and a dict",
                               offset=self.op_start)
-        self.push(self.resolver.new_object(cls, args, kwargs, self.op_start))
+        self.push(self._made(self.resolver.new_object(cls, args, kwargs, self.op_start)))
 
     def op_INST(self) -> None:
         module, name = self._global_pair()
         cls = self.resolver.find_global(module, name, self.op_start)
         args = tuple(self.pop_mark())
-        self.push(self.resolver.call(cls, args, self.op_start))
+        self.push(self._made(self.resolver.call(cls, args, self.op_start)))
 
     def op_OBJ(self) -> None:
         items = self.pop_mark()
         if not items:
             raise PickleError("OBJ without a class", offset=self.op_start)
         cls = items[0]
-        self.push(self.resolver.call(cls, tuple(items[1:]), self.op_start))
+        self.push(self._made(self.resolver.call(cls, tuple(items[1:]), self.op_start)))
 
     def op_BUILD(self) -> None:
         state = self.pop()
         obj = self.pop()
-        self.push(self.resolver.build(obj, state, self.op_start))
+        self.push(self._made(self.resolver.build(obj, state, self.op_start)))
 
     def op_PERSID(self) -> None:
         try:
