@@ -422,15 +422,21 @@ def _split_offset(text: str) -> tuple[str, datetime.timezone | None]:
     return m.group(1), datetime.timezone(sign * delta)
 
 
-def _h_datetime(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.datetime:
-    text, fold = _split_fold(p, "$datetime")
-    if "T" not in text:
-        raise FormatError("$datetime needs a date and a time")
+def _clock(p: Any, tag: str, cls: type[datetime.datetime] | type[datetime.time]) -> Any:
+    """A $datetime or $time: ISO text, our own parse of its UTC offset, and its fold."""
+    text, fold = _split_fold(p, tag)
     naive, tz = _split_offset(text)
-    value = datetime.datetime.fromisoformat(naive)
+    value = cls.fromisoformat(naive)
     if value.tzinfo is not None:
-        raise FormatError(f"bad $datetime {p!r}")
+        raise FormatError(f"bad {tag} {p!r}")
     return value.replace(tzinfo=tz, fold=fold)
+
+
+def _h_datetime(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.datetime:
+    if not isinstance(p, str) or "T" not in p:
+        raise FormatError("$datetime needs a date and a time")
+    value: datetime.datetime = _clock(p, "$datetime", datetime.datetime)
+    return value
 
 
 def _h_date(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.date:
@@ -441,12 +447,8 @@ def _h_date(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.date
 
 
 def _h_time(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.time:
-    text, fold = _split_fold(p, "$time")
-    naive, tz = _split_offset(text)
-    value = datetime.time.fromisoformat(naive)
-    if value.tzinfo is not None:
-        raise FormatError(f"bad $time {p!r}")
-    return value.replace(tzinfo=tz, fold=fold)
+    value: datetime.time = _clock(p, "$time", datetime.time)
+    return value
 
 
 def _h_timedelta(dec: _Decoder, p: Any, depth: int, nid: int | None) -> datetime.timedelta:

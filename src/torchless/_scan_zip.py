@@ -31,6 +31,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._zip import Entry
+
 __all__ = ["ZipAnomaly", "ZipMember", "ZipScan", "read_member", "scan_zip"]
 
 _EOCD = struct.Struct("<4sHHHHIIH")
@@ -58,20 +60,10 @@ class ZipAnomaly:
 
 
 @dataclass
-class ZipMember:
+class ZipMember(Entry):
     """One entry as some reader would see it (``source``: "central" or "local")."""
 
-    name: str
-    method: int
-    flags: int
-    crc: int
-    compressed_size: int
-    size: int
-    header_offset: int
     source: str = "central"
-    data_offset: int = -1
-    end_offset: int = -1
-    is_dir: bool = False
 
 
 @dataclass
