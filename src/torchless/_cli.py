@@ -37,6 +37,9 @@ examples:
   torchless convert ./my-model/                   # pytorch_model*.bin -> model*.safetensors
   torchless convert ./my-model/ --max-shard-size 5GB -o ./out/
   torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
+  torchless convert ./runs/ -j 4 --report run.jsonl  # a directory; re-runs skip done files
+  torchless convert ckpt.pt --weights-only          # tensors only, no object tree
+  torchless convert https://example.org/model.pt    # streamed by range requests
 """
 
 _VERIFY_EXAMPLES = """\
@@ -421,7 +424,9 @@ def _parser() -> argparse.ArgumentParser:
         "inspect", help="show what a checkpoint holds",
         description="Show a checkpoint's format, tensors (name, dtype, shape, size), totals "
                     "by dtype, other values and the globals kept as inert records.",
-        epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n",
+        epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n"
+               "  torchless inspect https://example.org/model.pt   # a few range requests\n"
+               "  torchless inspect ./checkpoints/ -j 4            # one line per file\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ins.add_argument("file", nargs="+",
                      help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …) or URL; several "
@@ -485,7 +490,8 @@ def _parser() -> argparse.ArgumentParser:
                     "is walked, not only data.pkl. Exit 0 clean, 1 dangerous or anomalous, "
                     "2 unreadable.",
         epilog="examples:\n  torchless scan model.pt\n  torchless scan ./models/ --json\n"
-               "  torchless scan model.ckpt --strict   # unknown classes count as dangerous\n",
+               "  torchless scan model.ckpt --strict   # unknown classes count as dangerous\n"
+               "  torchless scan ./hub-cache/ -j 4     # in 4 worker processes\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
     sc.add_argument("--json", action="store_true", help="print a JSON report")
