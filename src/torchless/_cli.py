@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint, _convert
 from ._errors import CheckpointError
@@ -17,6 +18,9 @@ from ._graph import ModuleDict
 from ._tensor import Tensor, UnsupportedTensor
 from ._values import Global, Opaque
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 __all__ = ["main"]
 
@@ -163,6 +167,15 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
+    """``-j N``: a pool of N worker processes, or None (this process) for N = 1."""
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(max_workers=jobs)
+    return contextlib.nullcontext()
+
+
 def _is_batch(sources: Sequence[str]) -> bool:
     """Several sources, or a directory that is not a Hugging Face model directory."""
     from ._hf import is_model_dir
@@ -177,21 +190,13 @@ def _run_batch(args: argparse.Namespace) -> int:
 
     options = _options(args)
     options["resume"] = not args.force
-    docs: list[dict[str, Any]] = []
 
     def show(result: BatchResult) -> None:
-        doc = _batch_doc(result)
-        docs.append(doc)
-        _batch_line(doc, args.json)
+        _batch_line(_batch_doc(result), args.json)
 
-    if args.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            results = batch(args.src, "convert", pool, report=args.report, on_result=show,
-                            **options)
-    else:
-        results = batch(args.src, "convert", report=args.report, on_result=show, **options)
+    with _workers(args.jobs) as pool:
+        results = batch(args.src, "convert", pool, report=args.report, on_result=show,
+                        **options)
     if args.json:
         json.dump([_batch_doc(r) for r in results], sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -236,13 +241,8 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
             sys.stderr.write(f"torchless: error: {r.error}\n")
 
     options = {"strict": args.strict, "allow_globals": tuple(args.allow_global)}
-    if args.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            results = batch(args.file, "inspect", pool, on_result=show, **options)
-    else:
-        results = batch(args.file, "inspect", on_result=show, **options)
+    with _workers(args.jobs) as pool:
+        results = batch(args.file, "inspect", pool, on_result=show, **options)
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -260,13 +260,8 @@ def _run_scan(args: argparse.Namespace) -> int:
     """Exit 0 clean, 1 dangerous or anomalous, 2 unreadable (never raises for a file)."""
     from ._scan import format_table, scan_paths
 
-    if args.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            report = scan_paths(args.paths, strict=args.strict, executor=pool)
-    else:
-        report = scan_paths(args.paths, strict=args.strict)
+    with _workers(args.jobs) as pool:
+        report = scan_paths(args.paths, strict=args.strict, executor=pool)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
