@@ -519,6 +519,23 @@ def test_lightning(torch: ModuleType, fakes: Fakes, tmp_path: Path, attr_module:
 # --- Hugging Face Trainer -----------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def rngs_kept(torch: ModuleType) -> Iterator[None]:
+    """Leave the three global RNGs (torch, NumPy, Python) as they were found."""
+    t, n, p = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(t)
+        np.random.set_state(n)
+        random.setstate(p)
+
+
+def _draws(torch: ModuleType) -> tuple[Any, ...]:
+    """One draw from each stream (a Gaussian too, so cached Gaussians count)."""
+    return (random.random(), random.gauss(0, 1), np.random.standard_normal(4), torch.rand(4))
+
+
 def test_hf_trainer_dir(torch: ModuleType, fakes: Fakes, tmp_path: Path) -> None:
     out_dir = tmp_path / "checkpoint-500"
     out_dir.mkdir()
@@ -531,8 +548,7 @@ def test_hf_trainer_dir(torch: ModuleType, fakes: Fakes, tmp_path: Path) -> None
     torch.save(opt.state_dict(), out_dir / "optimizer.pt")
     torch.save(sched.state_dict(), out_dir / "scheduler.pt")
 
-    t_state, n_state, p_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    try:
+    with rngs_kept(torch):
         random.seed(5)
         np.random.seed(5)
         torch.manual_seed(5)
@@ -540,12 +556,7 @@ def test_hf_trainer_dir(torch: ModuleType, fakes: Fakes, tmp_path: Path) -> None
         rng = {"python": random.getstate(), "numpy": np.random.get_state(),
                "cpu": torch.random.get_rng_state()}
         torch.save(rng, out_dir / "rng_state.pth")
-        draws = (random.random(), random.gauss(0, 1), np.random.standard_normal(4),
-                 torch.rand(4))
-    finally:
-        torch.set_rng_state(t_state)
-        np.random.set_state(n_state)
-        random.setstate(p_state)
+        draws = _draws(torch)
 
     args = fakes.training_args(output_dir=str(out_dir.parent), learning_rate=5e-5,
                                eval_strategy=fakes.interval.EPOCH,
@@ -583,17 +594,11 @@ def test_hf_trainer_dir(torch: ModuleType, fakes: Fakes, tmp_path: Path) -> None
     got_rng = _round_trip(torch, out_dir / "rng_state.pth", tmp_path, [])
     tl = torchless.load(tmp_path / "rng_state.safetensors", tensors="torch")
     assert list(tl) == ["python", "numpy", "cpu"]
-    t_state, n_state, p_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    try:
+    with rngs_kept(torch):
         random.setstate(tl["python"])
         np.random.set_state(tl["numpy"])
         torch.random.set_rng_state(tl["cpu"])
-        again = (random.random(), random.gauss(0, 1), np.random.standard_normal(4),
-                 torch.rand(4))
-    finally:
-        torch.set_rng_state(t_state)
-        np.random.set_state(n_state)
-        random.setstate(p_state)
+        again = _draws(torch)
     assert again[:2] == draws[:2]
     assert again[2].tobytes() == draws[2].tobytes()
     assert torch.equal(again[3], draws[3])

@@ -28,7 +28,7 @@ import pytest
 
 import torchless
 
-from .test_inert_frameworks import assert_same
+from .test_inert_frameworks import assert_same, rngs_kept
 
 pytestmark = pytest.mark.torch
 
@@ -43,11 +43,8 @@ CONFIG = argparse.Namespace(lr=0.02, hidden=8, dropout=0.3, seed=7, name="tiny",
 @pytest.fixture
 def rng_guard(torch: ModuleType) -> Iterator[None]:
     """Leave the three global RNGs as this test found them."""
-    t, n, p = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    yield
-    torch.set_rng_state(t)
-    np.random.set_state(n)
-    random.setstate(p)
+    with rngs_kept(torch):
+        yield
 
 
 def _build(torch: ModuleType, init_seed: int) -> tuple[Any, Any, Any]:
@@ -291,17 +288,22 @@ def test_resume_needs_every_rng_state(torch: ModuleType, run: Run) -> None:
     assert _differs(torch, params, run.ref_params)
 
 
+def _inert_file(run: Run, tmp_path: Path, how: str) -> Path:
+    """The checkpoint as an inert file: the .pt converted, or torchless.save's own."""
+    if how == "convert":
+        path = tmp_path / "converted.safetensors"
+        torchless.convert(run.pt, path)
+        return path
+    if run.direct_error is not None:
+        raise run.direct_error
+    return run.direct
+
+
 @pytest.mark.parametrize("how", ["convert", "save"])
 def test_resume_parity(torch: ModuleType, run: Run, tmp_path: Path, how: str) -> None:
     """(b) convert the .pt / (c) torchless.save from the loop; load with torch tensors;
     resume; every parameter and optimizer tensor is bit-identical to the reference."""
-    if how == "convert":
-        path = tmp_path / "converted.safetensors"
-        torchless.convert(run.pt, path)
-    else:
-        if run.direct_error is not None:
-            raise run.direct_error
-        path = run.direct
+    path = _inert_file(run, tmp_path, how)
     ck = torchless.load(path, tensors="torch")
     assert type(ck) is dict
     _check_plain_parts(torch, run, ck)
@@ -315,13 +317,7 @@ def test_resume_parity(torch: ModuleType, run: Run, tmp_path: Path, how: str) ->
 def test_numpy_load_matches_torch_load(torch: ModuleType, run: Run, tmp_path: Path,
                                        how: str) -> None:
     """tensors="numpy" (the default): arrays with torch.load's values, same plain parts."""
-    if how == "convert":
-        path = tmp_path / "converted.safetensors"
-        torchless.convert(run.pt, path)
-    else:
-        if run.direct_error is not None:
-            raise run.direct_error
-        path = run.direct
+    path = _inert_file(run, tmp_path, how)
     ck = torchless.load(path)
     if how == "convert":  # the whole structure, as torchless reads the .pt itself
         assert_same(ck, torchless.load(run.pt))
