@@ -303,7 +303,8 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                             (dpath,), opaque)
 
 
-def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None, bad: Mapping[str, str],
+def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None,
+                  tensors: Mapping[str, Tensor], bad: Mapping[str, str],
                   aliases: Mapping[str, str], reserved: set[str],
                   limits: Limits | None) -> tuple[_inert_write.Encoder, str]:
     """The encoder and tree text of SRC's object (or the subtree under ``key``), its tensors
@@ -313,7 +314,6 @@ def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None, bad: Mapping[st
         root = _graph.find(ckpt.tree, key)
         if root is _graph.MISSING:  # pragma: no cover - _select found tensors under it
             raise ConversionError(f"no value under key {key!r}", path=ckpt.path)
-    tensors, _ = _select(ckpt, key)
     names: dict[int, str] = {}
     skipped: dict[int, str] = {}
     for name, t in tensors.items():
@@ -334,8 +334,9 @@ def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str
                 limits: Limits | None) -> tuple[str, ...]:
     """Put the whole object (or the subtree under ``key``) in ``metadata`` as an inert tree
     whose tensors are the entries written; warn about objects kept as opaque records."""
-    encoder, metadata[_inert.TREE_KEY] = _tree_encoder(ckpt, key, bad, aliases, set(metadata),
-                                                       limits)
+    tensors, _ = _select(ckpt, key)
+    encoder, metadata[_inert.TREE_KEY] = _tree_encoder(ckpt, key, tensors, bad, aliases,
+                                                       set(metadata), limits)
     metadata[_inert.FORMAT_KEY] = _inert.VERSION
     # NumPy arrays pickled in the checkpoint (RNG states …) are entries of their own
     written.update(encoder.tensors)
@@ -452,7 +453,7 @@ def _compare_tree(ckpt: _checkpoint.Checkpoint, key: str | None, tensors: Mappin
     bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
            if t.dtype.safetensors is None and n not in header.entries}
     reserved = {n for n in header.metadata if n not in (_inert.TREE_KEY, _inert.FORMAT_KEY)}
-    encoder, text = _tree_encoder(ckpt, key, bad, aliases, reserved, limits)
+    encoder, text = _tree_encoder(ckpt, key, tensors, bad, aliases, reserved, limits)
     if text != header.metadata[_inert.TREE_KEY]:
         mismatched["(object tree)"] = "the stored tree differs from the source's object"
     for name, t in encoder.tensors.items():

@@ -157,7 +157,7 @@ class Encoder:
                 return {"$device": str(obj)}
             if isinstance(obj, t.Size):
                 return {"$size": list(obj)}
-        if isinstance(obj, (tuple, frozenset)) and not obj and type(obj) in (tuple, frozenset):
+        if type(obj) in (tuple, frozenset) and not obj:
             return {"$tuple" if type(obj) is tuple else "$frozenset": []}
         return _NOT_ATOM
 
