@@ -56,6 +56,19 @@ def test_error_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert "HTML" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_names_that_are_not_unicode_print_escaped(tmp_path: Path, torch: Any) -> None:
+    """A tensor name with a lone surrogate (a hostile file's trick) is shown escaped, in
+    text and JSON, instead of crashing the output."""
+    path = tmp_path / "m.pt"
+    torch.save({"bad\ud800": torch.ones(2), "ok": torch.zeros(1)}, path)
+    out = run("inspect", str(path))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "bad\\ud800" in out.stdout and "ok" in out.stdout
+    out = run("inspect", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    assert "bad\ud800" in {r["name"] for r in json.loads(out.stdout)["tensors"]}
+
+
 def test_missing_file_is_exit_1(tmp_path: Path) -> None:
     out = run("inspect", str(tmp_path / "nope.pt"))
     assert out.returncode == 1
