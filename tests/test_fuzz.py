@@ -261,13 +261,14 @@ def _text_protocol0(n: int) -> bytes:
     return b"(l" + b"".join(b"I%d\naS'item%d'\na" % (i * 7919, i) for i in range(n)) + b"."
 
 
-def _best_seconds(path: Path, repeats: int = 3) -> float:
-    """The fastest of a few reads: other load on the machine only ever adds time."""
+def _best_seconds(path: Path, repeats: int = 5) -> float:
+    """The least CPU time of a few reads: other load on the machine only ever adds time, and
+    CPU time leaves out the waits for a busy machine's scheduler."""
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         assert _read(path) == "read"
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return min(times)
 
 
@@ -276,16 +277,24 @@ def _best_seconds(path: Path, repeats: int = 3) -> float:
 def test_time_is_linear_in_input_size(build: Callable[[int], bytes], n: int,
                                       tmp_path: Path) -> None:
     """16x the input must take far less than the 256x a quadratic reader would: the bound
-    (64x) leaves room for a noisy machine and still catches anything quadratic."""
+    (64x) leaves room for a noisy machine and still catches anything quadratic.
+
+    A quadratic reader is over the bound on every try; a noisy machine only on some, so the
+    pair is measured up to three times and the best ratio counts."""
     small, large = tmp_path / "small.pt", tmp_path / "large.pt"
     small.write_bytes(build(n))
     large.write_bytes(build(16 * n))
     assert 14 < large.stat().st_size / small.stat().st_size < 18
     _read(small)  # warm up
-    t_small = _best_seconds(small)
-    t_large = _best_seconds(large)
-    assert t_large < 64 * max(t_small, 1e-3), (
-        f"{build.__name__}: {t_small:.3f} s for n={n}, {t_large:.3f} s for 16n")
+    tries = []
+    for _ in range(3):
+        t_small = max(_best_seconds(small), 1e-3)
+        t_large = _best_seconds(large)
+        tries.append((t_large / t_small, t_small, t_large))
+        if t_large < 64 * t_small:
+            break
+    ratio, t_small, t_large = min(tries)
+    assert ratio < 64, f"{build.__name__}: {t_small:.3f} s for n={n}, {t_large:.3f} s for 16n"
 
 
 # ---- regressions: crashes the fuzzers and the limit proofs found --------------------------
