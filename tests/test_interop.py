@@ -3,6 +3,7 @@ checkpoints, and DLPack. The oracle is torch.load of the same file."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -84,3 +85,56 @@ def test_to_torch_needs_torch_imported(tmp_path: Path, torch: ModuleType) -> Non
                          check=True).stdout.splitlines()
     assert len(out) == 3 and all("import torch" in line for line in out[:2]), out
     assert out[2] == "False"
+
+
+def _need(module: str) -> ModuleType:
+    """An optional reader installed by the test extra: CI (TORCHLESS_REQUIRE_TORCH) fails
+    without it instead of skipping."""
+    import importlib  # the test suite's own imports; the library never imports by name
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("TORCHLESS_REQUIRE_TORCH"):
+            raise
+        pytest.skip(f"{module} is not installed")
+
+
+# dtypes both JAX and MLX hold (MLX has no float64 on every backend nor float8)
+_FRAMEWORK_DTYPES = ["float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+                     "uint8", "bool"]
+
+
+@pytest.mark.parametrize("reader", ["jax", "mlx"])
+def test_jax_and_mlx_read_converted_files(torch: ModuleType, tg: ModuleType,  # noqa: F811
+                                          tmp_path: Path, reader: str) -> None:
+    """What docs/interop.md promises: the converted file loads in JAX and MLX with their own
+    safetensors readers, and every tensor equals what torch.load reads from the source."""
+    saved = {f"{dtype}.{kind}": t for dtype in _FRAMEWORK_DTYPES
+             for kind, t in tg.views(dtype, seed=5).items()}
+    with tg.quiet():
+        torch.save(saved, tmp_path / "m.pt")
+        expected = torch.load(tmp_path / "m.pt", weights_only=True)
+    out = tmp_path / "m.safetensors"
+    torchless.convert(tmp_path / "m.pt", out, tree=False)
+    if reader == "jax":
+        flax = _need("safetensors.flax")
+        jax = _need("jax")
+        x64 = jax.config.jax_enable_x64
+        jax.config.update("jax_enable_x64", True)  # else JAX narrows int64 to int32
+        try:
+            got = {k: np.asarray(v) for k, v in flax.load_file(str(out)).items()}
+        finally:
+            jax.config.update("jax_enable_x64", x64)
+    else:
+        mx = _need("mlx.core")
+        # MLX hands bfloat16 to NumPy only through float32, which holds every bfloat16 exactly
+        got = {k: np.asarray(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v)
+               for k, v in mx.load(str(out)).items()}
+    assert set(got) == set(expected)
+    for name, want in expected.items():
+        if want.dtype == torch.bfloat16 and reader == "mlx":
+            want = want.float()
+        arr = got[name]
+        assert tuple(arr.shape) == tuple(want.shape), name
+        assert arr.tobytes() == tg.contiguous_bytes(want), name
