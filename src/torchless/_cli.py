@@ -38,7 +38,7 @@ _CONVERT_EXAMPLES = """\
 examples:
   torchless convert model.pt                      # writes model.safetensors beside it
   torchless convert model.ckpt -o out.safetensors --key state_dict
-  torchless convert model.bin --dedupe --verify --json
+  torchless convert pytorch_model.bin --dedupe --verify --json
   torchless convert ./my-model/                   # pytorch_model*.bin -> model*.safetensors
   torchless convert ./my-model/ --max-shard-size 5GB -o ./out/
   torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
