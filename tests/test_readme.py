@@ -209,7 +209,7 @@ def _run_part(part: str, scratch: Path, where: str) -> None:
                              timeout=180, env=_env())
         assert out.returncode == 0, f"{where}: exit {out.returncode}: {out.stderr}"
         assert "Traceback" not in out.stderr
-    elif part.startswith("pip install"):
+    elif part.startswith(("pip install", "pipx install")):
         _check_pip(part, where)
     elif part.startswith("python benchmarks/"):
         _check_benchmark(part, where)
