@@ -6,6 +6,7 @@ Usage::
     python benchmarks/bench_read.py                  # defaults: ~1 GiB files, 5 repetitions
     python benchmarks/bench_read.py --big-mib 64 --many-tensors 3000 --reps 3
     python benchmarks/bench_read.py --json > results.json
+    python benchmarks/bench_read.py --quick          # tiny files, 1 repetition: a smoke run
 
 It writes three checkpoints into a temporary directory:
 
@@ -64,11 +65,13 @@ import tempfile
 import time
 import traceback
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 MiB = 1 << 20
+#: What --quick sets (options given explicitly still win): seconds, not figures.
+QUICK = {"big_mib": 1, "big_tensors": 4, "many_tensors": 30, "reps": 1}
 READERS = ("torchless", "torch-mmap", "torch", "copy")
 OPS = ("list", "read")
 FILES = ("big", "many", "legacy")
@@ -281,10 +284,14 @@ def save_builtin(tree: Any, paths: dict[str, str]) -> None:
         w = PickleWriter(legacy=False)
         w.value(tree)
         with open(paths["zip"], "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
-            records = [("archive/data.pkl", lambda: w.finish()),
-                       ("archive/byteorder", lambda: b"little")]
-            records += [(f"archive/data/{i}", lambda s=s: values(s).tobytes())
-                        for i, s in enumerate(w.storages)]
+            records: list[tuple[str, Callable[[], bytes]]] = [
+                ("archive/data.pkl", lambda: w.finish()),
+                ("archive/byteorder", lambda: b"little")]
+
+            def data_of(spec: Spec) -> Callable[[], bytes]:
+                return lambda: values(spec).tobytes()
+
+            records += [(f"archive/data/{i}", data_of(s)) for i, s in enumerate(w.storages)]
             records.append(("archive/version", lambda: b"3\n"))
             for name, data in records:
                 info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
@@ -423,7 +430,7 @@ def run_op(reader: str, op: str, path: str, touch: str, weights_only: bool) -> d
     if reader == "copy":
         with open(path, "rb", buffering=0) as f:
             sink = NullSink()
-            shutil.copyfileobj(f, sink, COPY_CHUNK)  # type: ignore[misc]
+            shutil.copyfileobj(f, sink, COPY_CHUNK)  # type: ignore[misc,unused-ignore]
             result["bytes"] = f.tell()
     elif reader == "torchless":
         import numpy as np
@@ -616,7 +623,7 @@ def check(results: dict[str, Any]) -> list[str]:
     problems = []
     for name, info in results["files"].items():
         for op in OPS:
-            seen = {}
+            seen: dict[str, set[tuple[int, int | None]]] = {}
             for r in results["runs"]:
                 if r["file"] != name or r["op"] != op or "error" in r:
                     continue
@@ -757,10 +764,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                   "directory, removed at the end)")
     ap.add_argument("--json", action="store_true",
                     help="print the results as JSON instead of the table")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run in seconds: "
+                         + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+                         + " unless given (its figures mean nothing)")
     ap.add_argument("--_serve", help=argparse.SUPPRESS)
     ap.add_argument("--_task", help=argparse.SUPPRESS)
     ap.add_argument("--_generate", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick:
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args(argv)
     if args.isolation == "fork" and not hasattr(os, "fork"):
         args.isolation = "exec"
     return args
@@ -833,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
         log("warm-up: reading every file once ...")
         for info in files.values():
             with open(info["path"], "rb", buffering=0) as f:
-                shutil.copyfileobj(f, NullSink(), COPY_CHUNK)  # type: ignore[misc]
+                shutil.copyfileobj(f, NullSink(), COPY_CHUNK)  # type: ignore[misc,unused-ignore]
 
         imports: dict[str, Any] = {}
         if args.isolation == "fork":

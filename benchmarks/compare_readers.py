@@ -5,6 +5,8 @@ measured in one run over the fixtures and the corpus of real checkpoints.
 Usage::
 
     python benchmarks/compare_readers.py            # tests/data/fixtures + tests/data/corpus
+    python benchmarks/compare_readers.py --jobs 2   # two torch children at a time
+    python benchmarks/compare_readers.py --quick    # two of them: a smoke run
 
 For each file torch 2.13 reads (REFERENCE.json / the corpus manifest say so), it records
 whether ``torch.load(f, weights_only=True)`` reads it (torch's safe mode), whether
@@ -15,10 +17,12 @@ with a timeout, so that nothing a file does can touch this process.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torchless
@@ -58,15 +62,32 @@ def ours(path: Path) -> str:
     return "ok"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__ or ""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 epilog=doc.split("\n\n", 1)[-1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="torch children run at a time (1); the counts do not depend on it")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run in seconds: only the first fixture REFERENCE.json says "
+                         "weights_only=True refuses and the smallest corpus checkpoint")
+    args = ap.parse_args(argv)
     ref = json.loads((ROOT / "tests/data/fixtures/REFERENCE.json").read_text())
-    files = [ROOT / "tests/data/fixtures" / k for k, v in ref.items() if v["ok"]]
+    readable = [k for k, v in ref.items() if v["ok"]]
+    if args.quick:
+        readable = [next(k for k in readable if ref[k].get("weights_only") is False)]
+    files = [ROOT / "tests/data/fixtures" / k for k in readable]
     corpus = ROOT / "tests/data/corpus"
-    files += sorted(p for p in corpus.rglob("*") if p.is_file() and p.suffix in (
+    found = sorted(p for p in corpus.rglob("*") if p.is_file() and p.suffix in (
         ".pt", ".pth", ".bin", ".ckpt", ".tar", ".pkl") and "PROVENANCE" not in p.name)
-    rows = []
-    for path in files:
-        rows.append((path.relative_to(ROOT).as_posix(), weights_only(path), ours(path)))
+    if args.quick:
+        found = sorted(found, key=lambda p: p.stat().st_size)[:1]
+    files += found
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        torch_says = list(pool.map(weights_only, files))
+    rows = [(path.relative_to(ROOT).as_posix(), w, ours(path))
+            for path, w in zip(files, torch_says, strict=True)]
     wo = Counter(r[1] == "ok" for r in rows)
     tl = Counter(r[2] == "ok" for r in rows)
     both = sum(1 for r in rows if r[1] != "ok" and r[2] == "ok")

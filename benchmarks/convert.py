@@ -6,6 +6,7 @@ Usage::
     python benchmarks/convert.py                     # defaults: 512 MiB files, 3 repetitions
     python benchmarks/convert.py --mib 128 --many 500 --reps 2
     python benchmarks/convert.py --json > results.json
+    python benchmarks/convert.py --quick             # tiny files, 1 repetition: a smoke run
 
 It writes two checkpoints with ``torch.save`` into a temporary directory:
 
@@ -59,6 +60,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_read import Spec, human, log, save_with_torch
 
 MiB = 1 << 20
+#: What --quick sets (options given explicitly still win): seconds, not figures.
+QUICK = {"mib": 1, "big": 2, "many": 16, "reps": 1}
 METHODS = ("torchless", "torchless-nofsync", "torch", "cp", "cp+sync")
 FILES = ("f32", "bf16")
 
@@ -148,26 +151,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big", type=int, default=24, help="float32 matrices in the f32 file")
     p.add_argument("--many", type=int, default=2000, help="tensors in the bf16 file")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--files", default=",".join(FILES),
+                   help=f"comma-separated subset of {','.join(FILES)} (all)")
     p.add_argument("--dir", help="where to write the files (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run in seconds: "
+                        + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
+                        + " unless given (its figures mean nothing)")
     p.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
+    files = [f for f in args.files.split(",") if f]
+    if not files or set(files) - set(FILES):
+        p.error(f"--files: a comma-separated subset of {','.join(FILES)}")
     if args.generate:
-        save_with_torch(f32_tree(args.mib * MiB, args.big),
-                        {"zip": os.path.join(args.generate, "f32.pt")})
-        save_with_torch(bf16_tree(args.mib * MiB, args.many),
-                        {"zip": os.path.join(args.generate, "bf16.pt")})
+        if "f32" in files:
+            save_with_torch(f32_tree(args.mib * MiB, args.big),
+                            {"zip": os.path.join(args.generate, "f32.pt")})
+        if "bf16" in files:
+            save_with_torch(bf16_tree(args.mib * MiB, args.many),
+                            {"zip": os.path.join(args.generate, "bf16.pt")})
         return 0
 
     work = tempfile.mkdtemp(prefix="torchless-convert-", dir=args.dir)
     try:
-        paths = {name: os.path.join(work, f"{name}.pt") for name in FILES}
+        paths = {name: os.path.join(work, f"{name}.pt") for name in files}
         log(f"writing checkpoints into {work}")
         # in a child: this process must stay small, since a child inherits its peak RSS
         subprocess.run([sys.executable, __file__, "--generate", work, "--mib", str(args.mib),
-                        "--big", str(args.big), "--many", str(args.many)], check=True)
+                        "--big", str(args.big), "--many", str(args.many),
+                        "--files", ",".join(files)], check=True)
         results: dict[str, Any] = {}
         for name in FILES:
+            if name not in paths:
+                continue
             src = paths[name]
             warm(src)
             size = os.path.getsize(src)

@@ -5,6 +5,7 @@ Usage::
 
     python benchmarks/remote_batch.py                 # 512 MiB remote file, 24 x 16 MiB batch
     python benchmarks/remote_batch.py --mib 1024 --files 48 --reps 3
+    python benchmarks/remote_batch.py --quick         # tiny files, 1 repetition: a smoke run
 
 * **remote**: a checkpoint written by ``torch.save`` is served by a local HTTP server with
   real ``Range`` support that counts requests and bytes sent. Reported: requests and bytes
@@ -20,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -36,6 +38,8 @@ from pathlib import Path
 import torchless
 
 MiB = 1 << 20
+#: What --quick sets (options given explicitly still win): seconds, not figures.
+QUICK = {"mib": 1, "files": 2, "mib_each": 1, "reps": 1}
 
 
 class _Server(ThreadingHTTPServer):
@@ -77,22 +81,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 _WRITE = """
-import sys, torch
-mib, count, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-g = torch.Generator().manual_seed(0)
-per = max(1, mib * (1 << 20) // count // 4)
-sd = {f"layers.{i}.weight": torch.randn(per, generator=g) for i in range(count)}
-torch.save({"model": sd, "epoch": 3, "optimizer": {"lr": 0.1}}, path)
+import json, sys, torch
+for mib, count, path in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(0)
+    per = max(1, mib * (1 << 20) // count // 4)
+    sd = {f"layers.{i}.weight": torch.randn(per, generator=g) for i in range(count)}
+    torch.save({"model": sd, "epoch": 3, "optimizer": {"lr": 0.1}}, path)
 """
 
 
-def write(mib: int, count: int, path: Path) -> None:
-    subprocess.run([sys.executable, "-c", _WRITE, str(mib), str(count), str(path)], check=True)
+def write(jobs: list[tuple[int, int, Path]]) -> None:
+    """torch.save each (MiB, tensor count, path), all in one child (one import of torch)."""
+    spec = json.dumps([(mib, count, str(path)) for mib, count, path in jobs])
+    subprocess.run([sys.executable, "-c", _WRITE, spec], check=True)
 
 
-def remote(work: Path, mib: int, reps: int) -> None:
+def remote(work: Path, reps: int) -> None:
     src = work / "big.pt"
-    write(mib, 128, src)
     size = src.stat().st_size
     server = _Server(work)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -127,11 +132,8 @@ def remote(work: Path, mib: int, reps: int) -> None:
         server.server_close()
 
 
-def batch(work: Path, files: int, mib_each: int, reps: int) -> None:
+def batch(work: Path, files: int, reps: int) -> None:
     d = work / "many"
-    d.mkdir()
-    for i in range(files):
-        write(mib_each, 8, d / f"m{i:03d}.pt")
     total = sum(p.stat().st_size for p in d.glob("*.pt"))
     cpus = os.cpu_count() or 1
     base = None
@@ -160,11 +162,21 @@ def main() -> int:
     p.add_argument("--files", type=int, default=24, help="checkpoints in the batch")
     p.add_argument("--mib-each", type=int, default=16, help="size of each batch checkpoint")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run in seconds: "
+                        + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+                        + " unless given (its figures mean nothing)")
     args = p.parse_args()
+    if args.quick:
+        p.set_defaults(**QUICK)
+        args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="torchless-remote-"))
     try:
-        remote(work, args.mib, args.reps)
-        batch(work, args.files, args.mib_each, args.reps)
+        (work / "many").mkdir()
+        write([(args.mib, 128, work / "big.pt"),
+               *((args.mib_each, 8, work / "many" / f"m{i:03d}.pt") for i in range(args.files))])
+        remote(work, args.reps)
+        batch(work, args.files, args.reps)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

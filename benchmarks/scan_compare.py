@@ -6,6 +6,7 @@ Usage::
     python3 -m venv /tmp/scanvenv && /tmp/scanvenv/bin/pip install picklescan modelscan
     python benchmarks/scan_compare.py /tmp/scanvenv
     python benchmarks/scan_compare.py /tmp/scanvenv --hostile /tmp/hostile --extra DIR --json
+    python benchmarks/scan_compare.py "$VIRTUAL_ENV" --quick   # a few files: a smoke run
 
 The files and what each must get (the labels come from the hostile manifest, the corpus
 provenance and REFERENCE.json, never from a scanner):
@@ -28,7 +29,12 @@ global or an anomaly), ``error`` (the tool could not scan it: picklescan scan er
 scanned, modelscan errors or nothing scanned, torchless exit code 2), or ``clean``. A *miss* is
 a must-flag file reported clean; an *unscanned* one is a must-flag file the tool gave up on
 (an error the caller may or may not treat as a failure); a *false alarm* is a must-not-flag
-file flagged.
+file flagged. A scanner that VENV's interpreter cannot import is reported as ``not installed``
+(in the table, and as that string in place of its outcomes with ``--json``).
+
+``--quick`` generates only the hostile cases whose id contains ``tar_`` (no torch controls)
+and grades at most 3 files of each kind (to flag, not to flag) per set: it checks that the
+comparison runs, in seconds; its counts mean nothing.
 """
 
 from __future__ import annotations
@@ -40,12 +46,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 CHECKPOINT_MAGICS = {"zip", "pickle", "tar", "4c31313935343730"}
+NOT_INSTALLED = "not installed"
+#: --quick: make_hostile.py --only this (a few payloads and a benign TAR, all cheap to write),
+#: and at most this many files of each kind per set.
+QUICK_ONLY = "tar_"
+QUICK_LIMIT = 3
 
 #: Corpus samples that are not payloads, and those graded neither way.
 CORPUS_BENIGN = {
@@ -65,6 +77,11 @@ warnings.simplefilter("ignore")
 tool = sys.argv[1]
 paths = json.load(sys.stdin)
 out = []
+try:
+    __import__("picklescan.scanner" if tool == "picklescan" else "modelscan.modelscan")
+except ImportError as e:
+    json.dump({"not_installed": str(e)}, sys.stdout)
+    sys.exit(0)
 if tool == "picklescan":
     from picklescan.scanner import scan_file_path
     def run(p):
@@ -101,8 +118,9 @@ def expectation(case: dict[str, Any]) -> str:
     return "clean" if case["expected"] == "read-safely" else "other"
 
 
-def labelled_files(hostile: list[Path]) -> list[tuple[str, str, str]]:
-    """(set name, path, 'flag' | 'clean') for every graded file."""
+def labelled_files(hostile: list[Path], limit: int | None = None) -> list[tuple[str, str, str]]:
+    """(set name, path, 'flag' | 'clean') for every graded file (with ``limit``: only the first
+    ``limit`` of each kind in each set)."""
     out: list[tuple[str, str, str]] = []
     for root in hostile:
         manifest = json.loads((root / "manifest.json").read_text())
@@ -124,6 +142,14 @@ def labelled_files(hostile: list[Path]) -> list[tuple[str, str, str]]:
     for rel, ref in sorted(reference.items()):
         if ref["magic"] in CHECKPOINT_MAGICS:
             out.append(("fixtures", str(fixtures / rel), "clean"))
+    if limit is not None:
+        seen: Counter[tuple[str, str]] = Counter()
+        limited = []
+        for name, file, want in out:
+            seen[name, want] += 1
+            if seen[name, want] <= limit:
+                limited.append((name, file, want))
+        out = limited
     return out
 
 
@@ -138,46 +164,70 @@ def run_torchless(paths: list[str]) -> dict[str, tuple[str, float]]:
     return out
 
 
-def run_foreign(venv: Path, tool: str, paths: list[str]) -> dict[str, tuple[str, float]]:
+def venv_python(venv: Path) -> Path:
+    for name in ("python", "python3"):
+        if (venv / "bin" / name).is_file():
+            return venv / "bin" / name
+    raise SystemExit(f"{venv} has no bin/python: give the venv the scanners are installed in")
+
+
+def run_foreign(venv: Path, tool: str,
+                paths: list[str]) -> dict[str, tuple[str, float]] | None:
+    """Per-file (outcome, seconds) of ``tool`` run by VENV's interpreter; None if that
+    interpreter cannot import it."""
     with tempfile.TemporaryDirectory() as cwd:  # tools that write reports write them here
-        cp = subprocess.run([str(venv / "bin" / "python"), "-c", _FOREIGN, tool],
+        cp = subprocess.run([str(venv_python(venv)), "-c", _FOREIGN, tool],
                             input=json.dumps(paths), capture_output=True, text=True, cwd=cwd,
                             check=False, timeout=3600)
     if cp.returncode:
         raise SystemExit(f"{tool} runner failed: {cp.stderr[-2000:]}")
-    return {p: (outcome, seconds) for p, outcome, seconds in json.loads(cp.stdout)}
+    got = json.loads(cp.stdout)
+    if isinstance(got, dict) and "not_installed" in got:
+        return None
+    return {p: (outcome, seconds) for p, outcome, seconds in got}
 
 
-def generate(out: Path) -> Path:
+def generate(out: Path, only: str | None = None) -> Path:
     cmd = [sys.executable, str(SHARED / "hostile" / "make_hostile.py"), "--out", str(out)]
-    try:
-        import torch  # noqa: F401
+    if only is not None:
+        cmd += ["--only", only]  # and no torch controls: none has a quick id
+    else:
+        try:
+            import torch  # noqa: F401
 
-        cmd += ["--torch-benign", sys.executable]
-    except ImportError:
-        pass
+            cmd += ["--torch-benign", sys.executable]
+        except ImportError:
+            pass
     subprocess.run(cmd, check=True, capture_output=True, cwd=out)
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("venv", type=Path, help="venv with picklescan and modelscan installed")
+    ap.add_argument("venv", type=Path,
+                    help="venv with picklescan and modelscan installed (a scanner its python "
+                         "cannot import is reported as 'not installed')")
     ap.add_argument("--hostile", type=Path, help="an existing make_hostile.py output directory")
     ap.add_argument("--extra", type=Path, action="append", default=[],
                     help="another make_hostile-style directory to grade (repeatable)")
     ap.add_argument("--json", action="store_true", help="print per-file outcomes as JSON")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a smoke run in seconds: only the hostile cases whose id contains "
+                         f"{QUICK_ONLY!r}, at most {QUICK_LIMIT} files of each kind per set "
+                         f"(its counts mean nothing)")
     args = ap.parse_args()
+    venv_python(args.venv)  # a wrong VENV fails before the scans, not after
     with tempfile.TemporaryDirectory() as tmp:
-        hostile = args.hostile or generate(Path(tmp))
-        files = labelled_files([hostile, *args.extra])
+        hostile = args.hostile or generate(Path(tmp), QUICK_ONLY if args.quick else None)
+        files = labelled_files([hostile, *args.extra], QUICK_LIMIT if args.quick else None)
         paths = [p for _, p, _ in files]
-        results = {"torchless": run_torchless(paths)}
+        results: dict[str, dict[str, tuple[str, float]] | None] = {
+            "torchless": run_torchless(paths)}
         for tool in ("picklescan", "modelscan"):
             results[tool] = run_foreign(args.venv, tool, paths)
     if args.json:
-        json.dump({tool: {p: list(v) for p, v in r.items()} for tool, r in results.items()},
-                  sys.stdout, indent=1)
+        json.dump({tool: NOT_INSTALLED if r is None else {p: list(v) for p, v in r.items()}
+                   for tool, r in results.items()}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
     must = [p for _, p, w in files if w == "flag"]
@@ -189,6 +239,9 @@ def main() -> int:
           "errors on benign | seconds |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for tool, r in results.items():
+        if r is None:
+            print(f"| {tool} |" + f" {NOT_INSTALLED} |" * 5)
+            continue
         missed = [p for p in must if r[p][0] == "clean"]
         unscanned = [p for p in must if r[p][0] == "error"]
         false = [p for p in benign if r[p][0] == "flagged"]
@@ -198,6 +251,9 @@ def main() -> int:
               f"{len(benign_err)} | {seconds:.2f} |")
     print()
     for tool, r in results.items():
+        if r is None:
+            print(f"{tool}: {NOT_INSTALLED} in {args.venv}")
+            continue
         missed = [os.path.basename(p) for p in must if r[p][0] == "clean"]
         false = [os.path.basename(p) for p in benign if r[p][0] == "flagged"]
         print(f"{tool} misses: {', '.join(missed) or '-'}")
