@@ -11,11 +11,12 @@ import tracemalloc
 import zipfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
 import torchless
-from torchless import _safetensors
+from torchless import _safetensors, _tensor
 from torchless._errors import CheckpointError, ChecksumError
 from torchless._limits import Limits
 from torchless._source import Source
@@ -114,6 +115,40 @@ def test_deflated_memory_is_bounded(torch: ModuleType, tg: ModuleType,  # noqa: 
         tracemalloc.stop()
     assert peak < 20 * MiB, f"peak {peak / MiB:.1f} MiB while converting a 64 MiB tensor"
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+def test_deflated_views_are_inflated_once_into_a_spill_file(
+        torch: ModuleType, tg: ModuleType, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Strided views and slices of one deflated 64 MiB storage: the storage is inflated once,
+    into a temporary file read through a map, not into memory and not once per view."""
+    g = torch.Generator().manual_seed(2)
+    big = torch.randint(0, 1 << 12, (16 * MiB,), generator=g, dtype=torch.int32).float()
+    square = big.view(4096, 4096)
+    obj = {"t": square.t(), "even_rows": square[::2], "q": square[:100], "k": square[100:300]}
+    plain, packed = _pair(torch, tg, tmp_path, obj)
+    del big, square, obj
+    torchless.convert(plain, tmp_path / "a.safetensors")
+    inflated: list[str] = []
+    spill = _tensor.Storage.spill
+
+    def counting(self: _tensor.Storage, *args: Any, **kwargs: Any) -> None:
+        if self.streams:
+            inflated.append(self.key)
+        spill(self, *args, **kwargs)
+
+    monkeypatch.setattr(_tensor.Storage, "spill", counting)
+    tracemalloc.start()
+    try:
+        torchless.convert(packed, tmp_path / "b.safetensors")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert inflated == ["0"]
+    assert peak < 40 * MiB, f"peak {peak / MiB:.1f} MiB for views of a 64 MiB storage"
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if "torchless" in p.name]  # spill file unlinked
+    assert torchless.verify(packed, tmp_path / "b.safetensors").ok
 
 
 def _corrupt(packed: Path, member: str, edit: str) -> Path:

@@ -168,8 +168,18 @@ def raw_view(t: Tensor) -> np.ndarray[Any, Any]:
     return view
 
 
-def chunks(t: Tensor) -> Iterator[bytes | memoryview]:
-    """The tensor's bytes, contiguous row-major little-endian, in blocks of bounded size."""
+def chunks(t: Tensor, spill_dir: str | None = None) -> Iterator[bytes | memoryview]:
+    """The tensor's bytes, contiguous row-major little-endian, in blocks of bounded size.
+
+    A compressed (or remote) storage is streamed when the tensor is all of it, contiguous
+    and little-endian; otherwise it is inflated once into a temporary file in ``spill_dir``
+    and read through a map (:meth:`Storage.spill`), so memory stays bounded either way and
+    views sharing the storage do not inflate it again each."""
+    if t.storage.streams:
+        if _is_plain(t) and t.nbytes == t.storage.nbytes:
+            yield from t.storage.iter_bytes(0, t.nbytes, INFLATE_CHUNK_BYTES)
+            return
+        t.storage.spill(spill_dir)
     view = raw_view(t)
     swap = view.dtype.byteorder == ">"
     for block in _blocks(view):
@@ -297,7 +307,7 @@ def write_atomic(
             writer = _Writer(fd, src_fd, progress, release)
             writer.write(header)
             for p in planned:
-                _write_tensor(writer, p, file_offset)
+                _write_tensor(writer, p, file_offset, directory)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -312,17 +322,17 @@ def write_atomic(
     return writer.done
 
 
-def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None) -> None:
+def _is_plain(t: Tensor) -> bool:
+    """Contiguous and little-endian: the tensor's bytes are one range of its storage."""
+    return t.is_contiguous() and (t.storage.byteorder == "little" or _unit(t) == 1)
+
+
+def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None,
+                  spill_dir: str) -> None:
     t = p.tensor
     start = writer.done
-    if t.nbytes and t.is_contiguous() and (t.storage.byteorder == "little"
-                                           or _unit(t) == 1):
+    if t.nbytes and _is_plain(t) and not t.storage.streams:
         begin = t.storage_offset * t.dtype.itemsize
-        if t.storage.streams:  # compressed in the file: inflated block by block, not kept
-            for block in t.storage.iter_bytes(begin, begin + t.nbytes, INFLATE_CHUNK_BYTES):
-                writer.write(block)
-            _check_written(writer, start, p)
-            return
         offset = file_offset(t) if file_offset is not None else None
         buf = t.storage.buffer()
         mapped = memoryview(buf)[begin:begin + t.nbytes]
@@ -331,7 +341,7 @@ def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None) -
         else:
             writer.write(mapped)
     else:
-        for block in chunks(t):
+        for block in chunks(t, spill_dir):
             writer.write(block)
     _check_written(writer, start, p)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import mmap
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,6 +89,22 @@ class Storage:
             if lo < hi:
                 yield block if (lo, hi) == (pos, pos + n) else memoryview(block)[lo - pos:hi - pos]
             pos += n
+
+    def spill(self, directory: str | None = None, chunk: int = 1 << 24) -> None:
+        """Inflate (or fetch) a streamed storage once into an unlinked temporary file in
+        ``directory`` (the system's temporary directory if None) and view it through a map
+        from then on: strided or byte-swapped tensors then read it at random without holding
+        it in memory. Does nothing for a storage that does not stream."""
+        if not self.streams:
+            return
+        if self.nbytes == 0:
+            self._buffer = b""
+            return
+        with tempfile.TemporaryFile(dir=directory, prefix=".torchless-") as f:
+            for block in self.iter_bytes(0, self.nbytes, chunk):
+                f.write(block)
+            f.flush()
+            self._buffer = memoryview(mmap.mmap(f.fileno(), self.nbytes, access=mmap.ACCESS_READ))
 
     def native_buffer(self, unit: int) -> memoryview | bytes:
         """The bytes in this machine's order for elements of ``unit`` bytes.
