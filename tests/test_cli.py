@@ -52,7 +52,8 @@ def test_error_is_one_line_and_exit_1(tmp_path: Path) -> None:
     bad.write_bytes(b"<html><body>Not Found</body></html>")
     out = run("inspect", str(bad))
     assert out.returncode == 1
-    assert out.stderr.count("\n") == 1
+    assert out.stderr.count("\n") == 2  # the error, then what to do about it
+    assert out.stderr.splitlines()[1].startswith("torchless: hint: ")
     assert "HTML" in out.stderr and "Traceback" not in out.stderr
 
 

@@ -408,7 +408,8 @@ def test_cli_convert_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert doc["tensors"] == 26 and doc["verify"]["ok"] and doc["dst"] == str(dst)
     assert main(["convert", str(src), "-o", str(dst)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("torchless: error:") and "exists" in err and err.count("\n") == 1
+    assert err.startswith("torchless: error:") and "exists" in err and err.count("\n") == 2
+    assert err.splitlines()[1].startswith("torchless: hint: ") and "--force" in err
     assert main(["verify", str(src), str(dst)]) == 0
     assert "identical (26 tensors match" in capsys.readouterr().out
     assert main(["convert", str(src), "-o", str(tmp_path / "sd.st"), "--key",

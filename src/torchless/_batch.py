@@ -32,6 +32,9 @@ from ._errors import CheckpointError, ConversionError
 __all__ = ["BatchResult", "batch", "expand"]
 
 Op = Literal["convert", "scan", "inspect"]
+_BUG_HINT = ("torchless should have reported this as one of its own errors: please report "
+             "it, with the file if you can share it")
+_OS_HINT = "check that the file is readable and that the output directory is writable"
 #: Names a directory walk picks up.
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".pkl", ".pickle")
 
@@ -42,8 +45,9 @@ class BatchResult:
 
     ``status``: ``done``, ``skipped`` (convert: a verified output already there), ``refused``
     (torchless will not read it: not a checkpoint, hostile, unsupported …) or ``failed``
-    (anything else, with the error). ``detail`` holds the operation's own summary (the
-    conversion report, the scan verdict, the inspect summary)."""
+    (anything else). A result that is not ok has the ``error`` and a ``hint``: what to do.
+    ``detail`` holds the operation's own summary (the conversion report, the scan verdict,
+    the inspect summary)."""
 
     path: str
     op: str
@@ -52,6 +56,8 @@ class BatchResult:
     output: str | None = None
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    #: What the user can do about ``error`` (see :attr:`CheckpointError.hint`).
+    hint: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -84,14 +90,16 @@ def run_one(path: str, op: Op, options: dict[str, Any]) -> BatchResult:
         status, output, detail = _OPS[op](path, dict(options))
         return BatchResult(path, op, status, time.monotonic() - started, output, None, detail)
     except CheckpointError as e:
-        return BatchResult(path, op, "refused", time.monotonic() - started, None, str(e))
+        return BatchResult(path, op, "refused", time.monotonic() - started, None, str(e),
+                           hint=e.hint)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # one file's failure must not stop the batch
         last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
         where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
         return BatchResult(path, op, "failed", time.monotonic() - started, None,
-                           f"{type(e).__name__}: {e}{where}")
+                           f"{type(e).__name__}: {e}{where}",
+                           hint=_OS_HINT if isinstance(e, OSError) else _BUG_HINT)
 
 
 def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
@@ -102,14 +110,18 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[
     if resume and not options.get("force") and os.path.exists(dst):
         try:
             report = verify(path, dst, key=options.get("key"),
-                            skip_unsupported=bool(options.get("skip_unsupported")))
+                            skip_unsupported=bool(options.get("skip_unsupported")),
+                            limits=options.get("limits"))
         except CheckpointError:
             report = None
         if report is not None and report.ok:
             return "skipped", dst, {"reason": "the output exists and verifies",
                                     "tensors": len(report.matched)}
         raise ConversionError("the output file exists and does not match the source (use "
-                              "force=True / --force to replace it)", path=dst)
+                              "force=True / --force to replace it)", path=dst,
+                              hint="an earlier run was interrupted, or the output was made "
+                                   "from another source: check it, then convert again with "
+                                   "--force / force=True")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpaqueObjectWarning)
         done = convert(path, dst, **options)
@@ -201,5 +213,7 @@ def _run(files: Sequence[str], op: Op, options: dict[str, Any],
             result = future.result()
         except BaseException as e:  # a worker died: that file failed
             result = BatchResult(files[i], op, "failed", 0.0, None,
-                                 f"the worker running it failed ({type(e).__name__}: {e})")
+                                 f"the worker running it failed ({type(e).__name__}: {e})",
+                                 hint="the worker process died (out of memory?): run this "
+                                      "file alone, with fewer workers (-j)")
         yield i, result

@@ -130,7 +130,9 @@ def open(
         raise LimitError("memory", 0, 0, "out of memory", path=label) from e
     except Exception as e:  # a bug of ours must still surface as our error
         raise CheckpointError(f"internal error while reading ({type(e).__name__}: {e}); "
-                              "please report this file", path=label) from e
+                              "please report this file", path=label,
+                              hint="this is a bug in torchless: please report it, with the "
+                                   "file if you can share it") from e
 
 
 def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
@@ -225,25 +227,33 @@ def load(
         torch = sys.modules.get("torch")
         if torch is None:
             raise UnsupportedError("tensors='torch' needs torch imported by your program "
-                                   "(torchless never imports it): add `import torch` first")
+                                   "(torchless never imports it): add `import torch` first",
+                                   hint="add `import torch` to your program before this "
+                                        "call, or use tensors='numpy'")
     lim = limits if limits is not None else Limits()
     ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals)
     try:
         if ckpt.unsupported:
             name, kind = next(iter(ckpt.unsupported.items()))
-            raise UnsupportedError(f"{kind} tensors are not supported", path=ckpt.path,
-                                   member=name)
+            raise UnsupportedError(
+                f"{kind} tensors are not supported", path=ckpt.path, member=name,
+                hint="torchless.load needs every tensor; torchless.open(FILE) reads the others "
+                     "(Checkpoint.tensors) and lists these in Checkpoint.unsupported")
         cache: dict[int, Any] = {}
 
         def leaf(t: Any) -> Any:
             out = cache.get(id(t))
             if out is None:
-                if torch is not None:
-                    out = to_torch(t, torch)
-                else:
-                    out = t.numpy()
-                    if copy:
-                        out = np.array(out)
+                try:
+                    if torch is not None:
+                        out = to_torch(t, torch)
+                    else:
+                        out = t.numpy()
+                        if copy:
+                            out = np.array(out)
+                except CheckpointError as e:  # name the tensor
+                    name = next((k for k, v in ckpt.tensors.items() if v is t), None)
+                    raise e.add_context(member=name) from None
                 cache[id(t)] = out
             return out
 

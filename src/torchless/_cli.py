@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import _checkpoint, _convert
 from ._errors import CheckpointError
 from ._graph import ModuleDict
+from ._limits import Limits
 from ._tensor import Tensor, UnsupportedTensor
 from ._values import Global, Opaque
 from ._version import __version__
@@ -139,7 +140,38 @@ def _report_text(report: _convert.ConversionReport, out: Any) -> None:
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
-            "max_shard_size": args.max_shard_size, "tree": not args.weights_only}
+            "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
+            "limits": _limits(args)}
+
+
+def _limit(text: str) -> tuple[str, int]:
+    """``--limit NAME=N``: one field of :class:`Limits`."""
+    name, sep, value = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not name.startswith("max_"):
+        name = "max_" + name
+    fields = Limits.__dataclass_fields__
+    if not sep or name not in fields:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=N with NAME one of {', '.join(sorted(fields))}, not {text!r}")
+    try:
+        n = int(value.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: {value!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{name}: must not be negative")
+    return name, n
+
+
+def _add_limit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit", action="append", default=[], type=_limit, metavar="NAME=N",
+        help="raise (or lower) a resource limit for a file you trust, e.g. --limit "
+             "max_tensors=2000000 (repeatable; NAME: a field of torchless.Limits)")
+
+
+def _limits(args: argparse.Namespace) -> Limits | None:
+    return Limits(**dict(args.limit)) if args.limit else None
 
 
 def _quiet_convert(src: str, dst: str | None, **options: Any) -> _convert.ConversionReport:
@@ -212,12 +244,13 @@ def _run_batch(args: argparse.Namespace) -> int:
 def _batch_doc(result: Any) -> dict[str, Any]:
     return {"src": result.path, "ok": result.ok, "status": result.status,
             "dst": result.output, "error": result.error,
+            **({"hint": result.hint} if result.error is not None else {}),
             "seconds": round(result.seconds, 3), **result.detail}
 
 
 def _batch_line(doc: dict[str, Any], as_json: bool) -> None:
     if not doc["ok"]:
-        sys.stderr.write(f"torchless: error: {doc['error']}\n")
+        _print_error(doc["error"], doc.get("hint"))
     elif not as_json and doc["status"] == "skipped":
         sys.stdout.write(f"{doc['dst']}: already converted (verified)\n")
     elif not as_json:
@@ -239,16 +272,17 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
                              + (f", {len(d['opaque_globals'])} opaque classes"
                                 if d["opaque_globals"] else "") + "\n")
         else:
-            sys.stderr.write(f"torchless: error: {r.error}\n")
+            _print_error(r.error, r.hint)
 
-    options = {"strict": args.strict, "allow_globals": tuple(args.allow_global)}
+    options = {"strict": args.strict, "allow_globals": tuple(args.allow_global),
+               "limits": _limits(args)}
     with _workers(args.jobs) as pool:
         results = batch(args.file, "inspect", pool, on_result=show, **options)
     return 0 if all(r.ok for r in results) else 1
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    report = _convert.verify(args.src, args.dst, key=args.key)
+    report = _convert.verify(args.src, args.dst, key=args.key, limits=_limits(args))
     if args.json:
         json.dump(_verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -262,7 +296,8 @@ def _run_scan(args: argparse.Namespace) -> int:
     from ._scan import format_table, scan_paths
 
     with _workers(args.jobs) as pool:
-        report = scan_paths(args.paths, strict=args.strict, executor=pool)
+        report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),
+                            executor=pool)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
@@ -433,6 +468,7 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--all", action="store_true", help="list every tensor (default: 100)")
     ins.add_argument("--strict", action="store_true",
                      help="refuse every global outside the rebuild rules")
+    _add_limit(ins)
     ins.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
                      help="keep this refused global as an inert record (repeatable)")
     conv = sub.add_parser(
@@ -466,6 +502,7 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--weights-only", action="store_true",
                       help="write the tensors only, not the rest of the object (epochs, "
                            "optimizer state, configs …) as an inert tree")
+    _add_limit(conv)
     conv.add_argument("--json", action="store_true", help="print a JSON summary")
     ver = sub.add_parser(
         "verify", help="compare a checkpoint with a safetensors file",
@@ -477,6 +514,7 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json")
     ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
     ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
+    _add_limit(ver)
     ver.add_argument("--json", action="store_true", help="print a JSON report")
     sc = sub.add_parser(
         "scan", help="list every global and container trick in files, without running them",
@@ -493,11 +531,20 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--json", action="store_true", help="print a JSON report")
     sc.add_argument("--strict", action="store_true",
                     help="count every global outside the rebuild rules as dangerous")
+    _add_limit(sc)
     sc.add_argument("-v", "--verbose", action="store_true",
                     help="list every global (not only dangerous ones) and skipped files")
     sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                     help="scan files in N worker processes (default 1)")
     return p
+
+
+def _print_error(error: str | None, hint: str | None) -> None:
+    # one line each, whatever names from the file hold
+    for label, text in (("error", error), ("hint", hint)):
+        if text:
+            text = text.replace("\r", "\\r").replace("\n", "\\n")
+            sys.stderr.write(f"torchless: {label}: {text}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -519,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_inspect_many(args)
         if args.command == "inspect":
             ckpt = _checkpoint.open(args.file[0], strict=args.strict,
-                                    allow_globals=args.allow_global)
+                                    allow_globals=args.allow_global, limits=_limits(args))
             with ckpt:
                 if args.json:
                     json.dump(_inspect_json(ckpt), sys.stdout, indent=1)
@@ -534,12 +581,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_scan(args)
         return 0
     except CheckpointError as e:
-        sys.stderr.write(f"torchless: error: {e}\n")
+        _print_error(str(e), e.hint)
         return 1
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as e:  # a file of ours (the --report file)
+        where = f"{e.filename}: " if e.filename else ""
+        _print_error(f"{where}{e.strerror or e}",
+                     "check that the path exists, is not a directory and that you may write "
+                     "there")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("torchless: interrupted\n")
         return 130

@@ -55,7 +55,11 @@ class PlainPickle:
         value, end = run_pickle(src.raw, resolver, self.limits)
         if end != src.size:
             raise PickleError(f"{src.size - end} bytes after the pickle's STOP opcode "
-                              "(never interpreted)", offset=end)
+                              "(never interpreted)", offset=end,
+                              hint="a plain pickle checkpoint is one pickle; more data after "
+                                   "it is a legacy torch file with a damaged magic number, "
+                                   "or a second pickle hidden from readers that stop at the "
+                                   "first: get the file again and do not torch.load it")
         return value
 
     def describe(self, resolver: TorchResolver) -> dict[str, Any]:

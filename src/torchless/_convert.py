@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import _checkpoint, _graph, _inert, _inert_write
-from ._errors import CheckpointError, ConversionError, FormatError
+from ._errors import EXISTS_HINT, CheckpointError, ConversionError, FormatError
 from ._limits import Limits
 from ._remote import is_remote
 from ._safetensors import (
@@ -123,7 +123,10 @@ def _select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Te
             keys = sorted({n.split(".", 1)[0] for n in ckpt.tensors})
         shown = ", ".join(repr(k) for k in keys[:50]) + (" …" if len(keys) > 50 else "")
         raise ConversionError(f"no tensors under key {key!r}; the top-level keys are: "
-                              f"{shown or '(none)'}", path=ckpt.path)
+                              f"{shown or '(none)'}", path=ckpt.path,
+                              hint="pass one of those keys (dotted for deeper ones: "
+                                   "state_dict.encoder), or no key; `torchless inspect "
+                                   "FILE` lists every tensor name")
     return tensors, unsupported
 
 
@@ -184,7 +187,9 @@ def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
         more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
         raise ConversionError(
             f"safetensors cannot hold {len(bad)} tensor(s): {listed}{more} "
-            "(skip them with skip_unsupported=True / --skip-unsupported)", path=spath)
+            "(skip them with skip_unsupported=True / --skip-unsupported)", path=spath,
+            hint="add --skip-unsupported (skip_unsupported=True) to write the other tensors; "
+                 "the report lists what was left out")
     tensors = {n: t for n, t in tensors.items() if n not in bad}
     metadata = {"format": "pt", "source": os.path.basename(spath)}
     aliases = _aliases(tensors, {*metadata, _inert.FORMAT_KEY, _inert.TREE_KEY}
@@ -262,23 +267,31 @@ def convert(
     except CheckpointError:
         raise
     except MemoryError as e:
-        raise ConversionError("out of memory while converting", path=spath) from e
+        raise ConversionError("out of memory while converting", path=spath,
+                              hint="close other programs or convert on a machine with more "
+                                   "memory") from e
     except Exception as e:  # a bug of ours must still surface as our error
         raise ConversionError(f"internal error while converting ({type(e).__name__}: {e}); "
-                              "please report this file", path=spath) from e
+                              "please report this file", path=spath,
+                              hint="this is a bug in torchless: please report it, with the "
+                                   "file if you can share it") from e
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              skip_unsupported: bool, verify: bool, limits: Limits | None,
              progress: Callable[[int, int], None] | None, tree: bool) -> ConversionReport:
     started = time.monotonic()
+    if os.path.isdir(dpath):
+        raise ConversionError("the output path is a directory", path=dpath,
+                              hint="name the output file, e.g. -o DIR/model.safetensors (dst=...)")
     if not force and os.path.lexists(dpath):
         raise ConversionError("the output file exists (use force=True / --force to replace "
-                              "it)", path=dpath)
+                              "it)", path=dpath, hint=EXISTS_HINT)
     with _checkpoint.open(spath, limits=limits) as ckpt:
         try:
             if os.path.exists(dpath) and os.path.samefile(spath, dpath):
-                raise ConversionError("the output path is the source file", path=dpath)
+                raise ConversionError("the output path is the source file", path=dpath,
+                                      hint="give another output path with -o / dst")
         except OSError:
             pass
         written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
@@ -297,7 +310,10 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
         if not checked.ok:
             os.unlink(dpath)
             raise ConversionError(f"verification failed: {_summary(checked)}; the output "
-                                  "was removed", path=dpath)
+                                  "was removed", path=dpath,
+                                  hint="the source changed while it was converted, or this "
+                                       "is a bug in torchless: run again, and report it if "
+                                       "it persists")
     return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
                             MappingProxyType(aliases), time.monotonic() - started, checked,
                             (dpath,), opaque)
@@ -368,8 +384,9 @@ def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
         return write_atomic(path, header, planned, force=force, src_fd=src_fd,
                             file_offset=file_offset, progress=report,
                             release=ckpt._source.release)
-    except CheckpointError as e:
-        raise e.add_context(path=path) from None
+    except CheckpointError as e:  # writing DST, or reading SRC (a damaged member …)
+        raise e.add_context(path=path if isinstance(e, ConversionError) else ckpt.path
+                            ) from None
     finally:
         if src_fd is not None:
             os.close(src_fd)

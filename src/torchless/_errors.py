@@ -22,9 +22,16 @@
 
 Errors raised deep inside a layer do not know the file they came from; the
 layer that opened the file fills in ``path`` (and ``member``) on the way out.
+
+Every error also carries a ``hint``: what the user can do about it. Each class has a
+default; a raise site that knows more passes ``hint=``. ``str(e)`` is the location and
+the message; the command line prints the hint on a second line, JSON outputs carry it as
+``"hint"``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "AmbiguousArchiveError",
@@ -52,8 +59,12 @@ class CheckpointError(Exception):
 
     ``message`` says what was wrong; ``path``, ``member`` (an archive member or
     a tensor name) and ``offset`` (a byte offset inside the member or file)
-    say where, when known.
+    say where, when known; ``hint`` says what the user can do.
     """
+
+    #: What the user can do; each subclass has its own, a raise site may pass a better one.
+    hint: str = ("check that the path names a PyTorch checkpoint you can read; "
+                 "`torchless scan FILE` shows what a file holds without running it")
 
     def __init__(
         self,
@@ -62,12 +73,15 @@ class CheckpointError(Exception):
         path: str | None = None,
         member: str | None = None,
         offset: int | None = None,
+        hint: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.path = path
         self.member = member
         self.offset = offset
+        if hint is not None:
+            self.hint = hint
 
     def add_context(
         self, *, path: str | None = None, member: str | None = None
@@ -78,6 +92,11 @@ class CheckpointError(Exception):
         if self.member is None and member is not None:
             self.member = member
         return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the default rebuilds with cls(*args), which subclasses with other signatures
+        # (LimitError) cannot take; rebuild from the attributes instead, hint included
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
 
     def __str__(self) -> str:
         where = []
@@ -91,48 +110,101 @@ class CheckpointError(Exception):
         return f"{loc}: {self.message}" if loc else self.message
 
 
+def _rebuild(cls: type[CheckpointError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> CheckpointError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
+
 class FormatError(CheckpointError, ValueError):
     """The bytes are not a checkpoint, or the container is corrupt or inconsistent."""
+
+    hint = (
+        "the file is damaged or is not a PyTorch checkpoint: download or copy it again "
+        "from its source; `torchless scan FILE` shows what it holds")
 
 
 class TruncatedInputError(FormatError):
     """The input ends before a length it declares."""
 
+    hint = (
+        "the file is cut short (an interrupted download or copy?): fetch it again and "
+        "compare its size with the original")
+
 
 class NotACheckpointError(FormatError):
     """The input is some other kind of file; the message says what it looks like."""
+
+    hint = (
+        "this file is not a PyTorch checkpoint: open it with the tool for the format "
+        "named above, or check that you passed the right file")
 
 
 class ArchiveFormatError(FormatError):
     """A ZIP, TAR or legacy container is structurally invalid."""
 
+    hint = (
+        "the archive is damaged or was re-packed by a tool that breaks torch's layout: "
+        "get the original file again")
+
 
 class AmbiguousArchiveError(ArchiveFormatError):
     """Two reasonable parsers would read different content from this archive."""
+
+    hint = (
+        "different tools would read different content from this file, a trick used to "
+        "hide a payload from scanners: do not torch.load it; get the file from a source "
+        "you trust")
 
 
 class ChecksumError(ArchiveFormatError):
     """The CRC-32 of an archive member does not match its bytes."""
 
+    hint = (
+        "the member's bytes changed after the archive was written (damage or tampering): "
+        "download the file again")
+
 
 class UnsafePathError(ArchiveFormatError):
     """A member name or storage key is absolute, climbs out with '..', or is a link."""
+
+    hint = (
+        "the archive names a path outside itself or a link, a path-traversal trick: do "
+        "not unpack or torch.load it")
 
 
 class StorageError(FormatError):
     """A storage record disagrees with what references it."""
 
+    hint = (
+        "the tensor data does not match what the file declares (a damaged or hand-made "
+        "file): get the file again from its source")
+
 
 class TensorGeometryError(FormatError):
     """A tensor's size, stride or offset is invalid or reaches outside its storage."""
+
+    hint = (
+        "a tensor's shape, stride or offset does not fit its data (a damaged or hand-made "
+        "file): get the file again from its source")
 
 
 class PickleError(CheckpointError, ValueError):
     """The pickle opcode stream is malformed."""
 
+    hint = (
+        "the pickle inside the file is damaged or hand-made: get the file again from its "
+        "source; `torchless scan FILE` lists what it references")
+
 
 class UnsupportedOpcodeError(PickleError):
     """An opcode torchless never accepts (unknown byte, text PERSID, out-of-band buffer)."""
+
+    hint = (
+        "torch.save never writes this pickle opcode: the file was made by another tool or "
+        "by hand; do not torch.load it unless you trust its source")
 
 
 class UnsafeGlobalError(CheckpointError):
@@ -140,6 +212,11 @@ class UnsafeGlobalError(CheckpointError):
 
     ``names`` lists the offending ``module.name`` strings.
     """
+
+    hint = (
+        "do not torch.load this file: loading it would run the code it names. If you "
+        "trust it and need its contents, torchless.open(FILE, allow_globals=['module.name']) "
+        "or `torchless inspect --allow-global module.name` keeps the name as an inert record")
 
     def __init__(
         self,
@@ -149,13 +226,18 @@ class UnsafeGlobalError(CheckpointError):
         path: str | None = None,
         member: str | None = None,
         offset: int | None = None,
+        hint: str | None = None,
     ) -> None:
-        super().__init__(message, path=path, member=member, offset=offset)
+        super().__init__(message, path=path, member=member, offset=offset, hint=hint)
         self.names = names
 
 
 class LimitError(CheckpointError):
     """A resource limit was exceeded; ``limit_name``, ``limit`` and ``actual`` say which."""
+
+    hint = (
+        "if you trust the file, raise the limit: Limits(name=...) in Python, --limit "
+        "name=N on the command line")
 
     def __init__(
         self,
@@ -167,15 +249,22 @@ class LimitError(CheckpointError):
         path: str | None = None,
         member: str | None = None,
         offset: int | None = None,
+        hint: str | None = None,
     ) -> None:
         detail = f" ({what})" if what else ""
-        super().__init__(
-            f"limit {limit_name}={limit} exceeded: {actual}{detail}; "
-            f"raise it with Limits({limit_name}=...) if the file is trusted",
-            path=path,
-            member=member,
-            offset=offset,
-        )
+        if not limit_name.startswith("max_"):  # not a Limits field: memory ran out
+            message = what or f"{limit_name} exhausted"
+            hint = hint or ("a file can declare sizes far beyond its own: if you trust this "
+                            "one, read it on a machine with more free memory")
+        else:
+            got = f": {actual}" if actual >= 0 else ""  # -1: the count is not known
+            message = (f"limit {limit_name}={limit} exceeded{got}{detail}; "
+                       f"raise it with Limits({limit_name}=...) if the file is trusted")
+            if hint is None:  # counts stop where they cross the limit: ``actual`` is a floor
+                need = f"at least {actual}" if actual > limit else f"above {limit}"
+                hint = (f"if you trust the file, raise the limit: Limits({limit_name}=N) in "
+                        f"Python, --limit {limit_name}=N on the command line, N {need}")
+        super().__init__(message, path=path, member=member, offset=offset, hint=hint)
         self.limit_name = limit_name
         self.limit = limit
         self.actual = actual
@@ -184,10 +273,33 @@ class LimitError(CheckpointError):
 class UnsupportedError(CheckpointError):
     """Valid input that torchless refuses: sparse, quantized, nested tensors, encryption …"""
 
+    hint = (
+        "the file is valid but holds something torchless cannot read; the other tensors "
+        "still read (Checkpoint.tensors), and convert leaves the unreadable ones out with "
+        "--skip-unsupported / skip_unsupported=True")
+
 
 class ConversionError(CheckpointError, ValueError):
     """The output cannot be written as asked."""
 
+    hint = (
+        "the output cannot be written as asked: check the output path, its directory and "
+        "the options given")
+
 
 class InvalidKeyError(ConversionError):
     """A tensor name cannot be stored in the output format."""
+
+    hint = (
+        "safetensors cannot hold this tensor name: rename that key in the source "
+        "checkpoint, or convert only a subtree without it (--key K / key=...)")
+
+
+#: For "the output file exists": what to do.
+EXISTS_HINT = "add --force (force=True) to replace it, or choose another output with -o / dst"
+
+
+def type_phrase(obj: object) -> str:
+    """``a str``, ``an int``: the type of a value as a message names it."""
+    name = type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

@@ -12,7 +12,7 @@ import collections
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._errors import LimitError, PickleError
+from ._errors import LimitError, PickleError, type_phrase
 from ._known import Pending
 from ._limits import Limits
 from ._tensor import Tensor, UnsupportedTensor
@@ -105,8 +105,11 @@ def finish(
         if oid in done or not isinstance(obj, _CONTAINERS):
             continue
         if oid in active:
-            raise PickleError(f"the object graph contains a cycle (a {type(obj).__name__} "
-                              "contains itself)")
+            raise PickleError(f"the object graph contains a cycle ({type_phrase(obj)} "
+                              "contains itself)",
+                              hint="torch.save of a model or state dict never writes a "
+                                   "container that holds itself: the file was made by "
+                                   "another tool or by hand; torchless cannot flatten it")
         if depth > limits.max_depth:
             raise LimitError("max_depth", limits.max_depth, depth, "nested containers")
         active.add(oid)

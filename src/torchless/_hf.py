@@ -54,7 +54,13 @@ from ._convert import (
     safetensors_data,
     write_output,
 )
-from ._errors import CheckpointError, ConversionError, FormatError, UnsafePathError
+from ._errors import (
+    EXISTS_HINT,
+    CheckpointError,
+    ConversionError,
+    FormatError,
+    UnsafePathError,
+)
 from ._limits import Limits
 from ._safetensors import Planned, plan
 from ._tensor import Tensor
@@ -70,25 +76,31 @@ _MAX_INDEX_BYTES = 100_000_000
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE_HINT = ("--max-shard-size / max_shard_size takes a positive size: 5GB (5*10^9 bytes), "
+              "500MB, 1GiB (2^30) or a number of bytes")
+_INDEX_HINT = "the index file is damaged: download it again with the model's shards"
+_SHARDS_HINT = ("the model's index and shard files do not belong together (an interrupted or "
+                "mixed download?): download the model again")
 
 
 def parse_size(value: int | str) -> int:
     """Bytes from ``5GB`` (10**9), ``500MB``, ``1GiB`` (2**30), ``123`` or an int."""
     if isinstance(value, bool):
-        raise ConversionError(f"not a size: {value!r}")
+        raise ConversionError(f"not a size: {value!r}", hint=_SIZE_HINT)
     if isinstance(value, int):
         n = value
     else:
         m = _SIZE.match(str(value))
         if m is None:
             raise ConversionError(f"cannot read the size {value!r} (use e.g. 5GB, 500MB, "
-                                  "1GiB or a number of bytes)")
+                                  "1GiB or a number of bytes)", hint=_SIZE_HINT)
         try:
             n = int(Decimal(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])
         except InvalidOperation:  # pragma: no cover - the pattern admits only numbers
             raise ConversionError(f"cannot read the size {value!r}") from None
     if n <= 0:
-        raise ConversionError(f"the shard size must be positive, not {value!r}")
+        raise ConversionError(f"the shard size must be positive, not {value!r}",
+                              hint=_SIZE_HINT)
     return n
 
 
@@ -127,16 +139,18 @@ def _read_index(path: str) -> dict[str, str]:
     except OSError as e:
         raise ConversionError(f"cannot read the index: {e.strerror or e}", path=path) from None
     if len(raw) > _MAX_INDEX_BYTES:
-        raise FormatError(f"the index is larger than {_MAX_INDEX_BYTES} bytes", path=path)
+        raise FormatError(f"the index is larger than {_MAX_INDEX_BYTES} bytes", path=path,
+                          hint=_INDEX_HINT)
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"the index is not UTF-8 JSON: {e}", path=path) from None
+        raise FormatError(f"the index is not UTF-8 JSON: {e}", path=path,
+                          hint=_INDEX_HINT) from None
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in wmap.items()):
         raise FormatError("the index has no weight_map of tensor name -> shard file",
-                          path=path)
+                          path=path, hint=_INDEX_HINT)
     for shard in set(wmap.values()):
         if (not shard or shard != os.path.basename(shard) or shard in (".", "..")
                 or "\\" in shard or "\0" in shard):
@@ -167,7 +181,8 @@ def _resolve(spath: str, dst: str | None) -> _Layout:
                     "no Hugging Face weights here (pytorch_model.bin, or shards with a "
                     "*.bin.index.json); checkpoint files in the directory: "
                     f"{', '.join(found[:20]) or '(none)'} (convert one by its path)",
-                    path=spath)
+                    path=spath, hint="pass a checkpoint file, or a directory with "
+                                     "pytorch_model.bin or *.bin shards and their index")
         out_dir = dst if dst is not None else directory
         if single is not None:
             base = output_name(single)
@@ -190,7 +205,7 @@ def _resolve(spath: str, dst: str | None) -> _Layout:
     for shard in shards:
         if not os.path.isfile(os.path.join(directory, shard)):
             raise ConversionError(f"the index names the shard {shard!r}, which does not "
-                                  "exist", path=index_path)
+                                  "exist", path=index_path, hint=_SHARDS_HINT)
     bin_name = index_name[:-len(".index.json")]
     _check_shard_set(directory, bin_name, shards, index_path)
     base = output_name(bin_name)
@@ -210,13 +225,15 @@ def _check_shard_set(directory: str, bin_name: str, shards: list[str], index_pat
     if len(counts) == 1 and len(shards) != next(iter(counts)):
         raise ConversionError(f"the index names {len(shards)} shard(s) of "
                               f"{next(iter(counts))}: {', '.join(shards[:10])}",
-                              path=index_path)
+                              path=index_path, hint=_SHARDS_HINT)
     listed = set(shards)
     stray = sorted(n for n in os.listdir(directory)
                    if pattern.fullmatch(n) and n not in listed)
     if stray:
         raise ConversionError(f"shard file(s) the index does not name: "
-                              f"{', '.join(stray[:10])}", path=index_path)
+                              f"{', '.join(stray[:10])}", path=index_path,
+                              hint="remove the stray shards (left from another download?) "
+                                   "or fetch the index that names them")
 
 
 def _check_index(layout: _Layout, ckpts: list[_checkpoint.Checkpoint]) -> None:
@@ -238,7 +255,8 @@ def _check_index(layout: _Layout, ckpts: list[_checkpoint.Checkpoint]) -> None:
             problems.append(f"{len(names)} {what}: {', '.join(names[:10])}{more}")
     if problems:
         raise ConversionError("the index's weight_map does not match its shards: "
-                              + "; ".join(problems), path=layout.index_path)
+                              + "; ".join(problems), path=layout.index_path,
+                              hint=_SHARDS_HINT)
 
 
 @dataclass
@@ -301,7 +319,7 @@ def convert_layout(
                 if name in owner:
                     raise ConversionError(
                         f"the tensor {name!r} is in both {layout.sources[owner[name]]} and "
-                        f"{layout.sources[i]}", path=spath)
+                        f"{layout.sources[i]}", path=spath, hint=_SHARDS_HINT)
                 owner[name] = i
         shards: list[_Shard] = []
         out_index = layout.out_index
@@ -345,7 +363,8 @@ def _write_all(spath: str, layout: _Layout, ckpts: list[_checkpoint.Checkpoint],
         if existing:
             raise ConversionError(
                 f"{len(existing)} output file(s) exist: {', '.join(existing[:10])} (use "
-                "force=True / --force to replace them)", path=existing[0])
+                "force=True / --force to replace them)", path=existing[0],
+                hint=EXISTS_HINT)
     aliases: dict[str, str] = {}
     for _, _, _, a in parts:
         aliases.update(a)
@@ -475,7 +494,7 @@ def _write_text(path: str, data: bytes, force: bool) -> None:
                 os.link(tmp, path)
             except FileExistsError:
                 raise ConversionError("the output file exists (use force=True / --force to "
-                                      "replace it)", path=path) from None
+                                      "replace it)", path=path, hint=EXISTS_HINT) from None
             except OSError:  # no hard links here
                 os.replace(tmp, path)
             _unlink(tmp)
@@ -553,7 +572,7 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | N
             for name in [*got, *bad]:
                 if name in tensors or name in unsupported:
                     raise ConversionError(f"the tensor {name!r} is in more than one source "
-                                          "file", path=path)
+                                          "file", path=path, hint=_SHARDS_HINT)
             tensors.update(got)
             unsupported += list(bad)
         placed: dict[str, str] = {}

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _dtypes
-from ._errors import CheckpointError, FormatError, LimitError, UnsupportedError
+from ._errors import CheckpointError, FormatError, LimitError, UnsupportedError, type_phrase
 from ._graph import ModuleDict
 from ._inert import (
     _DESCR,
@@ -92,7 +92,9 @@ class _Decoder:
         self.torch = _torch() if mode == "torch" else None
         if mode == "torch" and self.torch is None:
             raise UnsupportedError("tensors='torch' needs torch imported by your program "
-                                   "(torchless never imports it): add `import torch` first")
+                                   "(torchless never imports it): add `import torch` first",
+                                   hint="add `import torch` to your program before this "
+                                        "call, or use tensors='numpy'")
 
     def value(self, node: Any, depth: int) -> Any:
         if depth > self.limits.max_depth:
@@ -174,7 +176,7 @@ class _Decoder:
         try:
             hash(k)
         except TypeError:
-            raise FormatError(f"a {type(k).__name__} cannot be a dict key or set member"
+            raise FormatError(f"{type_phrase(k)} cannot be a dict key or set member"
                               ) from None
         return k
 
@@ -746,16 +748,26 @@ def decode(metadata: Mapping[str, str], entries: Entries, data: memoryview, *,
     version = metadata.get(FORMAT_KEY)
     if version != VERSION:
         raise FormatError(f"inert format version {version!r} is not supported (this reader "
-                          f"reads version {VERSION})")
+                          f"reads version {VERSION})",
+                          hint="a newer torchless may read it (pip install -U torchless); the "
+                               "tensors alone read with the safetensors package")
     text = metadata.get(TREE_KEY)
     if not isinstance(text, str):
         raise FormatError(f"the file has no {TREE_KEY!r} in its metadata")
     lim = limits if limits is not None else Limits()
-    tree = parse_tree(text, lim)
-    dec = _Decoder(entries, data, tensors, types if types is not None else default_types,
-                   lim, copy, on_tensor)
     try:
-        return dec.value(tree, 0)
-    except RecursionError:
-        raise LimitError("max_depth", lim.max_depth, sys.getrecursionlimit(),
-                         "nested tree values") from None
+        tree = parse_tree(text, lim)
+        dec = _Decoder(entries, data, tensors, types if types is not None else default_types,
+                       lim, copy, on_tensor)
+        try:
+            return dec.value(tree, 0)
+        except RecursionError:
+            raise LimitError("max_depth", lim.max_depth, sys.getrecursionlimit(),
+                             "nested tree values") from None
+    except FormatError as e:
+        e.add_context(member=f"__metadata__[{TREE_KEY!r}]")
+        if "hint" not in e.__dict__:
+            e.hint = ("the object tree stored beside the tensors was damaged or edited: "
+                      "convert the source checkpoint again; the tensors alone still read "
+                      "with the safetensors package")
+        raise

@@ -28,7 +28,9 @@ from ._errors import (
     NotACheckpointError,
     StorageError,
     TruncatedInputError,
+    UnsafeGlobalError,
     UnsupportedError,
+    type_phrase,
 )
 from ._graph import ModuleHook, module_state_dict
 from ._limits import Limits
@@ -46,8 +48,18 @@ PROTOCOL_VERSION = 1001
 def small_pickle(source: Source, pos: int, what: str, limits: Limits,
                  end: int | None = None, *, strict: bool = True) -> tuple[Any, int]:
     """A header pickle: plain data only (strict: no global outside the rules)."""
-    value, after = run_pickle(source.raw, TorchResolver(limits, strict=strict), limits,
-                              start=pos)
+    try:
+        value, after = run_pickle(source.raw, TorchResolver(limits, strict=strict), limits,
+                                  start=pos)
+    except UnsafeGlobalError as e:
+        if strict and e.names:  # not the user's strict mode: header pickles hold plain data
+            e.message = (f"{what} pickle: refused global {e.names[0]}: torch writes plain "
+                         "data there, never a global")
+            e.hint = "the file was built to attack whoever loads it: do not torch.load it"
+        else:
+            e.message = f"{what} pickle: {e.message}"
+        e.args = (e.message,)
+        raise
     if end is not None and after > end:
         raise TruncatedInputError(f"{what} pickle runs past the end of its member", offset=pos)
     return value, after
@@ -147,7 +159,9 @@ class LegacyStream:
             raise NotACheckpointError("legacy stream with a wrong magic number")
         proto, pos = small_pickle(source, pos, "protocol version", limits)
         if type(proto) is not int or proto != PROTOCOL_VERSION:
-            raise UnsupportedError(f"legacy stream protocol version {proto!r} (expected 1001)")
+            raise UnsupportedError(f"legacy stream protocol version {proto!r} (expected 1001)",
+                                   hint="torch has written protocol 1001 since 2017; another "
+                                        "version means a damaged or hand-made file")
         sys_info, pos = small_pickle(source, pos, "sys_info", limits)
         if not isinstance(sys_info, dict):
             raise ArchiveFormatError("legacy sys_info is not a dict")
@@ -162,7 +176,7 @@ class LegacyStream:
 
     def persistent_load(self, pid: Any, offset: int) -> Any:
         if not isinstance(pid, tuple) or not pid:
-            raise StorageError(f"persistent id is a {type(pid).__name__}, not a tuple")
+            raise StorageError(f"persistent id is {type_phrase(pid)}, not a tuple")
         tag = pid[0].decode("ascii", "replace") if isinstance(pid[0], bytes) else pid[0]
         if tag == "module":
             return self.storages.module(pid)

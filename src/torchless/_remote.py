@@ -86,17 +86,22 @@ class _Http:
         except urllib.error.HTTPError as e:
             if e.code == 416 and end - start == 1:
                 raise FormatError("the server says the file is empty", path=self.url) from None
-            raise CheckpointError(f"HTTP {e.code} {e.reason}", path=self.url) from None
+            raise CheckpointError(f"HTTP {e.code} {e.reason}", path=self.url,
+                                  hint="check the URL; a file that needs credentials can be "
+                                       "downloaded first and read locally") from None
         except (urllib.error.URLError, OSError) as e:
             reason = e.reason if isinstance(e, urllib.error.URLError) else e
-            raise CheckpointError(f"cannot fetch: {reason}", path=self.url) from None
+            raise CheckpointError(f"cannot fetch: {reason}", path=self.url,
+                                  hint="check the URL and the network connection") from None
         if r.status != 206:
             length = r.headers.get("Content-Length")
             r.close()
             raise UnsupportedError(
                 f"the server ignores Range requests (it answered {r.status} with the whole "
                 f"body{f' of {length} bytes' if length else ''}); torchless reads remote files "
-                "by ranges and will not download it whole: download it first", path=self.url)
+                "by ranges and will not download it whole: download it first", path=self.url,
+                hint="download the file (curl -O, huggingface-cli download …) and read the "
+                     "local copy")
         got = _content_range_start(r.headers.get("Content-Range"), self.url)
         if got != start:
             r.close()
@@ -163,7 +168,9 @@ class _Fsspec:
                 import fsspec
             except ImportError:
                 raise UnsupportedError(f"reading {target.split('://')[0]}:// URLs needs "
-                                       "fsspec: pip install torchless[remote]") from None
+                                       "fsspec: pip install torchless[remote]",
+                                       hint="pip install torchless[remote] (fsspec and its "
+                                            "protocol package, e.g. s3fs)") from None
             try:
                 self.fs, self.path = fsspec.core.url_to_fs(target)
                 self.size = int(self.fs.size(self.path))

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import _dtypes
 from ._dtypes import DType, StorageType
-from ._errors import CheckpointError, PickleError, StorageError, UnsafeGlobalError
+from ._errors import CheckpointError, PickleError, StorageError, UnsafeGlobalError, type_phrase
 from ._known import Known, Pending
 from ._limits import Limits
 from ._policy import judge
@@ -151,17 +151,18 @@ class TorchResolver(StdlibRules, NumpyRules):
         elif module in _compat_pickle.IMPORT_MAPPING:
             module = _compat_pickle.IMPORT_MAPPING[module]
         module = _MODULE_RENAMES.get(module, module)
-        value = self._known(module, name)
+        value = self._known(module, name, offset)
         reason = judge(module, name, known=value is not None, strict=self.strict,
                        allow=self.allow)
         if reason is not None:
             raise UnsafeGlobalError(f"refused global {module}.{name}: it {reason}",
-                                    names=(f"{module}.{name}",), offset=offset)
+                                    names=(f"{module}.{name}",), offset=offset,
+                                    hint=_refusal_hint(f"{module}.{name}", reason))
         self.globals.append(GlobalRecord(module, name, offset,
                                          "opaque" if value is None else "rebuilt"))
         return Global(module, name, offset) if value is None else value
 
-    def _known(self, module: str, name: str) -> Any:
+    def _known(self, module: str, name: str, offset: int | None = None) -> Any:
         rule = _RULES.get((module, name))
         if rule is not None:
             return Known(module, name, rule=rule)
@@ -170,8 +171,11 @@ class TorchResolver(StdlibRules, NumpyRules):
                 return StorageType(name, _dtypes.UINT8, untyped=True)
             dtype = _dtypes.by_storage_name(name)
             if dtype is None:
-                raise UnsafeGlobalError(f"refused global {module}.{name}: unknown storage type",
-                                        names=(f"{module}.{name}",))
+                raise UnsafeGlobalError(
+                    f"refused global {module}.{name}: torch has no such storage type",
+                    names=(f"{module}.{name}",), offset=offset,
+                    hint="torch.save never writes this name: the file was made by hand or by "
+                         "another tool; do not torch.load it")
             return StorageType(name, dtype)
         if module == "torch":
             dtype = _dtypes.by_torch_name(name)
@@ -184,7 +188,9 @@ class TorchResolver(StdlibRules, NumpyRules):
     def extension(self, code: int, offset: int) -> Any:
         raise UnsafeGlobalError(
             f"refused copyreg extension code {code}: it names a global through the loading "
-            "process's extension registry", names=(f"copyreg.extension:{code}",), offset=offset)
+            "process's extension registry", names=(f"copyreg.extension:{code}",), offset=offset,
+            hint="torch.save never writes extension codes; what they name depends on the "
+                 "loading process, so do not torch.load this file")
 
     # ---- calls ----------------------------------------------------------------------
 
@@ -229,7 +235,7 @@ class TorchResolver(StdlibRules, NumpyRules):
             if state is None:
                 return obj
             if not isinstance(state, dict):
-                raise PickleError(f"BUILD of a {type(obj).__name__} with a "
+                raise PickleError(f"BUILD of {type_phrase(obj)} with a "
                                   f"{type(state).__name__}", offset=offset)
             target = vars(obj)
             for key, value in state.items():
@@ -239,7 +245,7 @@ class TorchResolver(StdlibRules, NumpyRules):
                 elif type(key) is str and key.isidentifier() and not key.startswith("__"):
                     target[key] = value
             return obj
-        raise PickleError(f"BUILD applied to a {type(obj).__name__}", offset=offset)
+        raise PickleError(f"BUILD applied to {type_phrase(obj)}", offset=offset)
 
     def append(self, obj: Any, items: list[Any], offset: int) -> None:
         if isinstance(obj, collections.deque):
@@ -273,11 +279,11 @@ class TorchResolver(StdlibRules, NumpyRules):
 
     def _tensor_flags(self, f: Known, requires_grad: Any, hooks: Any, metadata: Any) -> None:
         if type(requires_grad) is not bool:
-            raise PickleError(f"{f}: requires_grad is a {type(requires_grad).__name__}")
+            raise PickleError(f"{f}: requires_grad is {type_phrase(requires_grad)}")
         if hooks is not None and not isinstance(hooks, dict):
-            raise PickleError(f"{f}: backward hooks are a {type(hooks).__name__}")
+            raise PickleError(f"{f}: backward hooks are {type_phrase(hooks)}")
         if metadata is not None and not isinstance(metadata, dict):
-            raise PickleError(f"{f}: metadata is a {type(metadata).__name__}")
+            raise PickleError(f"{f}: metadata is {type_phrase(metadata)}")
 
     def _r_rebuild_tensor_v2(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) not in (6, 7):
@@ -299,7 +305,7 @@ class TorchResolver(StdlibRules, NumpyRules):
         metadata = a[7] if len(a) == 8 else None
         self._tensor_flags(f, a[4], a[5], metadata)
         if not isinstance(a[6], DType):
-            raise PickleError(f"{f}: dtype is a {type(a[6]).__name__}, not a torch dtype")
+            raise PickleError(f"{f}: dtype is {type_phrase(a[6])}, not a torch dtype")
         if metadata and any(metadata.values()):
             return UnsupportedTensor("conjugate/negative-bit")
         if isinstance(a[0], MissingStorage):
@@ -314,7 +320,7 @@ class TorchResolver(StdlibRules, NumpyRules):
         if isinstance(data, UnsupportedTensor):
             return data
         if not isinstance(data, Tensor):
-            raise PickleError(f"{f}: data is a {type(data).__name__}, not a tensor")
+            raise PickleError(f"{f}: data is {type_phrase(data)}, not a tensor")
         return data.with_flags(requires_grad=requires_grad, is_parameter=True)
 
     def _r_rebuild_from_type(self, f: Known, a: tuple[Any, ...]) -> Any:
@@ -372,3 +378,18 @@ class TorchResolver(StdlibRules, NumpyRules):
 
     _r_parameter_class = _r_tensor_class
     _r_opaque = _r_tensor_class
+
+
+def _refusal_hint(qualname: str, reason: str) -> str:
+    """What to do about a refused global: names no real object has cannot be allowed."""
+    if reason.startswith(("is not a valid", "reaches a dunder", "walks attributes")):
+        return ("no class has such a name; only an attack writes one: do not torch.load "
+                "this file")
+    if reason.startswith("is outside the rebuild rules (strict"):
+        return (f"strict mode refuses every name outside the rebuild rules; without it the "
+                f"name is kept as an inert record, or allow this one alone: "
+                f"allow_globals=['{qualname}'] / --allow-global {qualname}")
+    return (f"do not torch.load this file: loading it would call {qualname}. If you trust "
+            f"it and need its contents, torchless.open(FILE, allow_globals=['{qualname}']) "
+            f"or `torchless inspect --allow-global {qualname}` keeps the name as an inert "
+            f"record (never called)")

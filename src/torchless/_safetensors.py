@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ConversionError, FormatError, InvalidKeyError
+from ._errors import EXISTS_HINT, ConversionError, FormatError, InvalidKeyError
 from ._tensor import Tensor
 
 __all__ = ["CHUNK_BYTES", "INFLATE_CHUNK_BYTES", "MAX_HEADER_BYTES", "Planned", "SafetensorsHeader",
@@ -297,10 +297,11 @@ def write_atomic(
     which of those bytes have been written."""
     directory = os.path.dirname(dst) or "."
     if os.path.isdir(dst):
-        raise ConversionError("the output path is a directory", path=dst)
+        raise ConversionError("the output path is a directory", path=dst,
+                              hint="name the output file, e.g. -o DIR/model.safetensors (dst=...)")
     if not force and os.path.lexists(dst):
         raise ConversionError("the output file exists (use force=True / --force to replace "
-                              "it)", path=dst)
+                              "it)", path=dst, hint=EXISTS_HINT)
     tmp, fd = _create_temp(directory, os.path.basename(dst))
     try:
         try:
@@ -376,7 +377,7 @@ def _publish(tmp: str, dst: str, force: bool) -> None:
         os.link(tmp, dst)
     except FileExistsError:
         raise ConversionError("the output file exists (use force=True / --force to replace "
-                              "it)", path=dst) from None
+                              "it)", path=dst, hint=EXISTS_HINT) from None
     except OSError:  # no hard links here: the check before writing has to do
         os.replace(tmp, dst)
         return
@@ -419,11 +420,28 @@ class SafetensorsHeader:
 def read_header(buf: memoryview | bytes) -> SafetensorsHeader:
     """Parse and check a safetensors header: valid JSON, known dtypes, shapes that match the
     byte ranges, ranges that tile the data section with no holes or overlaps."""
+    try:
+        return _read_header(buf)
+    except FormatError as e:
+        if "hint" not in e.__dict__:  # not the hint for a torch checkpoint
+            e.hint = ("the safetensors file is damaged or was edited: write it again "
+                      "(torchless convert --force) or fetch it again")
+        raise
+
+
+def _read_header(buf: memoryview | bytes) -> SafetensorsHeader:
     if len(buf) < 8:
         raise FormatError("too short for a safetensors header")
     (n,) = struct.unpack("<Q", bytes(buf[:8]))
+    if bytes(buf[8:9]) != b"{":
+        raise FormatError(f"not a safetensors file: it starts with {bytes(buf[:12]).hex()}, "
+                          "not a header length and a JSON header",
+                          hint="pass a .safetensors file here; a torch checkpoint is the "
+                               "source, not the output")
     if n > MAX_HEADER_BYTES or 8 + n > len(buf):
-        raise FormatError(f"safetensors header declares {n} bytes; the file has {len(buf)}")
+        raise FormatError(f"safetensors header declares {n} bytes; the file has {len(buf)}",
+                          hint="the file is cut short or is not a safetensors file: write "
+                               "it again (torchless convert --force)")
     raw = bytes(buf[8:8 + n])
     try:
         obj = json.loads(raw.decode("utf-8"))

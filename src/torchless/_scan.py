@@ -97,6 +97,7 @@ class FileScan:
     globals: tuple[GlobalRef, ...] = ()
     anomalies: tuple[Anomaly, ...] = ()
     error: str | None = None
+    hint: str | None = None  # what to do about ``error``
 
     @property
     def dangerous(self) -> tuple[GlobalRef, ...]:
@@ -180,7 +181,7 @@ def _scan_file(path: str, strict: bool, limits: Limits, *, explicit: bool) -> Fi
         # a remote file is fetched whole: every byte of it is scanned
         source = RemoteSource(path) if is_remote(path) else Source(path)
     except CheckpointError as e:
-        return FileScan(path, "unreadable", error=e.message)
+        return FileScan(path, "unreadable", error=e.message, hint=e.hint)
     with source:
         state = _File(source, strict, limits)
         try:
@@ -191,7 +192,7 @@ def _scan_file(path: str, strict: bool, limits: Limits, *, explicit: bool) -> Fi
             compressed = source.size > 0 and any(
                 bytes(source.raw[:len(m)]) == m for m in _COMPRESSED)
             status = "unreadable" if explicit or compressed else "skipped"
-            return FileScan(path, status, error=e.message)
+            return FileScan(path, status, error=e.message, hint=e.hint)
         dangerous = any(g.verdict == "dangerous" for g in state.globals)
         status = "dangerous" if dangerous else "anomalous" if state.anomalies else "clean"
         return FileScan(path, status, layout, state.pickles, tuple(state.globals),
@@ -678,6 +679,8 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
                      f"{len(f.globals):>7} {len(f.dangerous):>6} {len(f.anomalies):>7}  {f.path}")
         if f.error:
             lines.append(f"    error: {f.error}")
+            if f.hint and f.status == "unreadable":
+                lines.append(f"    hint: {f.hint}")
         shown = f.globals if verbose else f.dangerous
         for g in shown:
             where = f"{g.member}@{g.offset}" if g.member else f"@{g.offset}"

@@ -28,11 +28,16 @@ class Source:
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as e:
-            raise CheckpointError(f"cannot open: {e.strerror or e}", path=self.path) from None
+            raise CheckpointError(f"cannot open: {e.strerror or e}", path=self.path,
+                                  hint="check the path (relative paths start from the "
+                                       "current directory) and that you may read the file"
+                                  ) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise FormatError("not a regular file", path=self.path)
+                raise FormatError("not a regular file", path=self.path,
+                                  hint="pass a checkpoint file (a pipe or device cannot be "
+                                       "read by ranges: copy it to a file first)")
             self.size = st.st_size
             self.identity = (st.st_dev, st.st_ino)  # lets a writer copy from the same file
             self._mmap: mmap.mmap | None = None

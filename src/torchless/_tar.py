@@ -30,6 +30,7 @@ from ._errors import (
     TensorGeometryError,
     TruncatedInputError,
     UnsafePathError,
+    type_phrase,
 )
 from ._graph import ModuleHook, module_state_dict
 from ._legacy import StorageTable, small_pickle
@@ -53,16 +54,17 @@ class _Member:
     size: int
 
 
-def _octal(field: bytes, what: str) -> int:
+def _octal(field: bytes, what: str, offset: int) -> int:
     if field[:1] and field[0] & 0x80:
         if field[0] & 0x40:
-            raise ArchiveFormatError(f"TAR {what} is negative")
+            raise ArchiveFormatError(f"TAR header {what} field is negative", offset=offset)
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
     text = field.split(b"\x00", 1)[0].strip(b" ")
     if not text:
         return 0
     if not all(0x30 <= c <= 0x37 for c in text):
-        raise ArchiveFormatError(f"TAR {what} field is not octal: {text[:12]!r}")
+        raise ArchiveFormatError(f"TAR header {what} field is not octal: {text[:12]!r}",
+                                 offset=offset)
     return int(text, 8)
 
 
@@ -90,11 +92,11 @@ class TarArchive:
             if header == b"\x00" * _BLOCK:
                 self._check_tail(pos + _BLOCK)
                 break
-            stored = _octal(header[148:156], "checksum")
+            stored = _octal(header[148:156], "checksum", pos)
             actual = sum(header[:148]) + 8 * 32 + sum(header[156:])
             if stored != actual:
                 raise ArchiveFormatError("TAR header checksum does not match", offset=pos)
-            size = _octal(header[124:136], "size")
+            size = _octal(header[124:136], "size", pos)
             data = pos + _BLOCK
             if data + size > source.size:
                 raise TruncatedInputError(
@@ -193,7 +195,7 @@ class TorchTar:
         if isinstance(key, int) and not isinstance(key, bool):
             return str(key)
         if type(key) is not str:
-            raise StorageError(f"TAR object key is a {type(key).__name__}")
+            raise StorageError(f"TAR object key is {type_phrase(key)}")
         return key
 
     def _count(self, pos: int, end: int, what: str) -> tuple[int, int]:

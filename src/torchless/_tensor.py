@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ._dtypes import DType, StorageType
-from ._errors import LimitError, StorageError, TensorGeometryError, UnsupportedError
+from ._errors import LimitError, StorageError, TensorGeometryError, UnsupportedError, type_phrase
 from ._limits import Limits
 
 __all__ = ["MissingStorage", "Storage", "Tensor", "UnsupportedTensor", "make_tensor",
@@ -182,7 +182,9 @@ class Tensor:
         npdt = self.dtype.numpy
         if npdt is None:
             raise UnsupportedError(
-                f"dtype torch.{self.dtype.name} ({self.dtype.note}) has no NumPy equivalent")
+                f"dtype torch.{self.dtype.name} ({self.dtype.note}) has no NumPy equivalent",
+                hint="read the tensor with torch (tensors='torch', to_torch()) or leave it out "
+                     "(convert --skip-unsupported)")
         itemsize = self.dtype.itemsize
         if self.numel == 0:
             arr = np.empty(self.shape, dtype=npdt)
@@ -232,15 +234,15 @@ def storage_record(storage_type: Any, key: Any, location: Any,
                    numel: Any) -> tuple[StorageType, str, str, int]:
     """Check the fields of a storage persistent id; int keys (old files) become str."""
     if not isinstance(storage_type, StorageType):
-        raise StorageError(f"storage type is a {type(storage_type).__name__}")
+        raise StorageError(f"storage type is {type_phrase(storage_type)}")
     if isinstance(key, int) and not isinstance(key, bool):
         key = str(key)
     if type(key) is not str:
-        raise StorageError(f"storage key is a {type(key).__name__}, not a str")
+        raise StorageError(f"storage key is {type_phrase(key)}, not a str")
     if isinstance(location, bytes):
         location = location.decode("ascii", "replace")
     if type(location) is not str:
-        raise StorageError(f"storage location is a {type(location).__name__}")
+        raise StorageError(f"storage location is {type_phrase(location)}")
     if type(numel) is not int or numel < 0:
         raise StorageError(f"storage element count {numel!r} is not a non-negative int")
     return storage_type, key, location, numel
@@ -248,11 +250,11 @@ def storage_record(storage_type: Any, key: Any, location: Any,
 
 def _dims(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)):
-        raise TensorGeometryError(f"{what} is a {type(value).__name__}, not a sequence")
+        raise TensorGeometryError(f"{what} is {type_phrase(value)}, not a sequence")
     out = []
     for v in value:
         if type(v) is not int:
-            raise TensorGeometryError(f"{what} holds a {type(v).__name__}, not an int")
+            raise TensorGeometryError(f"{what} holds {type_phrase(v)}, not an int")
         if v < 0:
             raise TensorGeometryError(f"{what} holds a negative value {v}")
         out.append(v)
@@ -271,7 +273,7 @@ def make_tensor(
 ) -> Tensor:
     """Check a tensor's geometry against its storage and build it."""
     if not isinstance(storage, Storage):
-        raise TensorGeometryError(f"tensor storage is a {type(storage).__name__}, not a storage")
+        raise TensorGeometryError(f"tensor storage is {type_phrase(storage)}, not a storage")
     shape = _dims(size, "size")
     strides = _dims(stride, "stride")
     if len(shape) > limits.max_ndim:

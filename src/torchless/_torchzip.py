@@ -22,11 +22,13 @@ from typing import Any
 from ._errors import (
     AmbiguousArchiveError,
     ArchiveFormatError,
+    CheckpointError,
     LimitError,
     PickleError,
     StorageError,
     UnsafePathError,
     UnsupportedError,
+    type_phrase,
 )
 from ._graph import ModuleDict, ModuleHook, module_state_dict
 from ._limits import Limits
@@ -111,7 +113,9 @@ class TorchZip:
                 version = int(text)
                 if version > MAX_FORMAT_VERSION:
                     raise UnsupportedError(
-                        f"archive format version {version} is newer than any torch writes")
+                        f"archive format version {version} is newer than any torch writes",
+                        hint="a newer torchless may read it (pip install -U torchless); if "
+                             "not, please report the file")
                 return version
         raise ArchiveFormatError("no version record in the archive (torch requires one)")
 
@@ -131,15 +135,20 @@ class TorchZip:
         if declared > self.limits.max_pickle_bytes:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
         data = self.archive.data(name, check_crc=self.has_crc)
-        value, end = run_pickle(data, resolver, self.limits)
+        try:
+            value, end = run_pickle(data, resolver, self.limits)
+        except CheckpointError as e:
+            if e.offset is not None:  # it counts from the start of data.pkl
+                e.add_context(member=name)
+            raise
         if end != len(data):
             raise PickleError(f"{len(data) - end} bytes after the pickle's STOP opcode",
-                              offset=end)
+                              member=name, offset=end)
         return value
 
     def persistent_load(self, pid: Any, offset: int) -> Storage:
         if not isinstance(pid, tuple):
-            raise StorageError(f"persistent id is a {type(pid).__name__}, not a tuple")
+            raise StorageError(f"persistent id is {type_phrase(pid)}, not a tuple")
         if len(pid) != 5:
             raise StorageError(f"persistent id has {len(pid)} fields, expected 5")
         tag, storage_type, key, location, numel = pid
@@ -148,7 +157,7 @@ class TorchZip:
         if tag != "storage":
             raise StorageError(f"persistent id tag is {tag!r}, expected 'storage'")
         if type(key) is not str:  # torch forms the record name from it: str only
-            raise StorageError(f"storage key is a {type(key).__name__}, not a str")
+            raise StorageError(f"storage key is {type_phrase(key)}, not a str")
         if not _KEY.match(key):
             raise UnsafePathError(f"storage key {key[:60]!r} is not a plain record name")
         storage_type, key, location, numel = storage_record(storage_type, key, location, numel)

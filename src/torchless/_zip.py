@@ -59,6 +59,9 @@ _RATIO_FLOOR = 64 << 20
 #: Compressed bytes fed to the inflater at a time when streaming a member.
 _INFLATE_INPUT = 1 << 20
 codecs.lookup("cp437")  # member names without the UTF-8 flag; looked up now, not mid-read
+_REPACK_HINT = ("torch.save writes plain archives: re-save the checkpoint with torch.save, or "
+                "re-pack it with stored or deflated members (zip -r)")
+_JOIN_HINT = "join the parts into one file (zip -s 0 split.zip --out whole.zip) first"
 
 
 @dataclass
@@ -128,7 +131,8 @@ class ZipArchive:
         _, disk, cd_disk, n_here, n_total, cd_size, cd_off, _ = _EOCD.unpack(
             src.view(eocd_off, _EOCD.size))
         if disk != 0 or cd_disk != 0 or n_here != n_total:
-            raise UnsupportedError("multi-disk (split) ZIP archives are not supported")
+            raise UnsupportedError("multi-disk (split) ZIP archives are not supported",
+                                   hint=_JOIN_HINT)
         cd_end_limit = eocd_off
         loc_off = eocd_off - _EOCD64_LOC.size
         if loc_off >= 0 and bytes(src.view(loc_off, 4)) == _SIG_EOCD64_LOC:
@@ -178,7 +182,8 @@ class ZipArchive:
         src = self.source
         _, disk, rec_off, disks = _EOCD64_LOC.unpack(src.view(loc_off, _EOCD64_LOC.size))
         if disk != 0 or disks not in (0, 1):
-            raise UnsupportedError("multi-disk (split) ZIP archives are not supported")
+            raise UnsupportedError("multi-disk (split) ZIP archives are not supported",
+                                   hint=_JOIN_HINT)
         if rec_off + _EOCD64.size > loc_off:
             raise ArchiveFormatError("ZIP64 end-of-directory record offset is invalid")
         sig, rec_size, _, _, d, cdd, n_here, n_total, cd_size, cd_off = _EOCD64.unpack(
@@ -186,7 +191,8 @@ class ZipArchive:
         if sig != _SIG_EOCD64:
             raise ArchiveFormatError("bad ZIP64 end-of-directory signature")
         if d != 0 or cdd != 0 or n_here != n_total:
-            raise UnsupportedError("multi-disk (split) ZIP archives are not supported")
+            raise UnsupportedError("multi-disk (split) ZIP archives are not supported",
+                                   hint=_JOIN_HINT)
         if rec_off + 12 + rec_size != loc_off:
             raise ArchiveFormatError("data between the ZIP64 end record and its locator")
         return n_total, cd_size, cd_off, rec_off
@@ -206,13 +212,13 @@ class ZipArchive:
         name = self._decode_name(raw_name, flags)
         if flags & ~_ALLOWED_FLAGS:
             bad = flags & ~_ALLOWED_FLAGS
-            what = "encrypted" if bad & 0x41 else f"flag bits 0x{bad:04x}"
+            what = "encrypted" if bad & 0x41 else f"marked with unknown flag bits 0x{bad:04x}"
             raise UnsupportedError(f"archive member {name!r} is {what}; torchless reads only "
-                                   "plain stored or deflated members")
+                                   "plain stored or deflated members", hint=_REPACK_HINT)
         if method not in (_STORED, _DEFLATED):
             raise UnsupportedError(
                 f"archive member {name!r} uses compression method {method} "
-                "(only stored and deflate are supported)")
+                "(only stored and deflate are supported)", hint=_REPACK_HINT)
         if 0xFFFFFFFF in (csize, usize, hoff) or disk == 0xFFFF:
             usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff, name)
         if (made_by >> 8) == 3 and (eattr >> 16) & 0o170000 == 0o120000:

@@ -35,6 +35,7 @@ from .._errors import (
     TruncatedInputError,
     UnsupportedError,
     UnsupportedOpcodeError,
+    type_phrase,
 )
 from .._limits import Limits
 from .._values import Global, Opaque
@@ -98,7 +99,7 @@ class Resolver:
             else:
                 obj.state = state
             return obj
-        raise PickleError(f"BUILD applied to a {type(obj).__name__}", offset=offset)
+        raise PickleError(f"BUILD applied to {type_phrase(obj)}", offset=offset)
 
     def persistent_load(self, pid: Any, offset: int) -> Any:
         raise PickleError("persistent id found but this file has no storages", offset=offset)
@@ -108,21 +109,21 @@ class Resolver:
         if isinstance(obj, Opaque):
             obj.items.extend(items)
             return
-        raise PickleError(f"APPEND applied to a {type(obj).__name__}", offset=offset)
+        raise PickleError(f"APPEND applied to {type_phrase(obj)}", offset=offset)
 
     def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
         """SETITEM/SETITEMS on something that is not a dict."""
         if isinstance(obj, Opaque):
             obj.dict_items.extend(pairs)
             return
-        raise PickleError(f"SETITEM applied to a {type(obj).__name__}", offset=offset)
+        raise PickleError(f"SETITEM applied to {type_phrase(obj)}", offset=offset)
 
     def additems(self, obj: Any, items: list[Any], offset: int) -> None:
         """ADDITEMS on something that is not a set."""
         if isinstance(obj, Opaque):
             obj.items.extend(items)
             return
-        raise PickleError(f"ADDITEMS applied to a {type(obj).__name__}", offset=offset)
+        raise PickleError(f"ADDITEMS applied to {type_phrase(obj)}", offset=offset)
 
 
 class Machine:
@@ -313,14 +314,26 @@ class Machine:
         return int(line)
 
     def _text(self, raw: bytes) -> str:
-        return raw.decode("utf-8", "surrogatepass")
+        try:
+            return raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise PickleError(f"a str of {len(raw)} bytes is not UTF-8 ({e.reason} at its "
+                              f"byte {e.start})", offset=self.op_start) from None
 
     def _py2_string(self, raw: bytes) -> Any:
         """STRING/BINSTRING/SHORT_BINSTRING: a Python 2 str, decoded as torch.load does."""
         self.resolver.python2_strings = True
         if self.encoding == "bytes":
             return raw
-        return raw.decode(self.encoding)
+        try:
+            return raw.decode(self.encoding)
+        except UnicodeDecodeError as e:
+            raise PickleError(
+                f"a Python 2 str of {len(raw)} bytes is not {self.encoding} text ({e.reason} "
+                f"at its byte {e.start})", offset=self.op_start,
+                hint="the file was pickled by Python 2 and holds binary data in a str (often "
+                     "a NumPy array); like torch.load by default, torchless reads such "
+                     "strings only as text and cannot read this file") from None
 
     # ---- stack helpers -------------------------------------------------------------
 
