@@ -265,3 +265,20 @@ def test_readme_keeps_two_setup_commands() -> None:
     assert "torchless inspect examples/tiny.pt" in commands[0]
     assert "pytest" in commands[1] and "torch==2.13.0" in commands[1]
     assert (ROOT / "examples" / "tiny.pt").is_file()
+
+
+def test_readme_limits_table_is_the_defaults() -> None:
+    """Every Limits field is in the README's table with its default (units read by hand:
+    MiB = 2**20, GiB = 2**30)."""
+    import dataclasses
+
+    import torchless
+
+    rows = dict(re.findall(r"^\| `(max_\w+)` \| ([\d,]+(?: [MG]iB)?) \|", README, re.M))
+    unit = {"MiB": 1 << 20, "GiB": 1 << 30}
+    shown = {}
+    for name, text in rows.items():
+        number, _, suffix = text.partition(" ")
+        shown[name] = int(number.replace(",", "")) * unit.get(suffix, 1)
+    defaults = {f.name: f.default for f in dataclasses.fields(torchless.Limits)}
+    assert shown == defaults
