@@ -102,3 +102,35 @@ def test_strict_refuses_unknown_classes_and_default_keeps_them(tmp_path: Path) -
     out = run("inspect", str(path), "--strict")
     assert out.returncode == 1
     assert "refused global" in out.stderr and "Config" in out.stderr
+
+
+class _CallsGetenv:
+    """Pickles as a call of os.getenv: torch.load would run it (harmless here, but a name
+    the policy refuses)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.getenv, ("TORCHLESS_NOT_SET",))
+
+
+def test_allow_global_lets_a_trusted_file_convert_and_verify(torch: Any,
+                                                             tmp_path: Path) -> None:
+    import torchless
+
+    src, out = tmp_path / "trusted.pt", tmp_path / "trusted.safetensors"
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    torch.save({"w": w, "extra": _CallsGetenv()}, src)
+    refused = run("convert", str(src))
+    assert refused.returncode == 1 and not out.exists()
+    error, hint = refused.stderr.splitlines()
+    assert "os.getenv" in error and "--allow-global os.getenv" in hint
+    done = run("convert", str(src), "--allow-global", "os.getenv", "--verify")
+    assert done.returncode == 0, done.stderr
+    assert run("verify", str(src), str(out)).returncode == 1  # verify re-reads SRC: refused
+    assert run("verify", str(src), str(out), "--allow-global", "os.getenv").returncode == 0
+    back = torchless.load(out)
+    assert back["w"].tobytes() == w.numpy().tobytes()
+    assert isinstance(back["extra"], torchless.Opaque)  # kept as data, never called
+    assert (back["extra"].callable.module, back["extra"].callable.name) == ("os", "getenv")
+    assert back["extra"].args == ("TORCHLESS_NOT_SET",)

@@ -111,7 +111,8 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[
         try:
             report = verify(path, dst, key=options.get("key"),
                             skip_unsupported=bool(options.get("skip_unsupported")),
-                            limits=options.get("limits"))
+                            limits=options.get("limits"),
+                            allow_globals=options.get("allow_globals", ()))
         except CheckpointError:
             report = None
         if report is not None and report.ok:

@@ -141,7 +141,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
-            "limits": _limits(args)}
+            "limits": _limits(args), "allow_globals": tuple(args.allow_global)}
 
 
 def _limit(text: str) -> tuple[str, int]:
@@ -161,6 +161,12 @@ def _limit(text: str) -> tuple[str, int]:
     if n < 0:
         raise argparse.ArgumentTypeError(f"{name}: must not be negative")
     return name, n
+
+
+def _add_allow_global(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
+                        help="for a file you trust: keep this refused global as an inert "
+                             "record, never called (repeatable)")
 
 
 def _add_limit(parser: argparse.ArgumentParser) -> None:
@@ -282,7 +288,8 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    report = _convert.verify(args.src, args.dst, key=args.key, limits=_limits(args))
+    report = _convert.verify(args.src, args.dst, key=args.key, limits=_limits(args),
+                             allow_globals=args.allow_global)
     if args.json:
         json.dump(_verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -469,8 +476,7 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--strict", action="store_true",
                      help="refuse every global outside the rebuild rules")
     _add_limit(ins)
-    ins.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
-                     help="keep this refused global as an inert record (repeatable)")
+    _add_allow_global(ins)
     conv = sub.add_parser(
         "convert", help="write a checkpoint's tensors as a safetensors file",
         description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
@@ -503,6 +509,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="write the tensors only, not the rest of the object (epochs, "
                            "optimizer state, configs …) as an inert tree")
     _add_limit(conv)
+    _add_allow_global(conv)
     conv.add_argument("--json", action="store_true", help="print a JSON summary")
     ver = sub.add_parser(
         "verify", help="compare a checkpoint with a safetensors file",
@@ -515,6 +522,7 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
     ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
     _add_limit(ver)
+    _add_allow_global(ver)
     ver.add_argument("--json", action="store_true", help="print a JSON report")
     sc = sub.add_parser(
         "scan", help="list every global and container trick in files, without running them",

@@ -16,7 +16,7 @@ import os
 import time
 import urllib.parse
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -213,6 +213,7 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     max_shard_size: int | str | None = None,
     tree: bool = True,
+    allow_globals: Iterable[str] = (),
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -241,6 +242,8 @@ def convert(
             (an int, or ``"5GB"``, ``"500MB"``, ``"1GiB"``: GB = 10**9, GiB = 2**30), named
             ``<stem>-0000K-of-0000N.safetensors`` with ``<stem>.safetensors.index.json``.
         tree: store the object tree beside the tensors (``False``: tensors only).
+        allow_globals: ``module.name`` globals the policy would refuse, kept as inert
+            records for a file you trust (as in :func:`torchless.open`); never called.
 
     Raises:
         ConversionError: the output cannot be written as asked (nothing is left at DST).
@@ -260,10 +263,11 @@ def convert(
             return _hf.convert_layout(
                 spath, None if dst is None else os.fspath(dst), key=key, force=force,
                 dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
-                limits=limits, progress=progress, max_shard_size=max_shard_size)
+                limits=limits, progress=progress, max_shard_size=max_shard_size,
+                allow_globals=allow_globals)
         dpath = os.fspath(dst) if dst is not None else default_dst(spath)
         return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, limits,
-                        progress, tree)
+                        progress, tree, tuple(allow_globals))
     except CheckpointError:
         raise
     except MemoryError as e:
@@ -279,7 +283,8 @@ def convert(
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              skip_unsupported: bool, verify: bool, limits: Limits | None,
-             progress: Callable[[int, int], None] | None, tree: bool) -> ConversionReport:
+             progress: Callable[[int, int], None] | None, tree: bool,
+             allow_globals: tuple[str, ...]) -> ConversionReport:
     started = time.monotonic()
     if os.path.isdir(dpath):
         raise ConversionError("the output path is a directory", path=dpath,
@@ -287,7 +292,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
     if not force and os.path.lexists(dpath):
         raise ConversionError("the output file exists (use force=True / --force to replace "
                               "it)", path=dpath, hint=EXISTS_HINT)
-    with _checkpoint.open(spath, limits=limits) as ckpt:
+    with _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
         try:
             if os.path.exists(dpath) and os.path.samefile(spath, dpath):
                 raise ConversionError("the output path is the source file", path=dpath,
@@ -306,7 +311,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
     checked = None
     if verify:
         checked = _verify(spath, dpath, key=key, limits=limits,
-                          skip_unsupported=skip_unsupported)
+                          skip_unsupported=skip_unsupported, allow_globals=allow_globals)
         if not checked.ok:
             os.unlink(dpath)
             raise ConversionError(f"verification failed: {_summary(checked)}; the output "
@@ -429,6 +434,7 @@ def verify(
     key: str | None = None,
     limits: Limits | None = None,
     skip_unsupported: bool = True,
+    allow_globals: Iterable[str] = (),
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -440,15 +446,17 @@ def verify(
     DST is read with torchless's own header parser (the data section must be tiled exactly).
     Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
     Tensors of SRC that safetensors cannot hold are listed as skipped (or as missing when
-    ``skip_unsupported=False``)."""
+    ``skip_unsupported=False``). ``allow_globals`` is as for :func:`torchless.open`."""
     spath, dpath = os.fspath(src), os.fspath(dst)
+    allow_globals = tuple(allow_globals)
     if any(os.path.isdir(p) or p.endswith(".index.json") for p in (spath, dpath)):
         from . import _hf
 
         return _hf.verify_layout(spath, dpath, key=key, limits=limits,
-                                 skip_unsupported=skip_unsupported)
+                                 skip_unsupported=skip_unsupported,
+                                 allow_globals=allow_globals)
     with safetensors_data(dpath) as (header, data), \
-            _checkpoint.open(spath, limits=limits) as ckpt:
+            _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
         tensors, unsupported = _select(ckpt, key)
         result = compare(tensors, list(unsupported), header, data, skip_unsupported)
         matched, mismatched, missing, extra, skipped, aliases = result

@@ -216,7 +216,8 @@ class UnsafeGlobalError(CheckpointError):
     hint = (
         "do not torch.load this file: loading it would run the code it names. If you "
         "trust it and need its contents, torchless.open(FILE, allow_globals=['module.name']) "
-        "or `torchless inspect --allow-global module.name` keeps the name as an inert record")
+        "or --allow-global module.name (inspect, convert, verify) keeps the name as an inert "
+        "record")
 
     def __init__(
         self,

@@ -40,7 +40,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
@@ -302,13 +302,15 @@ def convert_layout(
     limits: Limits | None,
     progress: Callable[[int, int], None] | None,
     max_shard_size: int | str | None,
+    allow_globals: Iterable[str] = (),
 ) -> ConversionReport:
     """Convert a model directory, an index, or one file into (sharded) safetensors."""
     started = time.monotonic()
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     layout = _resolve(spath, dst)
     with contextlib.ExitStack() as stack:
-        ckpts = [stack.enter_context(_checkpoint.open(p, limits=limits))
+        ckpts = [stack.enter_context(_checkpoint.open(p, limits=limits,
+                                                      allow_globals=allow_globals))
                  for p in layout.sources]
         if layout.expected is not None:
             _check_index(layout, ckpts)
@@ -546,7 +548,7 @@ def _outputs(dpath: str) -> tuple[list[str], dict[str, str] | None]:
 
 
 def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | None,
-                  skip_unsupported: bool) -> VerifyReport:
+                  skip_unsupported: bool, allow_globals: Iterable[str] = ()) -> VerifyReport:
     """Compare a checkpoint, a model directory or an index of shards with one safetensors
     file, a directory holding one, or a safetensors index and its shards.
 
@@ -567,7 +569,8 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | N
         tensors: dict[str, Tensor] = {}
         unsupported: list[str] = []
         for path in sources:
-            ckpt = stack.enter_context(_checkpoint.open(path, limits=limits))
+            ckpt = stack.enter_context(_checkpoint.open(path, limits=limits,
+                                                        allow_globals=allow_globals))
             got, bad = _select(ckpt, key)
             for name in [*got, *bad]:
                 if name in tensors or name in unsupported:

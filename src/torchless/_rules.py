@@ -391,5 +391,5 @@ def _refusal_hint(qualname: str, reason: str) -> str:
                 f"allow_globals=['{qualname}'] / --allow-global {qualname}")
     return (f"do not torch.load this file: loading it would call {qualname}. If you trust "
             f"it and need its contents, torchless.open(FILE, allow_globals=['{qualname}']) "
-            f"or `torchless inspect --allow-global {qualname}` keeps the name as an inert "
-            f"record (never called)")
+            f"or --allow-global {qualname} (inspect, convert, verify) keeps the name as an "
+            f"inert record (never called)")
