@@ -134,3 +134,42 @@ def test_allow_global_lets_a_trusted_file_convert_and_verify(torch: Any,
     assert isinstance(back["extra"], torchless.Opaque)  # kept as data, never called
     assert (back["extra"].callable.module, back["extra"].callable.name) == ("os", "getenv")
     assert back["extra"].args == ("TORCHLESS_NOT_SET",)
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect"])
+def test_directory_without_checkpoints_is_an_error(command: str, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("no checkpoint here")
+    (tmp_path / ".hidden.pt").write_bytes(EXAMPLE.read_bytes())
+    out = run(command, str(tmp_path))
+    assert out.returncode == 1 and out.stdout == ""
+    error, hint = out.stderr.splitlines()
+    assert error.startswith("torchless: error: no checkpoint files under ")
+    assert str(tmp_path) in error and "*.pt" in error
+    assert hint.startswith("torchless: hint: ")
+    assert not list(tmp_path.glob("*.safetensors"))
+
+
+def test_names_from_a_file_cannot_drive_the_terminal(torch: Any, tmp_path: Path) -> None:
+    """A tensor name with a newline, a terminal escape (clear screen), a carriage return and
+    a right-to-left override is printed escaped by every text output: it adds no line and
+    no control character reaches the terminal."""
+    hostile = "evil\x1b[2J\rname\nforged line\u202eabc"
+    src = tmp_path / "names.pt"
+    torch.save({hostile: torch.ones(2), "plain": torch.zeros(3)}, src)
+    outputs = {
+        "inspect": run("inspect", str(src)),
+        "convert": run("convert", str(src), "--verify"),
+        "verify": run("verify", str(src), str(tmp_path / "names.safetensors")),
+        "scan": run("scan", "-v", str(src)),
+        "many": run("inspect", str(src), str(src)),
+    }
+    escaped = "evil\\x1b[2J\\x0dname\\x0aforged line\\u202eabc"
+    for what, out in outputs.items():
+        assert out.returncode == 0, (what, out.stderr)
+        text = out.stdout + out.stderr
+        assert not any(c in text for c in "\x1b\r\u202e"), what
+        assert not any(line.startswith("forged line") for line in text.splitlines()), what
+    assert escaped in outputs["inspect"].stdout and escaped in outputs["verify"].stdout
+    # JSON keeps the name exactly
+    doc = json.loads(run("inspect", str(src), "--json").stdout)
+    assert hostile in {t["name"] for t in doc["tensors"]}

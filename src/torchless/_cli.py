@@ -18,6 +18,7 @@ from ._errors import CheckpointError
 from ._graph import ModuleDict
 from ._limits import Limits
 from ._tensor import Tensor, UnsupportedTensor
+from ._text import line_writer, printable
 from ._values import Global, Opaque
 from ._version import __version__
 
@@ -93,7 +94,7 @@ def _verify_json(r: _convert.VerifyReport) -> dict[str, Any]:
 
 
 def _verify_text(r: _convert.VerifyReport, out: Any) -> None:
-    w = out.write
+    w = line_writer(out)
     for name in r.matched:
         w(f"  ok        {name}{' -> ' + r.aliases[name] if name in r.aliases else ''}\n")
     for name, why in r.mismatched.items():
@@ -121,7 +122,7 @@ def _report_json(report: _convert.ConversionReport) -> dict[str, Any]:
 
 
 def _report_text(report: _convert.ConversionReport, out: Any) -> None:
-    w = out.write
+    w = line_writer(out)
     w(f"{report.dst}: {report.tensors} tensors, {_human(report.bytes)} "
       f"in {report.seconds:.2f} s\n")
     if len(report.files) > 1:
@@ -222,11 +223,25 @@ def _is_batch(sources: Sequence[str]) -> bool:
     return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s) for s in sources)
 
 
+def _require_files(paths: Sequence[str]) -> None:
+    """Directories given to convert or inspect must hold a checkpoint: an empty walk is a
+    mistaken path far more often than a finished job."""
+    from ._batch import CHECKPOINT_SUFFIXES, expand
+
+    if not expand(paths):
+        raise CheckpointError(
+            f"no checkpoint files under {', '.join(paths)} (looked for "
+            f"{', '.join('*' + x for x in CHECKPOINT_SUFFIXES)}, hidden files left out)",
+            hint="check the path, or name the files themselves: a file named on the command "
+                 "line is read whatever its name")
+
+
 def _run_batch(args: argparse.Namespace) -> int:
     """Many sources (directories walked), each to its default output; a failure does not
     stop the others; outputs already there and verified are skipped."""
     from ._batch import BatchResult, batch
 
+    _require_files(args.src)
     options = _options(args)
     options["resume"] = not args.force
 
@@ -258,10 +273,10 @@ def _batch_line(doc: dict[str, Any], as_json: bool) -> None:
     if not doc["ok"]:
         _print_error(doc["error"], doc.get("hint"))
     elif not as_json and doc["status"] == "skipped":
-        sys.stdout.write(f"{doc['dst']}: already converted (verified)\n")
+        line_writer(sys.stdout)(f"{doc['dst']}: already converted (verified)\n")
     elif not as_json:
-        sys.stdout.write(f"{doc['dst']}: {doc['tensors']} tensors, {_human(doc['bytes'])} "
-                         f"in {doc['seconds']:.2f} s\n")
+        line_writer(sys.stdout)(f"{doc['dst']}: {doc['tensors']} tensors, "
+                                f"{_human(doc['bytes'])} in {doc['seconds']:.2f} s\n")
 
 
 def _run_inspect_many(args: argparse.Namespace) -> int:
@@ -273,13 +288,14 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
             sys.stdout.write(r.to_json() + "\n")
         elif r.ok:
             d = r.detail
-            sys.stdout.write(f"{r.path}: {d['format']}, {d['tensors']} tensors, "
-                             f"{_human(d['bytes'])}"
-                             + (f", {len(d['opaque_globals'])} opaque classes"
-                                if d["opaque_globals"] else "") + "\n")
+            line_writer(sys.stdout)(f"{r.path}: {d['format']}, {d['tensors']} tensors, "
+                                    f"{_human(d['bytes'])}"
+                                    + (f", {len(d['opaque_globals'])} opaque classes"
+                                       if d["opaque_globals"] else "") + "\n")
         else:
             _print_error(r.error, r.hint)
 
+    _require_files(args.file)
     options = {"strict": args.strict, "allow_globals": tuple(args.allow_global),
                "limits": _limits(args)}
     with _workers(args.jobs) as pool:
@@ -413,8 +429,9 @@ def _inspect_json(ckpt: _checkpoint.Checkpoint) -> dict[str, Any]:
 
 def _inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
     data = _inspect_json(ckpt)
-    w = out.write
-    w(f"{ckpt.path}\n  format: {data['description']}\n")
+    w = line_writer(out)
+    w(f"{ckpt.path}\n")
+    w(f"  format: {data['description']}\n")
     w(f"  tensors: {data['tensor_count']}, {_human(data['total_bytes'])}\n")
     rows = data["tensors"]
     if rows:
@@ -551,8 +568,7 @@ def _print_error(error: str | None, hint: str | None) -> None:
     # one line each, whatever names from the file hold
     for label, text in (("error", error), ("hint", hint)):
         if text:
-            text = text.replace("\r", "\\r").replace("\n", "\\n")
-            sys.stderr.write(f"torchless: {label}: {text}\n")
+            sys.stderr.write(f"torchless: {label}: {printable(text)}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

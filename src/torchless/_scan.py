@@ -44,6 +44,7 @@ from ._rules import TorchResolver
 from ._scan_pickle import FoundGlobal, StreamScan, scan_stream
 from ._scan_zip import ZipMember, read_member, scan_zip
 from ._source import Source
+from ._text import printable
 from ._values import Global
 
 __all__ = ["Anomaly", "FileScan", "GlobalRef", "ScanReport", "format_table", "scan",
@@ -694,4 +695,4 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
     lines.append(f"{len(report.files)} files: {c['clean']} clean, {c['dangerous']} dangerous, "
                  f"{c['anomalous']} anomalous, {c['unreadable']} unreadable, "
                  f"{c['skipped']} skipped")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
