@@ -125,6 +125,12 @@ def test_remote_convert_equals_local(torch: ModuleType, tmp_path: Path,
                                      served: _Server) -> None:
     _big_checkpoint(torch, tmp_path / "m.pt", mib=12, count=6)
     local = torchless.convert(tmp_path / "m.pt", tmp_path / "local.safetensors")
+    size = (tmp_path / "m.pt").stat().st_size
+    before = served.sent
+    torchless.convert(served.url + "m.pt", tmp_path / "once.safetensors")
+    # every byte once, plus the end records, the central directory and data.pkl: no byte of
+    # a tensor is fetched twice (the block read with each local header is reused)
+    assert served.sent - before <= size + 4 * 64 * 1024, (served.sent - before, size)
     remote = torchless.convert(served.url + "m.pt", tmp_path / "remote.safetensors",
                                verify=True)
     assert remote.verified is not None and remote.verified.ok

@@ -270,12 +270,25 @@ class RemoteSource(Source):
         return self._mmap if self._mmap is not None else b""
 
     def blocks(self, offset: int, n: int, chunk: int) -> Iterator[memoryview | bytes]:
-        """Bytes ``[offset, offset + n)`` streamed from the server, not kept."""
+        """Bytes ``[offset, offset + n)`` streamed from the server, not kept; blocks already
+        fetched (the member's local header is read with the start of its data) come from
+        the local map instead of being asked for again."""
         super().view(offset, n)  # bounds
         end = offset + n
         pos = offset
         while pos < end:
-            stop = min(end, pos + STREAM_BYTES)
+            b = pos // BLOCK_BYTES
+            if self._have[b]:
+                stop = min(end, (b + 1) * BLOCK_BYTES)
+                for i in range(pos, stop, chunk):
+                    yield self._view[i:min(stop, i + chunk)]
+                pos = stop
+                continue
+            limit = min(end, pos + STREAM_BYTES)
+            run = b + 1
+            while run * BLOCK_BYTES < limit and not self._have[run]:
+                run += 1
+            stop = min(limit, run * BLOCK_BYTES)
             yield from self._backend.stream(pos, stop, chunk)
             pos = stop
 
