@@ -154,9 +154,9 @@ class AmbiguousArchiveError(ArchiveFormatError):
     """Two reasonable parsers would read different content from this archive."""
 
     hint = (
-        "different tools would read different content from this file, a trick used to "
-        "hide a payload from scanners: do not torch.load it; get the file from a source "
-        "you trust")
+        "different tools would read different content from this file: damage, or a "
+        "trick used to hide a payload from scanners; do not torch.load it, get the file "
+        "again from a source you trust")
 
 
 class ChecksumError(ArchiveFormatError):
