@@ -445,3 +445,29 @@ def test_errors_page_lists_every_class() -> None:
     for cls in EXPORTED:
         assert f"`{cls.__name__}`" in text, f"docs/errors.md does not describe {cls.__name__}"
     assert "torchless: hint:" in text and '"hint"' in text
+
+
+def test_reading_after_close_is_an_error_not_garbage() -> None:
+    """Was: Tensor.numpy() after the with block viewed an emptied map and returned whatever
+    memory lay there. Arrays taken inside the block stay valid (they keep the map)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "tiny.pt"
+    with torchless.open(example) as ckpt:
+        weight = ckpt.tensors["state_dict.0.weight"]
+        bias = ckpt.tensors["state_dict.0.bias"].numpy()
+        expected = bias.tobytes()
+    with pytest.raises(CheckpointError, match="closed") as info:
+        weight.numpy()
+    assert info.value.path == str(example) and "with" in info.value.hint
+    assert bias.tobytes() == expected  # taken before close: still the file's bytes
+
+
+def test_storage_shorter_than_declared_is_refused() -> None:
+    """A loader that hands back fewer bytes than the storage declares is refused before any
+    array views past them."""
+    from torchless._dtypes import DTYPES
+    from torchless._tensor import Storage
+
+    float32 = next(d for d in DTYPES if d.name == "float32")
+    storage = Storage("0", float32, 16, lambda: b"\x00" * 8)
+    with pytest.raises(torchless.StorageError, match="holds 8 bytes, 16 declared"):
+        storage.buffer()

@@ -23,6 +23,8 @@ class Source:
     #: Whether the bytes come from elsewhere by ranges (:mod:`torchless._remote`).
     remote = False
 
+    _closed = False
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         try:
@@ -62,6 +64,11 @@ class Source:
         return self._mmap if self._mmap is not None else b""
 
     def view(self, offset: int, n: int, what: str = "data") -> memoryview:
+        if self._closed:
+            raise CheckpointError(
+                "the checkpoint is closed: its tensors can no longer be read", path=self.path,
+                hint="read tensors (numpy(), to_torch()) inside the `with torchless.open(...)` "
+                     "block, or copy what you need (np.array(t.numpy())) before it ends")
         if offset < 0 or n < 0:
             raise FormatError(f"{what}: negative offset or length", offset=offset)
         if offset + n > self.size:
@@ -100,6 +107,7 @@ class Source:
         """Drop our reference; arrays still viewing the map keep it alive until they go."""
         self._mmap = None
         self._view = memoryview(b"")
+        self._closed = True
 
     def __enter__(self) -> Source:
         return self

@@ -57,7 +57,11 @@ class Storage:
 
     def buffer(self) -> memoryview | bytes:
         if self._buffer is None:
-            self._buffer = self._loader()
+            buf = self._loader()
+            if memoryview(buf).nbytes != self.nbytes:  # never view past what is there
+                raise StorageError(f"storage {self.key!r} holds {memoryview(buf).nbytes} "
+                                   f"bytes, {self.nbytes} declared")
+            self._buffer = buf
         return self._buffer
 
     @property
