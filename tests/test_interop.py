@@ -65,6 +65,35 @@ def test_dlpack(torch: ModuleType, tmp_path: Path) -> None:
             assert ckpt.tensors[name].__dlpack_device__() == (1, 0)  # kDLCPU
 
 
+def test_dlpack_consumers_may_write(torch: ModuleType, tmp_path: Path) -> None:
+    """Was: the export was the file's read-only map, torch ignores DLPack's read-only flag,
+    and an in-place add on the result killed the process (SIGSEGV). JAX refused it. Now both
+    get a private copy: writes work and never reach the file."""
+    src = tmp_path / "m.pt"
+    torch.save({"w": torch.arange(6, dtype=torch.float32)}, src)
+    before = src.read_bytes()
+    code = textwrap.dedent(f"""
+        import numpy as np, torch, torchless
+        with torchless.open({str(src)!r}) as ckpt:
+            t = ckpt.tensors["w"]
+            a = torch.from_dlpack(t)
+            a.add_(1)
+            b = torch.from_dlpack(t)
+            print(a.tolist(), b.tolist(), t.numpy().tolist())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert out.stdout.split("] [") == ["[1.0, 2.0, 3.0, 4.0, 5.0, 6.0",
+                                       "0.0, 1.0, 2.0, 3.0, 4.0, 5.0",
+                                       "0.0, 1.0, 2.0, 3.0, 4.0, 5.0]\n"]
+    assert src.read_bytes() == before
+    jax = _need("jax")
+    with torchless.open(src) as ckpt:
+        got = jax.dlpack.from_dlpack(ckpt.tensors["w"])
+        assert np.asarray(got).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 def test_to_torch_needs_torch_imported(tmp_path: Path, torch: ModuleType) -> None:
     torch.save({"w": torch.ones(2)}, tmp_path / "m.pt")
     code = textwrap.dedent(f"""

@@ -220,10 +220,14 @@ class Tensor:
         return to_torch(self, torch)
 
     def __dlpack__(self, **kwargs: Any) -> Any:
-        """DLPack export of :meth:`numpy` (zero-copy, read-only; where NumPy can export the
-        dtype: not bfloat16 or float8). ``torch.from_dlpack(t)``, ``np.from_dlpack(t)``,
-        ``jax.dlpack.from_dlpack(t)`` …"""
-        return self.numpy().__dlpack__(**kwargs)
+        """DLPack export of a private, writable copy of the values (where NumPy can export
+        the dtype: not bfloat16 or float8): ``torch.from_dlpack(t)``, ``np.from_dlpack(t)``,
+        ``jax.dlpack.from_dlpack(t)`` …
+
+        Not the file's map itself: torch ignores DLPack's read-only flag, and a write into
+        the read-only map would kill the process; JAX refuses read-only exports. The
+        zero-copy view is :meth:`numpy`."""
+        return np.array(self.numpy(), order="C").__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         device: tuple[int, int] = self.numpy().__dlpack_device__()
