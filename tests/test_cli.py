@@ -173,3 +173,11 @@ def test_names_from_a_file_cannot_drive_the_terminal(torch: Any, tmp_path: Path)
     # JSON keeps the name exactly
     doc = json.loads(run("inspect", str(src), "--json").stdout)
     assert hostile in {t["name"] for t in doc["tensors"]}
+
+
+def test_report_with_one_source_is_a_usage_error(tmp_path: Path) -> None:
+    """Was: accepted and silently ignored (no report file written)."""
+    out = run("convert", str(EXAMPLE), "-o", str(tmp_path / "x.safetensors"),
+              "--report", str(tmp_path / "r.jsonl"))
+    assert out.returncode == 2 and "--report" in out.stderr
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "x.safetensors").exists()

@@ -583,6 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _is_batch(args.src) and args.output is not None:
             parser.error("-o/--output takes a single SRC; several SRC (or a directory of "
                          "checkpoints) go to their default outputs")
+        if not _is_batch(args.src) and args.report is not None:
+            parser.error("--report writes one line per file for several SRC or a directory "
+                         "of checkpoints; with one SRC, --json prints its summary")
     if vars(args).get("jobs", 1) < 1:
         parser.error("-j/--jobs must be at least 1")
     try:
