@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tracemalloc
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -99,6 +100,16 @@ def test_streaming_does_not_load_the_storage(torch: ModuleType, tg: ModuleType, 
         assert b"".join(blocks) == torch.arange(1000.0).numpy().tobytes()[400:4000]
 
 
+def _traced_peak(run: Callable[[], object]) -> int:
+    """The peak of Python-traced memory while ``run`` runs."""
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_deflated_memory_is_bounded(torch: ModuleType, tg: ModuleType,  # noqa: F811
                                     tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(1)
@@ -107,12 +118,7 @@ def test_deflated_memory_is_bounded(torch: ModuleType, tg: ModuleType,  # noqa: 
     del big
     assert packed.stat().st_size > 16 * MiB  # really compressed data, not a trivial stream
     torchless.convert(plain, tmp_path / "a.safetensors")
-    tracemalloc.start()
-    try:
-        torchless.convert(packed, tmp_path / "b.safetensors")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = _traced_peak(lambda: torchless.convert(packed, tmp_path / "b.safetensors"))
     assert peak < 20 * MiB, f"peak {peak / MiB:.1f} MiB while converting a 64 MiB tensor"
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
 
@@ -138,12 +144,7 @@ def test_deflated_views_are_inflated_once_into_a_spill_file(
         spill(self, *args, **kwargs)
 
     monkeypatch.setattr(_tensor.Storage, "spill", counting)
-    tracemalloc.start()
-    try:
-        torchless.convert(packed, tmp_path / "b.safetensors")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = _traced_peak(lambda: torchless.convert(packed, tmp_path / "b.safetensors"))
     assert inflated == ["0"]
     assert peak < 40 * MiB, f"peak {peak / MiB:.1f} MiB for views of a 64 MiB storage"
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
