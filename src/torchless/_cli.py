@@ -223,17 +223,20 @@ def _is_batch(sources: Sequence[str]) -> bool:
     return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s) for s in sources)
 
 
-def _require_files(paths: Sequence[str]) -> None:
-    """Directories given to convert or inspect must hold a checkpoint: an empty walk is a
-    mistaken path far more often than a finished job."""
+def _checkpoint_files(paths: Sequence[str]) -> list[str]:
+    """The files named and those found under the directories named, walked once. Directories
+    given to convert or inspect must hold a checkpoint: an empty walk is a mistaken path far
+    more often than a finished job."""
     from ._batch import CHECKPOINT_SUFFIXES, expand
 
-    if not expand(paths):
+    files = expand(paths)
+    if not files:
         raise CheckpointError(
             f"no checkpoint files under {', '.join(paths)} (looked for "
             f"{', '.join('*' + x for x in CHECKPOINT_SUFFIXES)}, hidden files left out)",
             hint="check the path, or name the files themselves: a file named on the command "
                  "line is read whatever its name")
+    return files
 
 
 def _run_batch(args: argparse.Namespace) -> int:
@@ -241,7 +244,7 @@ def _run_batch(args: argparse.Namespace) -> int:
     stop the others; outputs already there and verified are skipped."""
     from ._batch import BatchResult, batch
 
-    _require_files(args.src)
+    files = _checkpoint_files(args.src)
     options = _options(args)
     options["resume"] = not args.force
 
@@ -249,7 +252,7 @@ def _run_batch(args: argparse.Namespace) -> int:
         _batch_line(_batch_doc(result), args.json)
 
     with _workers(args.jobs) as pool:
-        results = batch(args.src, "convert", pool, report=args.report, on_result=show,
+        results = batch(files, "convert", pool, report=args.report, on_result=show,
                         **options)
     if args.json:
         json.dump([_batch_doc(r) for r in results], sys.stdout, indent=1)
@@ -295,11 +298,11 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
         else:
             _print_error(r.error, r.hint)
 
-    _require_files(args.file)
+    files = _checkpoint_files(args.file)
     options = {"strict": args.strict, "allow_globals": tuple(args.allow_global),
                "limits": _limits(args)}
     with _workers(args.jobs) as pool:
-        results = batch(args.file, "inspect", pool, on_result=show, **options)
+        results = batch(files, "inspect", pool, on_result=show, **options)
     return 0 if all(r.ok for r in results) else 1
 
 

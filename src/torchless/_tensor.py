@@ -58,9 +58,10 @@ class Storage:
     def buffer(self) -> memoryview | bytes:
         if self._buffer is None:
             buf = self._loader()
-            if memoryview(buf).nbytes != self.nbytes:  # never view past what is there
-                raise StorageError(f"storage {self.key!r} holds {memoryview(buf).nbytes} "
-                                   f"bytes, {self.nbytes} declared")
+            got = memoryview(buf).nbytes
+            if got != self.nbytes:  # never view past what is there
+                raise StorageError(f"storage {self.key!r} holds {got} bytes, "
+                                   f"{self.nbytes} declared")
             self._buffer = buf
         return self._buffer
 
