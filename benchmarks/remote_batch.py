@@ -23,61 +23,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from range_server import serve  # beside this script
 
 import torchless
 
 MiB = 1 << 20
 #: What --quick sets (options given explicitly still win): seconds, not figures.
 QUICK = {"mib": 1, "files": 2, "mib_each": 1, "reps": 1}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.root = root
-        self.requests = 0
-        self.sent = 0
-        self.lock = threading.Lock()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        path = self.server.root / self.path.lstrip("/")
-        size = path.stat().st_size
-        m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
-        if m is None:
-            self.send_error(400, "this server wants Range requests")
-            return
-        start, end = int(m.group(1)), min(int(m.group(2)), size - 1)
-        with path.open("rb") as f:
-            f.seek(start)
-            body = f.read(end + 1 - start)
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        with self.server.lock:
-            self.server.requests += 1
-            self.server.sent += len(body)
 
 
 _WRITE = """
@@ -99,10 +60,8 @@ def write(jobs: list[tuple[int, int, Path]]) -> None:
 def remote(work: Path, reps: int) -> None:
     src = work / "big.pt"
     size = src.stat().st_size
-    server = _Server(work)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/big.pt"
-    try:
+    for server in serve(work):  # one server, shut down when the loop ends
+        url = server.url + "big.pt"
         server.requests = server.sent = 0
         t0 = time.perf_counter()
         with torchless.open(url) as ckpt:
@@ -127,9 +86,6 @@ def remote(work: Path, reps: int) -> None:
         print(f"convert: local {lm:.2f} s, over HTTP {rm:.2f} s ({rm / lm:.2f}x local), "
               f"{server.requests} requests, {server.sent / size:.3f} x the file read; "
               f"outputs identical: {same}")
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def batch(work: Path, files: int, reps: int) -> None:

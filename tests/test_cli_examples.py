@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from .test_remote import _serve, _Server
+from benchmarks.range_server import RangeServer, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "tiny.pt"
@@ -55,8 +54,8 @@ def _scratch(root: Path) -> Path:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[_Server]:
-    yield from _serve(_scratch(tmp_path / "served"))
+def server(tmp_path: Path) -> Iterator[RangeServer]:
+    yield from serve(_scratch(tmp_path / "served"))
 
 
 def test_every_command_has_examples() -> None:
@@ -65,7 +64,7 @@ def test_every_command_has_examples() -> None:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_help_examples_run(command: str, tmp_path: Path, server: _Server) -> None:
+def test_help_examples_run(command: str, tmp_path: Path, server: RangeServer) -> None:
     work = _scratch(tmp_path / "work")
     if command == "verify":  # what the convert examples write, in the order they write it
         for example in _examples("convert"):

@@ -5,15 +5,13 @@ torch.load, and the server's own byte and request counts.
 
 from __future__ import annotations
 
-import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from benchmarks.range_server import RangeServer, serve
 
 import torchless
 
@@ -22,74 +20,9 @@ pytestmark = pytest.mark.torch
 MiB = 1 << 20
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, root: Path, ranges: bool) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.root = root
-        self.ranges = ranges
-        self.requests = 0
-        self.sent = 0
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        path = self.server.root / self.path.lstrip("/")
-        if not path.is_file():
-            self.send_error(404)
-            return
-        size = path.stat().st_size
-        m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
-        with self.server.lock:
-            self.server.requests += 1
-        if m is None or not self.server.ranges:
-            body = path.read_bytes()
-            self.send_response(200)
-        else:
-            start, end = int(m.group(1)), min(int(m.group(2)), size - 1)
-            if start >= size:
-                self.send_error(416)
-                return
-            with path.open("rb") as f:
-                f.seek(start)
-                body = f.read(end + 1 - start)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        try:
-            self.wfile.write(body)
-            with self.server.lock:
-                self.server.sent += len(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-
-def _serve(root: Path, ranges: bool = True) -> Iterator[_Server]:
-    server = _Server(root, ranges)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[_Server]:
-    yield from _serve(tmp_path)
+def served(tmp_path: Path) -> Iterator[RangeServer]:
+    yield from serve(tmp_path)
 
 
 def _big_checkpoint(torch: ModuleType, path: Path, mib: int = 104, count: int = 52) -> dict:
@@ -102,7 +35,7 @@ def _big_checkpoint(torch: ModuleType, path: Path, mib: int = 104, count: int = 
 
 
 def test_inspect_reads_under_one_percent(torch: ModuleType, tmp_path: Path,
-                                         served: _Server) -> None:
+                                         served: RangeServer) -> None:
     sd = _big_checkpoint(torch, tmp_path / "big.pt")
     size = (tmp_path / "big.pt").stat().st_size
     assert size >= 100 * MiB
@@ -122,7 +55,7 @@ def test_inspect_reads_under_one_percent(torch: ModuleType, tmp_path: Path,
 
 
 def test_remote_convert_equals_local(torch: ModuleType, tmp_path: Path,
-                                     served: _Server) -> None:
+                                     served: RangeServer) -> None:
     _big_checkpoint(torch, tmp_path / "m.pt", mib=12, count=6)
     local = torchless.convert(tmp_path / "m.pt", tmp_path / "local.safetensors")
     size = (tmp_path / "m.pt").stat().st_size
@@ -140,7 +73,7 @@ def test_remote_convert_equals_local(torch: ModuleType, tmp_path: Path,
 
 
 def test_remote_legacy_and_numpy_values(torch: ModuleType, tmp_path: Path,
-                                        served: _Server) -> None:
+                                        served: RangeServer) -> None:
     saved = {"a": torch.arange(10, dtype=torch.int16), "b": torch.ones(3, 4).t(),
              "meta": {"step": 3}}
     torch.save(saved, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
@@ -154,13 +87,13 @@ def test_remote_legacy_and_numpy_values(torch: ModuleType, tmp_path: Path,
 
 def test_server_without_range_is_refused(torch: ModuleType, tmp_path: Path) -> None:
     torch.save({"w": torch.ones(1000)}, tmp_path / "m.pt")
-    for server in _serve(tmp_path, ranges=False):
+    for server in serve(tmp_path, ranges=False):
         with pytest.raises(torchless.UnsupportedError, match="ignores Range"):
             torchless.open(server.url + "m.pt")
         assert server.requests == 1
 
 
-def test_missing_remote_file(served: _Server) -> None:
+def test_missing_remote_file(served: RangeServer) -> None:
     with pytest.raises(torchless.CheckpointError, match="404"):
         torchless.open(served.url + "nope.pt")
 
@@ -214,7 +147,7 @@ def test_s3_through_moto(torch: ModuleType, tmp_path: Path,
         server.stop()
 
 
-def test_scan_and_inspect_cli_remote(torch: ModuleType, tmp_path: Path, served: _Server,
+def test_scan_and_inspect_cli_remote(torch: ModuleType, tmp_path: Path, served: RangeServer,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     from torchless._cli import main
 
