@@ -16,22 +16,23 @@ DATA = Path(__file__).resolve().parent / "data"
 SHARED = REPO.parent / "shared"
 
 
-def _torch() -> ModuleType | None:
+def require(module: str) -> ModuleType:
+    """A test-only dependency (torch, jax, mlx …): skipped when missing, a failure when
+    TORCHLESS_REQUIRE_TORCH is set (CI installs every one of them)."""
+    import importlib  # the test suite's own imports; the library never imports by name
+
     try:
-        import torch
+        return importlib.import_module(module)
     except ImportError:
-        return None
-    return torch
+        if os.environ.get("TORCHLESS_REQUIRE_TORCH"):
+            pytest.fail(f"{module} is required (TORCHLESS_REQUIRE_TORCH is set) but not "
+                        "installed")
+        pytest.skip(f"{module} is not installed")
 
 
 @pytest.fixture(scope="session")
 def torch() -> ModuleType:
-    mod = _torch()
-    if mod is None:
-        if os.environ.get("TORCHLESS_REQUIRE_TORCH"):
-            pytest.fail("torch is required (TORCHLESS_REQUIRE_TORCH is set) but not installed")
-        pytest.skip("torch is not installed")
-    return mod
+    return require("torch")
 
 
 @pytest.fixture(scope="session")

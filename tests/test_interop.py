@@ -3,7 +3,6 @@ checkpoints, and DLPack. The oracle is torch.load of the same file."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import pytest
 
 import torchless
 
+from .conftest import require
 from .test_differential_torch import NUMPY_DTYPES, tg  # noqa: F401 (tg is a fixture)
 
 pytestmark = pytest.mark.torch
@@ -88,7 +88,7 @@ def test_dlpack_consumers_may_write(torch: ModuleType, tmp_path: Path) -> None:
                                        "0.0, 1.0, 2.0, 3.0, 4.0, 5.0",
                                        "0.0, 1.0, 2.0, 3.0, 4.0, 5.0]\n"]
     assert src.read_bytes() == before
-    jax = _need("jax")
+    jax = require("jax")
     with torchless.open(src) as ckpt:
         got = jax.dlpack.from_dlpack(ckpt.tensors["w"])
         assert np.asarray(got).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
@@ -116,19 +116,6 @@ def test_to_torch_needs_torch_imported(tmp_path: Path, torch: ModuleType) -> Non
     assert out[2] == "False"
 
 
-def _need(module: str) -> ModuleType:
-    """An optional reader installed by the test extra: CI (TORCHLESS_REQUIRE_TORCH) fails
-    without it instead of skipping."""
-    import importlib  # the test suite's own imports; the library never imports by name
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if os.environ.get("TORCHLESS_REQUIRE_TORCH"):
-            raise
-        pytest.skip(f"{module} is not installed")
-
-
 # dtypes both JAX and MLX hold (MLX has no float64 on every backend nor float8)
 _FRAMEWORK_DTYPES = ["float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
                      "uint8", "bool"]
@@ -147,8 +134,8 @@ def test_jax_and_mlx_read_converted_files(torch: ModuleType, tg: ModuleType,  # 
     out = tmp_path / "m.safetensors"
     torchless.convert(tmp_path / "m.pt", out, tree=False)
     if reader == "jax":
-        flax = _need("safetensors.flax")
-        jax = _need("jax")
+        flax = require("safetensors.flax")
+        jax = require("jax")
         x64 = jax.config.jax_enable_x64
         jax.config.update("jax_enable_x64", True)  # else JAX narrows int64 to int32
         try:
@@ -156,7 +143,7 @@ def test_jax_and_mlx_read_converted_files(torch: ModuleType, tg: ModuleType,  # 
         finally:
             jax.config.update("jax_enable_x64", x64)
     else:
-        mx = _need("mlx.core")
+        mx = require("mlx.core")
         # MLX hands bfloat16 to NumPy only through float32, which holds every bfloat16 exactly
         got = {k: np.asarray(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v)
                for k, v in mx.load(str(out)).items()}
