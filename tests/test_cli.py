@@ -15,9 +15,9 @@ from torchless._cli import main
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny.pt"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torchless", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=cwd)
 
 
 def test_inspect_example_text() -> None:

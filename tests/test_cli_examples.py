@@ -9,30 +9,23 @@ The examples run in order in one scratch directory holding the files they name, 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from benchmarks.range_server import RangeServer, serve
 
+from .test_cli import run
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "tiny.pt"
 COMMANDS = ("inspect", "convert", "verify", "scan")
 
 
-def _torchless(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchless", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "COLUMNS": "100"})
-
-
 def _examples(command: str) -> list[str]:
-    out = _torchless(command, "--help", cwd=ROOT)
+    out = run(command, "--help", cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "examples:" in out.stdout, f"torchless {command} --help has no examples"
     lines = out.stdout.split("examples:", 1)[1].splitlines()
@@ -69,7 +62,7 @@ def test_help_examples_run(command: str, tmp_path: Path, server: RangeServer) ->
     if command == "verify":  # what the convert examples write, in the order they write it
         for example in _examples("convert"):
             if "https://" not in example:
-                _torchless(*example.split()[1:], cwd=work)
+                run(*example.split()[1:], cwd=work)
     for i, example in enumerate(_examples(command)):
         cwd = work
         if "https://example.org/" in example:
@@ -77,7 +70,7 @@ def test_help_examples_run(command: str, tmp_path: Path, server: RangeServer) ->
             cwd = tmp_path / f"url{i}"
             cwd.mkdir()
         args = example.split()[1:]
-        out = _torchless(*args, cwd=cwd)
+        out = run(*args, cwd=cwd)
         assert out.returncode == 0, f"{example}: exit {out.returncode}\n{out.stderr}"
         assert "Traceback" not in out.stderr, example
         if "--json" in args:
