@@ -175,3 +175,39 @@ def write_tar(torch: Any, tensors: dict[str, Any], path: str, *, big_endian: boo
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+
+
+def old_tensor_setstate(torch: Any, data: Any, *, offset: int, size: tuple[int, ...],
+                        stride: tuple[int, ...]) -> bytes:
+    """A legacy stream holding one float32 tensor in the oldest form torch reads:
+    ``torch.Tensor()`` then ``__setstate__((storage, offset, size, stride))`` (the form of
+    torch's own backwards-compatibility test). ``data`` is a float32 NumPy array."""
+
+    class _Storage:
+        pass
+
+    class _OldTensor:
+        def __reduce__(self) -> Any:
+            return (torch.Tensor, (), (storage, offset, size, stride))
+
+    storage = _Storage()
+    f = io.BytesIO()
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, o: Any) -> Any:
+            if o is storage:
+                return ("storage", torch.FloatStorage, "0", "cpu", int(data.size), None)
+            return None
+
+    sys_info = {"protocol_version": 1001, "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 4}}
+    for value in (MAGIC, 1001, sys_info):
+        pickle.dump(value, f, protocol=2)
+    Pickler(f, protocol=2).dump(_OldTensor())
+    pickle.dump(["0"], f, protocol=2)
+    f.write(struct.pack("<q", int(data.size)))
+    f.write(data.astype("<f4").tobytes())
+    return f.getvalue()
+
+
+

@@ -86,6 +86,10 @@ POLICY_DEVIATIONS: dict[str, tuple[str, str]] = {
     "key_reserved_metadata": (
         "read", "reading is not converting: '__metadata__' is only reserved in a safetensors "
         "header; refusing it (InvalidKeyError) is the safetensors writer's job"),
+    "pkl_cycle_state_dict_self": (
+        "read", "torch.load reads this file, and real checkpoints hold cycles (Hydra/OmegaConf "
+        "configs point each node at its parent): the walk never follows an edge round a "
+        "cycle, so naming stops and load() gives the same cyclic dict (issue 12)"),
 }
 
 #: Cases whose manifest note allows a rejection only while the layout is unsupported: once
@@ -725,6 +729,9 @@ ALLOWED_CALLS = {
     ("argparse.Namespace.__init__", "torchless/_rules_stdlib.py:StdlibRules._r_namespace"):
         "the argparse.Namespace rebuild rule (Lightning hparams) builds a real Namespace, a "
         "data container whose __init__ only sets attributes (seen for rce_fallback_bait)",
+    ("pathlib.Path.__new__", "torchless/_rules_stdlib.py:StdlibRules._r_path"):
+        "the pathlib rebuild rule builds a path from checked str parts, which touches no file "
+        "(seen for gadget_pathlib_touch_chain, whose getattr(path, 'touch') is then refused)",
 }
 
 #: Whole modules no reader may call into (README: "Callables that can only be there to attack").

@@ -22,7 +22,7 @@ from ._remote import RemoteSource, is_remote
 from ._rules import GlobalRecord, TorchResolver
 from ._source import Source
 from ._tar import TorchTar
-from ._tensor import Tensor, UnsupportedTensor
+from ._tensor import Tensor, UnsupportedTensor, with_attrs
 from ._torchzip import TorchZip
 
 __all__ = ["Checkpoint", "load", "open"]
@@ -251,6 +251,7 @@ def load(
                         out = t.numpy()
                         if copy:
                             out = np.array(out)
+                        out = with_attrs(out, t)
                 except CheckpointError as e:  # name the tensor
                     name = next((k for k, v in ckpt.tensors.items() if v is t), None)
                     raise e.add_context(member=name) from None

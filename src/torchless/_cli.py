@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+import types
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from ._tensor import Tensor, UnsupportedTensor
 from ._text import line_writer, printable
 from ._values import Global, Opaque
 from ._version import __version__
+from ._walk import children
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -363,42 +365,41 @@ def _short(value: Any, width: int = 60) -> str:
 
 
 def _values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
-    """(flat name, value) for non-tensor leaves, breadth-limited and shared-safe."""
+    """(flat name, value) for values that are not tensors, in walk order (the walker's names),
+    each container expanded once (a second path to it shows as a shared reference)."""
     seen: set[int] = set()
     stack: list[tuple[str, Any]] = [("", tree)]
     count = 0
     while stack and count < limit:
         name, obj = stack.pop()
-        if isinstance(obj, (Tensor, UnsupportedTensor)):
+        if isinstance(obj, (Tensor, UnsupportedTensor, ModuleDict)):
             continue
         if isinstance(obj, (list, tuple)) and len(obj) <= 16 and all(
                 isinstance(v, (str, int, float, bool, type(None))) for v in obj):
             yield name or "<root>", obj
             count += 1
             continue
-        if isinstance(obj, (dict, list, tuple)) and not isinstance(obj, ModuleDict):
+        if isinstance(obj, _EXPANDED):
             if id(obj) in seen:
                 yield name, "<shared reference>"
                 count += 1
                 continue
             seen.add(id(obj))
-            items = list(obj.items()) if isinstance(obj, dict) else list(enumerate(obj))
-            if not items:
+            kids = [(f"{name}.{n}" if name and n else name or n, c)
+                    for n, c in children(obj) if n is not None]
+            if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
+                yield name, f"{type(obj).__name__}({len(vars(obj))} fields)"
+                count += 1
+            elif not kids:
                 yield name or "<root>", obj
                 count += 1
-            for key, value in reversed(items):
-                stack.append((f"{name}.{key}" if name else str(key), value))
-            continue
-        if isinstance(obj, ModuleDict):
-            continue
-        if isinstance(obj, argparse.Namespace):
-            yield name, f"Namespace({len(vars(obj))} fields)"
-            count += 1
-            for key, value in reversed(list(vars(obj).items())):
-                stack.append((f"{name}.{key}", value))
+            stack.extend(reversed(kids))
             continue
         yield name or "<root>", obj
         count += 1
+
+
+_EXPANDED = (dict, list, tuple, collections.deque, argparse.Namespace, types.SimpleNamespace)
 
 
 def _shared_keys(ckpt: _checkpoint.Checkpoint) -> set[str]:

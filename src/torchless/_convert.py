@@ -38,6 +38,7 @@ from ._safetensors import (
 )
 from ._source import Source
 from ._tensor import Tensor
+from ._walk import children
 
 __all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "convert", "default_dst",
            "verify"]
@@ -114,13 +115,8 @@ def _select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Te
 
     tensors, unsupported = pick(ckpt.tensors), pick(ckpt.unsupported)
     if not tensors and not unsupported:
-        tree = ckpt.tree
-        if isinstance(tree, dict):
-            keys = [str(k) for k in tree]
-        elif isinstance(tree, (list, tuple)):
-            keys = [str(i) for i in range(len(tree))]
-        else:
-            keys = sorted({n.split(".", 1)[0] for n in ckpt.tensors})
+        keys = [n for n, _ in children(ckpt.tree) if n] or sorted(
+            {n.split(".", 1)[0] for n in ckpt.tensors})
         shown = ", ".join(repr(k) for k in keys[:50]) + (" …" if len(keys) > 50 else "")
         raise ConversionError(f"no tensors under key {key!r}; the top-level keys are: "
                               f"{shown or '(none)'}", path=ckpt.path,

@@ -1,22 +1,27 @@
 """Walks over the object graph a pickle produced: finishing it and naming its tensors.
 
-The graph is a DAG in general (the memo shares objects), so every walk here
-is iterative (deep nesting cannot overflow the stack), visits each object
-once (a value shared a million times costs one visit), and refuses cycles.
+The graph is a DAG in general (the memo shares objects) and may hold cycles (objects that
+point back at their parents), so every walk here is iterative (deep nesting cannot overflow
+the stack), visits each object once (a value shared a million times costs one visit), and
+never follows an edge round a cycle. What a node's children are is :mod:`._walk`'s alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import Callable
 from typing import Any
 
-from ._errors import LimitError, PickleError, type_phrase
+import numpy as np
+
+from ._errors import LimitError
 from ._known import Pending
 from ._limits import Limits
-from ._tensor import Tensor, UnsupportedTensor
+from ._tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from ._values import NOTSET, Opaque
+from ._walk import LEAVES, children, depth_first, is_node
 
 __all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
 
@@ -26,28 +31,6 @@ class ModuleDict(collections.OrderedDict[str, Any]):
 
 
 ModuleHook = Callable[[Opaque], "ModuleDict | None"]
-
-_CONTAINERS = (list, dict, tuple, Opaque, Pending, argparse.Namespace, collections.deque)
-_LEAVES = (Tensor, UnsupportedTensor)
-
-
-def _children(obj: Any) -> Iterator[Any]:
-    if isinstance(obj, dict):
-        yield from obj.values()
-    elif isinstance(obj, (list, tuple, collections.deque)):
-        yield from obj
-    elif isinstance(obj, Opaque):
-        yield obj.callable
-        yield from obj.args
-        if obj.kwargs:
-            yield from obj.kwargs.values()
-        if obj.state is not NOTSET:
-            yield obj.state
-        yield from obj.items
-        for _, v in obj.dict_items:
-            yield v
-    elif isinstance(obj, argparse.Namespace):
-        yield from vars(obj).values()
 
 
 def module_state_dict(obj: Opaque) -> ModuleDict | None:
@@ -86,52 +69,56 @@ def finish(
     module_hook: ModuleHook = module_state_dict,
     leaf: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """Resolve pending NumPy values, replace saved modules by their state dicts,
-    and check depth and cycles. Mutable containers are updated in place.
+    """Resolve pending NumPy values, replace saved modules by their state dicts, turn storages
+    held as values into 1-D tensors, and check depth. Mutable containers are updated in place;
+    cycles are kept (a reference back into a cycle is patched once its target is finished).
 
     With ``leaf``, every tensor leaf is replaced by ``leaf(tensor)``."""
-    if leaf is not None and isinstance(root, _LEAVES):
-        return leaf(root)
     done: dict[int, Any] = {}
-    active: set[int] = set()
-    stack: list[tuple[Any, int, bool]] = [(root, 0, False)]
-    while stack:
-        obj, depth, expanded = stack.pop()
-        oid = id(obj)
-        if expanded:
-            active.discard(oid)
-            done[oid] = _rebuild(obj, done, module_hook, leaf)
-            continue
-        if oid in done or not isinstance(obj, _CONTAINERS):
-            continue
-        if oid in active:
-            raise PickleError(f"the object graph contains a cycle ({type_phrase(obj)} "
-                              "contains itself)",
-                              hint="torch.save of a model or state dict never writes a "
-                                   "container that holds itself: the file was made by "
-                                   "another tool or by hand; torchless cannot flatten it")
-        if depth > limits.max_depth:
-            raise LimitError("max_depth", limits.max_depth, depth, "nested containers")
-        active.add(oid)
-        stack.append((obj, depth, True))
-        if isinstance(obj, Pending):
-            stack.append((obj.resolved(), depth, False))
-            continue
-        for child in _children(obj):
-            if isinstance(child, _CONTAINERS) and id(child) not in done:
-                stack.append((child, depth + 1, False))
-    return done.get(id(root), root)
+    as_leaf: dict[int, Any] = {}
+    back: list[tuple[Any, Any]] = []
 
-
-def _rebuild(obj: Any, done: dict[int, Any], module_hook: ModuleHook,
-             leaf: Callable[[Any], Any] | None) -> Any:
     def new(v: Any) -> Any:
-        if isinstance(v, _CONTAINERS):
-            return done.get(id(v), v)
-        if leaf is not None and isinstance(v, _LEAVES):
-            return leaf(v)
+        if is_node(v):
+            v = done.get(id(v), v)
+        if isinstance(v, (Storage, MissingStorage)):
+            known = as_leaf.get(id(v))
+            if known is None:
+                known = as_leaf[id(v)] = (Tensor.of_storage(v) if isinstance(v, Storage)
+                                          else DATALESS)
+            v = known
+        if leaf is not None and isinstance(v, LEAVES):
+            v = leaf(v)
         return v
 
+    alive: list[Any] = []  # every original stays alive, so that no id in done is reused
+
+    def post(node: Any) -> None:
+        alive.append(node)
+        done[id(node)] = _rebuild(node, new, module_hook)
+
+    depth_first(root, limits, post, lambda parent, _, child: back.append((parent, child)))
+    for parent, child in back:
+        target = done.get(id(child), child)
+        if target is not child:
+            _rebuild(done.get(id(parent), parent), new, None)
+    return new(root)
+
+
+def _hashable(new: Callable[[Any], Any], v: Any) -> Any:
+    """``new(v)`` where it can stand in a set or as a dict key; a tensor whose leaf cannot
+    (a NumPy array) stays a tensor, detached from the file."""
+    out = new(v)
+    if out is v:
+        return v
+    try:
+        hash(out)
+    except TypeError:
+        return v.detached() if isinstance(v, Tensor) else v
+    return out
+
+
+def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None) -> Any:
     if isinstance(obj, Pending):
         return new(obj.resolved())
     if isinstance(obj, list):
@@ -139,23 +126,37 @@ def _rebuild(obj: Any, done: dict[int, Any], module_hook: ModuleHook,
             obj[i] = new(v)
         return obj
     if isinstance(obj, dict):
-        for k, v in obj.items():
-            nv = new(v)
-            if nv is not v:
-                obj[k] = nv
+        _rebuild_dict(obj, new)
+        if type(obj) is not dict and hasattr(obj, "__dict__"):
+            _rebuild_attrs(vars(obj), new)
         return obj
     if isinstance(obj, tuple):
         items = tuple(new(v) for v in obj)
         return obj if all(a is b for a, b in zip(items, obj, strict=True)) else items
+    if isinstance(obj, (set, frozenset)):
+        members = [_hashable(new, v) for v in obj]
+        if all(a is b for a, b in zip(members, obj, strict=True)):
+            return obj
+        if isinstance(obj, frozenset):
+            return frozenset(members)
+        obj.clear()
+        obj.update(members)
+        return obj
     if isinstance(obj, collections.deque):
         values = [new(v) for v in obj]
         obj.clear()
         obj.extend(values)
         return obj
-    if isinstance(obj, argparse.Namespace):
-        d = vars(obj)
-        for k, v in d.items():
-            d[k] = new(v)
+    if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
+        _rebuild_attrs(vars(obj), new)
+        return obj
+    if isinstance(obj, Tensor):
+        if obj.attrs:
+            _rebuild_attrs(obj.attrs, new)
+        return obj
+    if isinstance(obj, np.ndarray):
+        for index in np.ndindex(obj.shape):
+            obj[index] = new(obj[index])
         return obj
     assert isinstance(obj, Opaque)
     obj.callable = new(obj.callable)
@@ -165,121 +166,105 @@ def _rebuild(obj: Any, done: dict[int, Any], module_hook: ModuleHook,
     if obj.state is not NOTSET:
         obj.state = new(obj.state)
     obj.items = [new(v) for v in obj.items]
-    obj.dict_items = [(k, new(v)) for k, v in obj.dict_items]
-    module = module_hook(obj)
+    obj.dict_items = [(_hashable(new, k), new(v)) for k, v in obj.dict_items]
+    module = module_hook(obj) if module_hook is not None else None
     return obj if module is None else module
 
 
-def _key(k: Any) -> str:
-    if type(k) is str:
-        return k
-    if type(k) is int or type(k) is bool or k is None or type(k) is float:
-        return str(k)
-    if isinstance(k, bytes):
-        return k.decode("utf-8", "backslashreplace")
-    return repr(k)
+def _rebuild_attrs(attrs: dict[str, Any], new: Callable[[Any], Any]) -> None:
+    for k, v in attrs.items():
+        nv = new(v)
+        if nv is not v:
+            attrs[k] = nv
 
 
-def _named_children(obj: Any) -> Iterator[tuple[str, Any]]:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield _key(k), v
-    elif isinstance(obj, (list, tuple, collections.deque)):
-        for i, v in enumerate(obj):
-            yield str(i), v
-    elif isinstance(obj, argparse.Namespace):
-        yield from vars(obj).items()
-    elif isinstance(obj, Opaque):
-        if obj.state is not NOTSET:
-            if isinstance(obj.state, (dict, list, tuple)):
-                yield from _named_children(obj.state)
-            else:
-                yield "state", obj.state
-        elif obj.args:
-            for i, v in enumerate(obj.args):
-                yield f"args.{i}", v
-        for i, v in enumerate(obj.items):
-            yield str(i), v
-        for k, v in obj.dict_items:
-            yield _key(k), v
+def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any]) -> None:
+    keys_change = False
+    for k, v in obj.items():
+        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage))) \
+                and _hashable(new, k) is not k:
+            keys_change = True
+            break
+        nv = new(v)
+        if nv is not v:
+            obj[k] = nv  # replacing a value keeps the order and the iteration valid
+    if keys_change:
+        items = [(_hashable(new, k), new(v)) for k, v in obj.items()]
+        obj.clear()
+        obj.update(items)
 
 
-
-def _tensor_counts(root: Any, limits: Limits) -> dict[int, int]:
-    """Tensor names below each container, counted once per node (post-order, memoised).
+def _tensor_counts(root: Any, limits: Limits, cut: dict[int, set[int]]) -> dict[int, int]:
+    """Tensor names below each node, counted once per node (post-order, memoised).
 
     A DAG that reaches one tensor by 2^30 paths is refused here, in time linear in its
     size, before any name is built."""
     counts: dict[int, int] = {}
     chars: dict[int, int] = {}  # characters of the names below, relative to the node
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        obj, expanded = stack.pop()
-        if expanded:
-            n = size = 0
-            for name, c in _named_children(obj):
-                if isinstance(c, _LEAVES):
-                    n += 1
-                    size += len(name)
-                elif isinstance(c, _CONTAINERS) and counts.get(id(c), 0):
-                    below = counts[id(c)]
-                    n += below
-                    size += below * (len(name) + 1) + chars.get(id(c), 0)
-            if n > limits.max_tensors:
-                raise LimitError("max_tensors", limits.max_tensors, n,
-                                 "tensor names, aliases included")
-            if size > limits.max_name_bytes:
-                raise LimitError("max_name_bytes", limits.max_name_bytes, size,
-                                 "characters of the flat tensor names")
-            counts[id(obj)] = n
-            chars[id(obj)] = size
-            continue
-        if id(obj) in counts or not isinstance(obj, _CONTAINERS):
-            continue
-        counts[id(obj)] = 0  # placeholder: visited (finish() already refused cycles)
-        stack.append((obj, True))
-        for _, child in _named_children(obj):
-            if isinstance(child, _CONTAINERS) and id(child) not in counts:
-                stack.append((child, False))
+
+    def post(node: Any) -> None:
+        n = size = 0
+        skip = cut.get(id(node), ())
+        for pos, (name, c) in enumerate(children(node)):
+            if name is None or pos in skip:
+                continue
+            if isinstance(c, LEAVES):
+                n += 1
+                size += len(name)
+            below = counts.get(id(c), 0) if is_node(c) else 0
+            if below:
+                n += below
+                size += below * (len(name) + 1 if name else 0) + chars[id(c)]
+        if n > limits.max_tensors:
+            raise LimitError("max_tensors", limits.max_tensors, n,
+                             "tensor names, aliases included")
+        if size > limits.max_name_bytes:
+            raise LimitError("max_name_bytes", limits.max_name_bytes, size,
+                             "characters of the flat tensor names")
+        counts[id(node)] = n
+        chars[id(node)] = size
+
+    depth_first(root, limits, post,
+                lambda parent, pos, _: cut.setdefault(id(parent), set()).add(pos))
     return counts
 
 
 def flatten(
     root: Any, limits: Limits, root_name: str = ""
 ) -> tuple[dict[str, Tensor], dict[str, UnsupportedTensor]]:
-    """Name every tensor by its path: dict keys and sequence indices joined with '.'."""
+    """Name every tensor by its path: keys, indices and attributes joined with '.'
+    (:mod:`._walk` gives each segment). A path never goes round a cycle; two different
+    paths that spell the same name get ``~2``, ``~3`` … after it, in walk order."""
     tensors: dict[str, Tensor] = {}
     unsupported: dict[str, UnsupportedTensor] = {}
-    if isinstance(root, _LEAVES):
-        if isinstance(root, Tensor):
-            tensors[root_name] = root
-        else:
-            unsupported[root_name] = root
-        return tensors, unsupported
-    counts = _tensor_counts(root, limits)
+    cut: dict[int, set[int]] = {}
+    counts = _tensor_counts(root, limits, cut)
     count = 0
-    stack: list[tuple[str, Any]] = [("", root)]
+    stack: list[tuple[str, Any]] = [(root_name, root)]
     while stack:
         full, obj = stack.pop()
-        if isinstance(obj, _LEAVES):
+        if isinstance(obj, LEAVES):
             count += 1
             if count > limits.max_tensors:
                 raise LimitError("max_tensors", limits.max_tensors, count,
                                  "tensor names, aliases included")
-            if full in tensors or full in unsupported:
-                raise PickleError(f"two tensors are both named {full!r}")
+            name = full
+            n = 1
+            while name in tensors or name in unsupported:
+                n += 1
+                name = f"{full}~{n}"
             if isinstance(obj, Tensor):
-                tensors[full] = obj
-            else:
-                unsupported[full] = obj
+                tensors[name] = obj
+            elif isinstance(obj, UnsupportedTensor):
+                unsupported[name] = obj
+        if not is_node(obj) or not counts.get(id(obj)):
             continue
-        if not isinstance(obj, _CONTAINERS) or not counts.get(id(obj)):
-            continue
-        children = [(f"{full}.{name}" if full else name, child)
-                    for name, child in _named_children(obj)
-                    if isinstance(child, _LEAVES)
-                    or (isinstance(child, _CONTAINERS) and counts.get(id(child)))]
-        stack.extend(reversed(children))
+        skip = cut.get(id(obj), ())
+        kids = [(f"{full}.{name}" if full and name else full or name, child)
+                for pos, (name, child) in enumerate(children(obj))
+                if name is not None and pos not in skip
+                and (isinstance(child, LEAVES) or (is_node(child) and counts.get(id(child))))]
+        stack.extend(reversed(kids))
     return tensors, unsupported
 
 
@@ -295,12 +280,14 @@ def find(root: Any, name: str) -> Any:
         full, obj = stack.pop()
         if full == name and full:
             return obj
-        if not isinstance(obj, _CONTAINERS) or id(obj) in seen:
+        if not is_node(obj) or id(obj) in seen:
             continue
         seen.add(id(obj))
-        for child_name, child in _named_children(obj):
-            path = f"{full}.{child_name}" if full else child_name
-            if name == path or name.startswith(path + "."):
+        for child_name, child in children(obj):
+            if child_name is None:
+                continue
+            path = f"{full}.{child_name}" if full and child_name else full or child_name
+            if not path or name == path or name.startswith(path + "."):
                 stack.append((path, child))
     return _MISSING
 

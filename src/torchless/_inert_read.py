@@ -43,7 +43,8 @@ from ._inert import (
     torch_dtypes,
 )
 from ._limits import Limits
-from ._tensor import Storage, Tensor, UnsupportedTensor
+from ._rules_stdlib import system_zone
+from ._tensor import Storage, Tensor, UnsupportedTensor, with_attrs
 from ._values import Global, Opaque
 
 __all__ = ["decode", "parse_tree", "plain", "to_torch"]
@@ -216,7 +217,7 @@ class _Decoder:
         if self.mode == "torch":
             return to_torch(t, self.torch)
         arr = t.numpy()
-        return np.array(arr) if self.copy else arr
+        return with_attrs(np.array(arr) if self.copy else arr, t)
 
 
 def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> None:
@@ -397,13 +398,19 @@ def _h_range(dec: _Decoder, p: Any, depth: int, nid: int | None) -> range:
     return range(*p)
 
 
-def _split_fold(p: Any, what: str) -> tuple[str, int]:
+def _split_fold(p: Any, what: str) -> tuple[str, int, str | None]:
+    """ISO text, its fold, and the IANA zone named after it (``$datetime`` only)."""
     _expect(p, str, what)
+    if len(p) > 64 + 6 + 255:
+        raise FormatError(f"{what}: too long")
+    zone = None
+    if what == "$datetime" and ";zone=" in p:
+        p, zone = p.split(";zone=", 1)
     if len(p) > 64:
         raise FormatError(f"{what}: too long")
     if p.endswith(";fold=1"):
-        return p[:-7], 1
-    return p, 0
+        return p[:-7], 1, zone
+    return p, 0, zone
 
 
 _OFFSET = re.compile(r"(.*?)(?:([+-])(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{6}))?)?|(Z))")
@@ -426,11 +433,17 @@ def _split_offset(text: str) -> tuple[str, datetime.timezone | None]:
 
 def _clock(p: Any, tag: str, cls: type[datetime.datetime] | type[datetime.time]) -> Any:
     """A $datetime or $time: ISO text, our own parse of its UTC offset, and its fold."""
-    text, fold = _split_fold(p, tag)
+    text, fold, zone = _split_fold(p, tag)
     naive, tz = _split_offset(text)
     value = cls.fromisoformat(naive)
     if value.tzinfo is not None:
         raise FormatError(f"bad {tag} {p!r}")
+    if zone is not None:
+        if tz is None:
+            raise FormatError(f"{tag} {p!r} names a zone but has no UTC offset")
+        named = system_zone(zone)
+        if named is not None:  # else the fixed offset it had, which the text keeps
+            return value.replace(tzinfo=named, fold=fold)
     return value.replace(tzinfo=tz, fold=fold)
 
 
@@ -578,14 +591,18 @@ def _h_ndarray(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
 
 def _h_tensor(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     f = _fields(p, {"dtype", "shape"}, {"name", "requires_grad", "parameter", "raw", "device",
-                                        "skipped"}, "$tensor")
+                                        "skipped", "storage", "attrs"}, "$tensor")
     dtype = _dtypes.by_torch_name(f["dtype"]) if isinstance(f["dtype"], str) else None
     if dtype is None or dtype.numpy is None:
         raise FormatError(f"torch dtype {f['dtype']!r} is not one an inert file holds")
     shape = _shape(f["shape"], dec.limits)
-    flags = {k: f.get(k, False) for k in ("requires_grad", "parameter", "raw")}
+    flags = {k: f.get(k, False) for k in ("requires_grad", "parameter", "raw", "storage")}
     if not all(type(v) is bool for v in flags.values()):
-        raise FormatError("requires_grad, parameter and raw are booleans")
+        raise FormatError("requires_grad, parameter, raw and storage are booleans")
+    if "attrs" in f and (not isinstance(f["attrs"], dict) or not all(
+            k.isidentifier() and not k.startswith("__") for k in f["attrs"])):
+        raise FormatError("a tensor's attrs are an object of identifiers not starting with "
+                          "'__'")
     if "device" in f and not isinstance(f["device"], str):
         raise FormatError("device is a str")
     if "skipped" in f:
@@ -609,7 +626,9 @@ def _h_tensor(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     storage = Storage(f["name"], dtype, nbytes, lambda: view)
     stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
     t = Tensor(storage, dtype, shape, stride, 0, requires_grad=flags["requires_grad"],
-               is_parameter=flags["parameter"])
+               is_parameter=flags["parameter"], is_storage=flags["storage"])
+    if "attrs" in f:
+        t.attrs = {k: dec.value(v, depth + 1) for k, v in f["attrs"].items()}
     if dec.on_tensor is not None:
         return dec.on_tensor(t, f)
     return dec.leaf(t)
@@ -631,10 +650,15 @@ def to_torch(t: Tensor, torch: Any) -> Any:
         out = torch.frombuffer(raw, dtype=torch.uint8).view(tdtype).reshape(t.shape)
     else:  # empty: viewed from no bytes (torch.empty warns for some dtypes)
         out = torch.empty(0, dtype=torch.uint8).view(tdtype).reshape(t.shape)
+    if t.is_storage:  # torch.load gives a storage held as a value as a TypedStorage
+        return torch.storage.TypedStorage(wrap_storage=out.untyped_storage(), dtype=tdtype,
+                                          _internal=True)
     if t.is_parameter:
-        return torch.nn.Parameter(out, requires_grad=t.requires_grad)
-    if t.requires_grad:
+        out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
+    elif t.requires_grad:
         out.requires_grad_(True)
+    for k, v in (t.attrs or {}).items():
+        setattr(out, k, v)
     return out
 
 

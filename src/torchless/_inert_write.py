@@ -13,7 +13,8 @@ import math
 import pathlib
 import struct
 import types
-from collections.abc import Iterable, Iterator, Mapping
+import zoneinfo
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,8 +35,10 @@ from ._inert import (
     default_types,
 )
 from ._limits import Limits
+from ._rules_stdlib import system_zone
 from ._tensor import Storage, Tensor, UnsupportedTensor
 from ._values import NOTSET, Global, Opaque
+from ._walk import children
 
 __all__ = ["Encoder"]
 
@@ -197,11 +200,11 @@ class Encoder:
                 continue
             self._keep.append(obj)
             if self._structural(obj):
-                stack.extend((c, path) for c in _children(obj))
+                stack.extend((c, path) for _, c in children(obj))
             elif self.types.by_type(type(obj)) is not None:
                 stack.append((self._lower(obj, path), path))
             elif not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
-                stack.extend((c, path) for c in _children(self._lower(obj, path)))
+                stack.extend((c, path) for _, c in children(self._lower(obj, path)))
 
     # -- pass 2: the tree -----------------------------------------------------------------
 
@@ -243,7 +246,7 @@ class Encoder:
 
     def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
         if self._is_tensor(obj):
-            return {"$tensor": self._tensor(obj, path)}
+            return {"$tensor": self._tensor(obj, path, d)}
         if isinstance(obj, np.ndarray):
             return self._array(obj, path, d)
         if isinstance(obj, Opaque):
@@ -345,7 +348,7 @@ class Encoder:
             name = f"{base}~{n}"
         return name
 
-    def _tensor(self, obj: Any, path: str) -> dict[str, Any]:
+    def _tensor(self, obj: Any, path: str, d: int) -> dict[str, Any]:
         if not isinstance(obj, Tensor):
             return self._torch_tensor(obj, path)
         body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)}
@@ -353,8 +356,12 @@ class Encoder:
             body["requires_grad"] = True
         if obj.is_parameter:
             body["parameter"] = True
+        if obj.is_storage:
+            body["storage"] = True
         if obj.storage.location != "cpu":
             body["device"] = obj.storage.location
+        if obj.attrs:
+            body["attrs"] = {k: self._value(v, _join(path, k), d) for k, v in obj.attrs.items()}
         name = self.names.get(id(obj))
         if name is None:
             if id(obj) in self.skipped:
@@ -433,33 +440,6 @@ _CONTAINER_TYPES: frozenset[type] = frozenset({list, tuple, dict, set, frozenset
                               types.SimpleNamespace})
 
 
-def _children(obj: Any) -> Iterator[Any]:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield k
-            yield v
-        if type(obj) in (collections.OrderedDict, ModuleDict):
-            yield from vars(obj).values()
-    elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
-        yield from obj
-    elif isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
-        yield from vars(obj).values()
-    elif isinstance(obj, Opaque):
-        yield obj.callable
-        yield from obj.args
-        if obj.kwargs:
-            yield from obj.kwargs.keys()
-            yield from obj.kwargs.values()
-        if obj.state is not NOTSET:
-            yield obj.state
-        yield from obj.items
-        for k, v in obj.dict_items:
-            yield k
-            yield v
-    elif isinstance(obj, np.ndarray) and obj.dtype.hasobject and obj.dtype.fields is None:
-        yield from obj.ravel(order="C")
-
-
 def _memory_tensor(name: str, raw: np.ndarray[Any, Any], dtype: DType,
                    shape: tuple[int, ...]) -> Tensor:
     """A contiguous tensor over bytes in memory; dtypes safetensors cannot name go as U8."""
@@ -476,11 +456,16 @@ def _join(path: str, key: Any) -> str:
 
 
 def _iso(obj: datetime.datetime | datetime.time) -> str:
-    if obj.tzinfo is not None and type(obj.tzinfo) is not datetime.timezone:
-        raise ConversionError(f"cannot store a time zone of type {type(obj.tzinfo).__name__} "
-                              "(only fixed UTC offsets)")
+    zone = ""
+    tz = obj.tzinfo
+    if isinstance(obj, datetime.datetime) and type(tz) is zoneinfo.ZoneInfo \
+            and tz.key is not None and system_zone(tz.key) is tz:
+        zone = f";zone={tz.key}"
+    elif tz is not None and type(tz) is not datetime.timezone:
+        raise ConversionError(f"cannot store a time zone of type {type(tz).__name__} "
+                              "(only fixed UTC offsets and IANA zones by name)")
     text = obj.isoformat()
-    return text + (";fold=1" if obj.fold else "")
+    return text + (";fold=1" if obj.fold else "") + zone
 
 
 def _digits(value: int, limit: int, path: str) -> str:

@@ -21,21 +21,24 @@ class Known(Global):
 class Pending:
     """A value finished by a later BUILD (NumPy arrays and dtypes); resolved after the run."""
 
-    __slots__ = ("args", "kind", "state", "value")
+    __slots__ = ("args", "kind", "record", "state", "value")
 
     def __init__(self, kind: str, args: tuple[Any, ...]) -> None:
         self.kind = kind
         self.args = args
         self.state: Any = None
         self.value: Any = None
+        self.record: Opaque | None = None
 
     def resolved(self) -> Any:
-        """The rebuilt value, or an inert record when NumPy's state was not understood."""
+        """The rebuilt value, or an inert record when NumPy's state was not understood (the
+        same record each time: walks that meet it twice see one object)."""
         if self.value is not None:
             return self.value
-        record = Opaque(Global("numpy", self.kind), self.args)
-        record.state = self.state
-        return record
+        if self.record is None:
+            self.record = Opaque(Global("numpy", self.kind), self.args)
+            self.record.state = self.state
+        return self.record
 
 
 def unwrap(value: Any) -> Any:

@@ -96,6 +96,10 @@ class StorageTable:
         storage_type, key, location, numel = storage_record(storage_type, key, location, numel)
         dtype = storage_type.dtype
         known = self.roots.get(key)
+        if known is not None and numel == known.numel == 0 and known.storage.dtype != dtype:
+            # torch makes a new empty storage of this use's dtype (no bytes to share)
+            return Storage(key, dtype, 0, lambda: b"", location=location,
+                           byteorder=self.byteorder)
         if known is not None:
             if known.storage.dtype != dtype or known.numel != numel:
                 raise StorageError(

@@ -10,7 +10,8 @@ Order of judgement for ``module.name`` (after Python 2 names are mapped):
 1. Names that are not plain dotted identifiers, or that walk through a dunder
    attribute (``numpy.__builtins__``) or through lower-case attributes
    (``pathlib`` + ``os.system``), are refused.
-2. Globals the rebuild rules know are allowed (the rules decide what they are).
+2. Globals the rebuild rules know are allowed (the rules decide what they are); they are
+   judged first, being exact names (``zoneinfo.ZoneInfo._unpickle`` walks an attribute).
 3. Modules in a family that runs code, touches files, processes or the
    network, imports, or deserializes, are refused — every name in them.
 4. A lower-case name (a function, not a class) is refused unless its module is
@@ -59,15 +60,17 @@ DENIED_MODULE_FAMILIES: frozenset[str] = frozenset({
     # user interface and help machinery that shells out
     "pydoc", "pydoc_data", "tkinter", "turtle", "uuid", "getpass", "readline", "rlcompleter",
     "curses", "antigravity", "this",
-    # torch code paths: loaders, compilers, JIT, packaging, distributed, extensions
+    # torch code paths: native classes, loaders, compilers, JIT, packaging, extensions.
+    # (torch._dynamo, torch.fx, torch.export, torch.distributed and torch.testing are not
+    # here: torch itself pickles their data classes into checkpoints (a jagged tensor's
+    # _DimRange, DCP metadata, TwoTensor); their functions are refused by rule 4.)
     "torch._C", "torch.jit", "torch.hub", "torch.package", "torch.serialization",
     "torch.storage", "torch.utils.collect_env", "torch.utils.cpp_extension",
     "torch.utils.bottleneck", "torch.utils.data", "torch.utils.benchmark",
-    "torch.utils.tensorboard", "torch.utils.model_zoo", "torch.distributed",
-    "torch.multiprocessing", "torch._inductor", "torch._dynamo", "torch.fx", "torch.compiler",
-    "torch.export", "torch.onnx", "torch.testing", "torch.cuda", "torch.backends",
-    "torch._export", "torch._functorch", "torch.library", "torch._library", "torch.ops",
-    "torch._ops", "torch._higher_order_ops", "torch.overrides", "torch._weights_only_unpickler",
+    "torch.utils.tensorboard", "torch.utils.model_zoo", "torch.utils._zip",
+    "torch.multiprocessing", "torch._inductor", "torch.compiler", "torch.onnx", "torch.cuda",
+    "torch.backends", "torch.library", "torch._library", "torch.ops", "torch._ops",
+    "torch.overrides", "torch._weights_only_unpickler",
     # numpy code paths
     "numpy.testing", "numpy.f2py", "numpy.distutils", "numpy.lib.npyio", "numpy.lib.format",
     "numpy.ctypeslib", "numpy.lib.utils", "numpy.load", "numpy._pytesttester",
@@ -106,6 +109,8 @@ def _family(module: str, families: frozenset[str]) -> bool:
 def judge(module: str, name: str, *, known: bool, strict: bool,
           allow: frozenset[str]) -> str | None:
     """Return None if the global may stand, else the reason it is refused."""
+    if known:  # exact entries of the rule table
+        return None
     if not _DOTTED.match(module) or not _DOTTED.match(name):
         return "is not a valid dotted Python name"
     segments = name.split(".")
@@ -113,8 +118,6 @@ def judge(module: str, name: str, *, known: bool, strict: bool,
         return "reaches a dunder attribute"
     if len(segments) > 1 and not all(s[:1].isupper() for s in segments):
         return "walks attributes through a dotted name"
-    if known:
-        return None
     if f"{module}.{name}" in allow:
         return None
     if strict:

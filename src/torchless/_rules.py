@@ -14,6 +14,7 @@ from __future__ import annotations
 import _compat_pickle
 import argparse
 import collections
+import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from ._known import Known, Pending
 from ._limits import Limits
 from ._policy import judge
 from ._rules_numpy import NumpyRules
-from ._rules_stdlib import StdlibRules
-from ._tensor import MissingStorage, Storage, Tensor, UnsupportedTensor, make_tensor
+from ._rules_stdlib import StdlibRules, system_zone
+from ._tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor, make_tensor
 from ._values import Global, Opaque
 
 __all__ = ["GlobalRecord", "Pending", "StorageType", "TorchResolver"]
@@ -52,6 +53,13 @@ _UNSUPPORTED_TENSORS = {
     "_rebuild_wrapper_subclass": "wrapper-subclass",
     "_rebuild_xla_tensor": "XLA",
     "_rebuild_mtia_tensor": "MTIA",
+}
+
+#: Tensor kinds rebuilt outside ``torch._utils``, and what they are.
+_UNSUPPORTED_ELSEWHERE = {
+    ("torch.nested._internal.nested_tensor", "_rebuild_njt"): "nested (jagged)",
+    ("torch.nn.parameter", "UninitializedParameter"): "uninitialized parameter",
+    ("torch.nn.parameter", "UninitializedBuffer"): "uninitialized buffer",
 }
 
 _RULES: dict[tuple[str, str], str] = {
@@ -97,7 +105,11 @@ _RULES: dict[tuple[str, str], str] = {
     ("types", "SimpleNamespace"): "simple_namespace",
     ("uuid", "UUID"): "opaque",
     ("re", "_compile"): "opaque",
-    ("torch.serialization", "_get_layout"): "opaque",
+    ("torch.serialization", "_get_layout"): "layout",
+    # a Generator saved whole: its state (a ByteTensor, seed, offset) is set by BUILD
+    ("torch._C", "Generator"): "opaque",
+    ("builtins", "getattr"): "getattr",
+    ("zoneinfo", "ZoneInfo._unpickle"): "zoneinfo",
     # torch 0.3/0.4 full-model saves pickle each module's _backend through this call
     ("torch.nn.backends.thnn", "_get_thnn_function_backend"): "opaque",
     ("numpy.random._pickle", "__randomstate_ctor"): "opaque",
@@ -106,6 +118,8 @@ _RULES: dict[tuple[str, str], str] = {
 }
 for _n in _UNSUPPORTED_TENSORS:
     _RULES[("torch._utils", _n)] = "unsupported_tensor"
+for _mn in _UNSUPPORTED_ELSEWHERE:
+    _RULES[_mn] = "unsupported_tensor"
 for _n in ("set", "frozenset", "complex", "slice", "bytearray", "bytes", "list", "dict",
            "tuple", "int", "float", "str", "bool", "range", "object"):
     _RULES[("builtins", _n)] = "builtin"
@@ -114,8 +128,6 @@ for _n in ("datetime", "date", "time", "timedelta", "timezone"):
 for _n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
     _RULES[("pathlib", _n)] = "path"
 
-_DATALESS = UnsupportedTensor(
-    "data-less (the pickle references a storage but this file holds no storage records)")
 #: torch attributes that are plain enumeration values (layouts, memory formats, qschemes).
 _TORCH_CONSTANTS = frozenset({
     "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn",
@@ -124,6 +136,9 @@ _TORCH_CONSTANTS = frozenset({
     "per_channel_affine_float_qparams",
 })
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_LAYOUTS = frozenset({"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
+                      "sparse_bsc", "_mkldnn", "jagged"})
 class TorchResolver(StdlibRules, NumpyRules):
     """Rebuilds what the rules know, judges every other global, keeps the rest inert."""
 
@@ -166,6 +181,9 @@ class TorchResolver(StdlibRules, NumpyRules):
         rule = _RULES.get((module, name))
         if rule is not None:
             return Known(module, name, rule=rule)
+        if module == "torch.return_types" and _IDENTIFIER.match(name):
+            # struct sequences (torch.max(x, 1) …): a tuple of tensors with field names
+            return Known(module, name, rule="opaque")
         if module.startswith("torch") and name.endswith("Storage") and "." not in name:
             if name == "UntypedStorage":
                 return StorageType(name, _dtypes.UINT8, untyped=True)
@@ -204,9 +222,31 @@ class TorchResolver(StdlibRules, NumpyRules):
                 raise
             except (TypeError, ValueError, OverflowError, UnicodeError) as e:
                 raise PickleError(f"bad arguments for {func}: {e}", offset=offset) from None
+        if isinstance(func, Opaque):
+            made = self._call_partial(func, args, offset)
+            if made is not None:
+                return made
         if isinstance(func, (Global, Opaque)):
             return Opaque(func, args)
         raise PickleError(f"REDUCE of a non-callable {type(func).__name__}", offset=offset)
+
+    def _call_partial(self, p: Opaque, args: tuple[Any, ...], offset: int) -> Any:
+        """``functools.partial(cls.__new__, cls, *a, **kw)()``: how protocols < 4 pickle an
+        object whose class has ``__getnewargs_ex__``; made as NEWOBJ_EX would make it.
+        None for any other partial (kept as an inert record)."""
+        if not (isinstance(p.callable, Known) and p.callable.rule == "opaque"
+                and p.callable.path == "functools.partial"):
+            return None
+        state = p.state
+        if isinstance(state, tuple) and len(state) == 4:
+            func, p_args, p_kwargs = state[0], state[1], state[2]
+        else:
+            func, p_args, p_kwargs = (p.args[0] if p.args else None), p.args[1:], p.kwargs
+        if not (isinstance(func, Known) and func.rule == "class_new"
+                and isinstance(p_args, tuple) and p_args and isinstance(p_args[0], Global)
+                and (p_kwargs is None or isinstance(p_kwargs, dict))):
+            return None
+        return self.new_object(p_args[0], (*p_args[1:], *args), p_kwargs or None, offset)
 
     def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
         if isinstance(cls, Known):
@@ -223,6 +263,10 @@ class TorchResolver(StdlibRules, NumpyRules):
 
     def build(self, obj: Any, state: Any, offset: int) -> Any:
         if isinstance(obj, Opaque):
+            c = obj.callable
+            if (isinstance(c, Known) and c.rule in ("tensor_class", "parameter_class")
+                    and not obj.args and isinstance(state, tuple) and len(state) in (4, 5)):
+                return self._old_tensor(c, state, offset)
             return super().build(obj, state, offset)
         if isinstance(obj, Pending):
             obj.state = state
@@ -266,6 +310,29 @@ class TorchResolver(StdlibRules, NumpyRules):
                 e.offset = offset
             raise
 
+    def _old_tensor(self, cls: Known, state: tuple[Any, ...], offset: int) -> Any:
+        """``torch.Tensor()`` then ``__setstate__``: the form torch wrote before
+        ``_rebuild_tensor`` (``(storage, offset, size, stride)``; a Variable's
+        ``(data, _, backward_hooks, requires_grad, _)``)."""
+        is_parameter = cls.rule == "parameter_class"
+        if len(state) == 4:
+            storage = state[0]
+            if isinstance(storage, MissingStorage):
+                return DATALESS
+            if not isinstance(storage, Storage):
+                raise PickleError(f"old tensor state holds {type_phrase(storage)}, not a "
+                                  "storage", offset=offset)
+            t = make_tensor(storage, state[1], state[2], state[3], storage.dtype, self.limits)
+            return t.with_flags(requires_grad=False, is_parameter=is_parameter) \
+                if is_parameter else t
+        data, requires_grad = state[0], state[3]
+        if isinstance(data, UnsupportedTensor):
+            return data
+        if not isinstance(data, Tensor) or type(requires_grad) is not bool:
+            raise PickleError("old Variable state is not (tensor, _, hooks, requires_grad, _)",
+                              offset=offset)
+        return data.with_flags(requires_grad=requires_grad, is_parameter=is_parameter)
+
     # ---- tensor rules ---------------------------------------------------------------
 
     def _r_rebuild_tensor(self, f: Known, a: tuple[Any, ...]) -> Any:
@@ -273,7 +340,7 @@ class TorchResolver(StdlibRules, NumpyRules):
             raise PickleError(f"{f} takes 4 arguments, got {len(a)}")
         storage = a[0]
         if isinstance(storage, MissingStorage):
-            return _DATALESS
+            return DATALESS
         dtype = storage.dtype if isinstance(storage, Storage) else _dtypes.UINT8
         return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits)
 
@@ -294,7 +361,7 @@ class TorchResolver(StdlibRules, NumpyRules):
             return UnsupportedTensor("conjugate/negative-bit")
         storage = a[0]
         if isinstance(storage, MissingStorage):
-            return _DATALESS
+            return DATALESS
         dtype = storage.dtype if isinstance(storage, Storage) else _dtypes.UINT8
         return make_tensor(storage, a[1], a[2], a[3], dtype, self.limits,
                            requires_grad=a[4])
@@ -309,7 +376,7 @@ class TorchResolver(StdlibRules, NumpyRules):
         if metadata and any(metadata.values()):
             return UnsupportedTensor("conjugate/negative-bit")
         if isinstance(a[0], MissingStorage):
-            return _DATALESS
+            return DATALESS
         return make_tensor(a[0], a[1], a[2], a[3], a[6], self.limits, requires_grad=a[4])
 
     def _r_rebuild_parameter(self, f: Known, a: tuple[Any, ...]) -> Any:
@@ -321,7 +388,8 @@ class TorchResolver(StdlibRules, NumpyRules):
             return data
         if not isinstance(data, Tensor):
             raise PickleError(f"{f}: data is {type_phrase(data)}, not a tensor")
-        return data.with_flags(requires_grad=requires_grad, is_parameter=True)
+        return data.with_flags(requires_grad=requires_grad, is_parameter=True,
+                               attrs=_attrs(f, a[3]) if len(a) == 4 else None)
 
     def _r_rebuild_from_type(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) not in (3, 4):
@@ -330,10 +398,50 @@ class TorchResolver(StdlibRules, NumpyRules):
         if not isinstance(args, tuple):
             raise PickleError(f"{f}: arguments are not a tuple")
         value = self.call(func, args, -1)
-        if isinstance(value, Tensor) and isinstance(new_type, Known) \
-                and new_type.rule == "parameter_class":
-            return value.with_flags(requires_grad=value.requires_grad, is_parameter=True)
+        if isinstance(value, Tensor):
+            attrs = _attrs(f, a[3]) if len(a) == 4 else None
+            is_parameter = value.is_parameter or (
+                isinstance(new_type, Known) and new_type.rule == "parameter_class")
+            if attrs or is_parameter != value.is_parameter:
+                return value.with_flags(requires_grad=value.requires_grad,
+                                        is_parameter=is_parameter, attrs=attrs)
         return value
+
+    def _r_layout(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 1 or type(a[0]) is not str or not a[0].startswith("torch.") \
+                or a[0][6:] not in _LAYOUTS:
+            raise PickleError(f"{f} takes the name of a torch layout")
+        return Global("torch", a[0][6:])
+
+    def _r_getattr(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``getattr(Class, "Inner")``: how protocols < 4 name a nested class or a class's
+        function; resolved here, by name, into the global ``Class.Inner`` (judged like any
+        global). ``getattr(cls, "__new__")`` is the first half of ``cls.__new__(cls, …)``."""
+        if len(a) != 2 or not isinstance(a[0], Global) or type(a[1]) is not str \
+                or not _IDENTIFIER.match(a[1]):
+            raise UnsafeGlobalError(
+                "refused global builtins.getattr: it is called on something other than a "
+                "global and a plain name (an attribute of an object the file builds: a method "
+                "call torch.load would make)", names=("builtins.getattr",),
+                hint=_refusal_hint("builtins.getattr", "calls"))
+        target, attr = a[0], a[1]
+        if attr == "__new__":
+            return Known(target.module, f"{target.name}.__new__", rule="class_new")
+        return self.find_global(target.module, f"{target.name}.{attr}", target.offset)
+
+    def _r_class_new(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if not a or not isinstance(a[0], Global) \
+                or f"{a[0].module}.{a[0].name}.__new__" != f"{f.module}.{f.name}":
+            raise PickleError(f"{f} is called without its own class first")
+        return self.new_object(a[0], a[1:], None, -1)
+
+    def _r_zoneinfo(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``ZoneInfo._unpickle(key, from_cache)``: the zone, when this machine's time zone
+        database has it as a file (so nothing but that file is read); else an inert record."""
+        if len(a) != 2 or type(a[0]) is not str:
+            raise PickleError(f"{f} takes a zone key and a flag")
+        zone = system_zone(a[0])
+        return zone if zone is not None else Opaque(f, a)
 
     def _r_device_tensor(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 4 or not isinstance(a[0], Tensor) or a[1] != a[0].dtype:
@@ -341,7 +449,8 @@ class TorchResolver(StdlibRules, NumpyRules):
         return a[0].with_flags(requires_grad=bool(a[3]), is_parameter=False)
 
     def _r_unsupported_tensor(self, f: Known, a: tuple[Any, ...]) -> Any:
-        return UnsupportedTensor(_UNSUPPORTED_TENSORS[f.name])
+        kind = _UNSUPPORTED_ELSEWHERE.get((f.module, f.name)) or _UNSUPPORTED_TENSORS[f.name]
+        return UnsupportedTensor(kind)
 
     def _r_size(self, f: Known, a: tuple[Any, ...]) -> Any:
         if len(a) != 1 or not isinstance(a[0], (tuple, list)) \
@@ -378,6 +487,25 @@ class TorchResolver(StdlibRules, NumpyRules):
 
     _r_parameter_class = _r_tensor_class
     _r_opaque = _r_tensor_class
+
+
+def _attrs(f: Known, state: Any) -> dict[str, Any] | None:
+    """The Python attributes torch's ``_set_obj_state`` would set on a tensor: a ``__dict__``,
+    or a ``(__dict__, slots)`` pair."""
+    if isinstance(state, tuple):
+        if len(state) != 2:
+            raise PickleError(f"{f}: tensor state is a tuple of {len(state)}, not 2")
+        parts = [state[0], state[1]]
+    else:
+        parts = [state]
+    attrs: dict[str, Any] = {}
+    for part in parts:
+        if not part:
+            continue
+        if not isinstance(part, dict) or not all(type(k) is str for k in part):
+            raise PickleError(f"{f}: tensor state is {type_phrase(part)}, not a dict of names")
+        attrs.update(part)
+    return attrs or None
 
 
 def _refusal_hint(qualname: str, reason: str) -> str:

@@ -11,7 +11,9 @@ import collections
 import datetime
 import os
 import pathlib
+import re
 import types
+import zoneinfo
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +24,7 @@ from ._pickle.vm import Resolver
 from ._tensor import Tensor
 from ._values import Global, Opaque
 
-__all__ = ["StdlibRules"]
+__all__ = ["StdlibRules", "system_zone"]
 
 _CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
 _SCALAR_TYPES = (int, float, str, bool, complex, type(None))
@@ -37,6 +39,25 @@ _PATH_CLASSES: dict[str, Callable[..., Any]] = {
 }
 if os.name == "posix":
     _PATH_CLASSES["Path"] = _PATH_CLASSES["PosixPath"] = pathlib.PosixPath
+
+
+_ZONE_KEY = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*\Z")
+
+
+def system_zone(key: str) -> datetime.tzinfo | None:
+    """``zoneinfo.ZoneInfo(key)`` when ``key`` is a plain zone name whose file this machine's
+    time zone database holds; None otherwise. ``ZoneInfo`` then reads only that file (for a
+    key it cannot find as a file it would import a ``tzdata`` module named after the key,
+    which a name from a file must never choose)."""
+    if len(key) > 255 or not _ZONE_KEY.match(key):
+        return None
+    for root in zoneinfo.TZPATH:
+        if os.path.isfile(os.path.join(root, key)):
+            try:
+                return zoneinfo.ZoneInfo(key)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+                return None
+    return None
 
 
 def _is_data(value: Any) -> bool:

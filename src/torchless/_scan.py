@@ -65,6 +65,14 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _LEGACY_PICKLES = ("magic number", "protocol version", "sys_info", "object", "storage keys")
 
 
+#: Globals the reader rebuilds only for some arguments (it refuses the others): judged by
+#: name, as the scanner judges, they could run code under torch.load.
+_ARGUMENT_DEPENDENT = {
+    ("builtins", "getattr"): "getattr reaches any attribute of what it is given; torchless "
+                             "resolves only getattr(Class, 'Name'), torch.load calls it",
+}
+
+
 @dataclass(frozen=True)
 class GlobalRef:
     """A global a file names: where, through which opcode, and what it would be."""
@@ -235,7 +243,11 @@ class _File:
             except CheckpointError as e:
                 self._verdicts[key] = ("dangerous", e.message)
             else:
-                self._verdicts[key] = (resolver.globals[-1].verdict, "")
+                rec = resolver.globals[-1]
+                if (rec.module, rec.name) in _ARGUMENT_DEPENDENT:
+                    self._verdicts[key] = ("dangerous", _ARGUMENT_DEPENDENT[rec.module, rec.name])
+                else:
+                    self._verdicts[key] = (rec.verdict, "")
         return self._verdicts[key]
 
     # ---- pickles ----------------------------------------------------------------------

@@ -14,8 +14,8 @@ from ._dtypes import DType, StorageType
 from ._errors import LimitError, StorageError, TensorGeometryError, UnsupportedError, type_phrase
 from ._limits import Limits
 
-__all__ = ["MissingStorage", "Storage", "Tensor", "UnsupportedTensor", "make_tensor",
-           "storage_record"]
+__all__ = ["DATALESS", "MissingStorage", "Storage", "Tensor", "TensorArray",
+           "UnsupportedTensor", "make_tensor", "storage_record", "with_attrs"]
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -133,10 +133,15 @@ class Tensor:
     ``shape``, ``stride`` and ``storage_offset`` are in elements, as torch
     reports them. :meth:`numpy` returns a read-only array that views the file
     (zero-copy) with exactly those strides.
+
+    ``attrs`` holds the Python attributes the file set on the tensor or parameter
+    (``t.foo = 1`` before saving), or None. ``is_storage`` marks a storage the file holds
+    as a value of its own (``t.untyped_storage()``, ``t.storage()``): it reads as the 1-D
+    tensor of its bytes in its dtype, and torch loads it as a ``TypedStorage``.
     """
 
-    __slots__ = ("dtype", "is_parameter", "requires_grad", "shape", "storage",
-                 "storage_offset", "stride")
+    __slots__ = ("attrs", "dtype", "is_parameter", "is_storage", "requires_grad", "shape",
+                 "storage", "storage_offset", "stride")
 
     def __init__(
         self,
@@ -148,6 +153,8 @@ class Tensor:
         *,
         requires_grad: bool = False,
         is_parameter: bool = False,
+        is_storage: bool = False,
+        attrs: dict[str, Any] | None = None,
     ) -> None:
         self.storage = storage
         self.dtype = dtype
@@ -156,6 +163,8 @@ class Tensor:
         self.storage_offset = storage_offset
         self.requires_grad = requires_grad
         self.is_parameter = is_parameter
+        self.is_storage = is_storage
+        self.attrs = attrs
 
     @property
     def ndim(self) -> int:
@@ -178,9 +187,31 @@ class Tensor:
             expected *= size
         return True
 
-    def with_flags(self, *, requires_grad: bool, is_parameter: bool) -> Tensor:
+    def with_flags(self, *, requires_grad: bool, is_parameter: bool,
+                   attrs: dict[str, Any] | None = None) -> Tensor:
         return Tensor(self.storage, self.dtype, self.shape, self.stride, self.storage_offset,
-                      requires_grad=requires_grad, is_parameter=is_parameter)
+                      requires_grad=requires_grad, is_parameter=is_parameter,
+                      attrs=self.attrs if attrs is None else attrs)
+
+    def detached(self) -> Tensor:
+        """The same tensor over a private copy of its bytes (contiguous, native order): it
+        stays readable after its checkpoint is closed."""
+        from ._safetensors import chunks  # the writer's reader of any view and byte order
+
+        data = b"".join(bytes(c) for c in chunks(self))
+        storage = Storage(self.storage.key, self.dtype, len(data), lambda: data,
+                          location=self.storage.location)
+        stride = tuple(math.prod(self.shape[i + 1:]) for i in range(len(self.shape)))
+        return Tensor(storage, self.dtype, self.shape, stride, 0,
+                      requires_grad=self.requires_grad, is_parameter=self.is_parameter,
+                      is_storage=self.is_storage, attrs=self.attrs)
+
+    @classmethod
+    def of_storage(cls, storage: Storage) -> Tensor:
+        """A storage held as a value: the 1-D tensor of all its elements."""
+        itemsize = storage.dtype.itemsize
+        return cls(storage, storage.dtype, (storage.nbytes // itemsize,), (1,), 0,
+                   is_storage=True)
 
     def numpy(self) -> np.ndarray[Any, Any]:
         """The values as a read-only ndarray (a view of the file where possible)."""
@@ -314,6 +345,22 @@ def make_tensor(
     return Tensor(storage, dtype, shape, strides, storage_offset, requires_grad=requires_grad)
 
 
+class TensorArray(np.ndarray):
+    """A tensor's values as an ndarray, carrying the Python attributes the file set on the
+    tensor (``t.foo = 1`` before saving): what :func:`torchless.load` gives for such a
+    tensor."""
+
+
+def with_attrs(arr: np.ndarray[Any, Any], t: Tensor) -> np.ndarray[Any, Any]:
+    """``arr`` (``t``'s values), as a :class:`TensorArray` with ``t``'s attributes if it
+    has any."""
+    if not t.attrs:
+        return arr
+    out = arr.view(TensorArray)
+    out.__dict__.update(t.attrs)
+    return out
+
+
 class MissingStorage:
     """What a persistent id yields in a plain pickle: a storage whose bytes are not in the file."""
 
@@ -340,3 +387,8 @@ class UnsupportedTensor:
 
     def __repr__(self) -> str:
         return f"UnsupportedTensor({self.kind})"
+
+
+#: A tensor whose storage is not in the file (a plain pickle has no storage records).
+DATALESS = UnsupportedTensor(
+    "data-less (the pickle references a storage but this file holds no storage records)")

@@ -164,6 +164,8 @@ class TorchZip:
         dtype = storage_type.dtype
         nbytes = numel * dtype.itemsize
         known = self._storages.get(key)
+        if known is not None and nbytes == known.nbytes == 0 and known.dtype != dtype:
+            known = None  # torch re-reads an empty storage for each use, in that use's dtype
         if known is not None:
             if known.dtype != dtype or known.nbytes != nbytes:
                 raise StorageError(
