@@ -149,8 +149,8 @@ def key_name(key: Any) -> str:
 
 
 def _state_children(state: Any) -> list[tuple[str, Any]]:
-    """BUILD state: a dict by its keys, a (dict or None, slots) pair by the keys of both,
-    anything else as "state"."""
+    """BUILD state: a dict by its keys, a (dict or None, slots) pair by the keys of both, a
+    list or tuple by index, anything else as "state"."""
     if state is None:
         return []
     if isinstance(state, dict):
@@ -158,6 +158,18 @@ def _state_children(state: Any) -> list[tuple[str, Any]]:
     if (isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict)
             and (state[0] is None or isinstance(state[0], dict))):
         return [(key_name(k), v) for part in state if part for k, v in part.items()]
+    if isinstance(state, (list, tuple)):
+        return [(str(i), v) for i, v in enumerate(state)]
+    return [("state", state)]
+
+
+def _tensor_state_children(state: Any) -> list[tuple[str, Any]]:
+    """A tensor's Python state (``_get_obj_state``): its attributes from a dict or a
+    (dict, slots) pair; any other state (a subclass's own ``__getstate__``) as "state"."""
+    if state is None or isinstance(state, dict) or (
+            isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict)
+            and (state[0] is None or isinstance(state[0], dict))):
+        return _state_children(state)
     return [("state", state)]
 
 
@@ -201,7 +213,9 @@ class _Graph:
 
     def _compute(self, obj: Any) -> list[tuple[str, Any]]:
         if isinstance(obj, torch.Tensor):
-            return _state_children(torch._utils._get_obj_state(obj))
+            if unsupported_kind(obj):  # listed whole; its parts are not tensors of the file
+                return []
+            return _tensor_state_children(torch._utils._get_obj_state(obj))
         if isinstance(obj, (torch.TypedStorage, torch.UntypedStorage, *_NO_CHILDREN)):
             return []
         if isinstance(obj, torch.nn.Module):

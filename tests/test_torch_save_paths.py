@@ -14,16 +14,12 @@ each file:
 - ``test_no_silent_omission``: every tensor and storage torch's object reaches is in
   ``.tensors`` or ``.unsupported`` under its expected name; also run over every fixture and
   corpus file torch.load can read (``test_no_silent_omission_real_file``).
-
-Cases that fail until the library is fixed are marked ``xfail(strict=True)`` with the
-defect (:data:`XFAIL`): they turn into failures once fixed, and the marker goes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import warnings
 from collections import Counter
 from collections.abc import Callable, Hashable
@@ -130,80 +126,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 CASE_NAMES: list[str] = [f"{base}[{v}]" if v else base
                          for base, variants in VARIANTS.items() for v in variants or ("",)]
 
-# ---- what fails today (issue 12), per test: (regex on the case name, defect) ----------------
-
-_GETATTR = "issue 12: builtins.getattr refused (nested classes, zoneinfo, partial of __new__)"
-_TWO_TENSOR = ("issue 12: wrapper subclass TwoTensor refused (policy: torch.testing._internal) "
-               "instead of listed as unsupported")
-_STORAGES = "issue 12: storages saved as values are not listed"
-_ATTRS = "issue 12: Python attributes (dict, slots, __getstate__) of a tensor are dropped"
-_CYCLE = "issue 12: cyclic object graph refused ('contains itself')"
-_COMMON: list[tuple[str, str]] = [
-    (r"mixin_data|tar_backward_compat", _STORAGES),
-    (r"storages\[|storage_root|legacy_storage_view", _STORAGES),
-    (r"old_tensor_v1", "issue 12: the old (torch.Tensor, (), (storage, offset, size, stride)) "
-                       "form is dropped"),
-    (r"different_dtype_unallocated\[.*-(tensor|storage)-storage\]",
-     "issue 12: two empty storages of different dtypes refused (StorageError)"),
-    (r"tensor_and_two_tensor|two_tensor|skip_data\[|parameter_two_tensor", _TWO_TENSOR),
-    (r"container_network1", "issue 12 (or policy?): a module class from "
-                            "torch.testing._internal refused"),
-    (r"legacy_followed_by_more", "issue 12 (or by design?): bytes after a legacy stream "
-                                 "refused; torch reads the first stream"),
-    (r"nested_class|zoneinfo_datetime|newobj_ex_kwargs\[protocol2\]|lazy_linear_whole",
-     _GETATTR),
-    (r"namedtuple_point", "issue 12: a namedtuple is named p.args.i, not p.i"),
-    (r"args_and_build_state|build_args_with_tensors",
-     "issue 12: constructor args of an object with BUILD state are dropped"),
-    (r"dataclass_slots", "issue 12: a dataclass with __slots__ is named all.1.x, not all.x"),
-    (r"njt_", "issue 12: nested jagged tensor refused (_rebuild_njt) instead of unsupported"),
-    (r"tensor_dict_keys", "issue 12: a tensor dict key is named by its repr, its value and a "
-                          "tuple key holding a tensor are lost"),
-    (r"sets_of_tensors", "issue 12: tensors inside set/frozenset are dropped"),
-    (r"namespaces", "issue 12: tensors inside types.SimpleNamespace are dropped"),
-    (r"newobj_ex_kwargs\[protocol4\]", "issue 12: keyword arguments of NEWOBJ_EX are dropped"),
-    (r"lazy_linear_state_dict", "issue 12: UninitializedParameter is dropped, not listed as "
-                                "unsupported"),
-    (r"tensor_attributes|uintx_intx|wrapper_subclass_slots|getstate_subclass", _ATTRS),
-    (r"sequences_by_index", "issue 12: torch.return_types.max refused"),
-    (r"generator", "issue 12: torch._C.Generator refused"),
-    (r"omegaconf|self_reference", _CYCLE),
-]
-XFAIL: dict[str, list[tuple[str, str]]] = {
-    "names": _COMMON,
-    "omission": _COMMON,
-    "load": [
-        (r"tensor_and_two_tensor|two_tensor|skip_data\[|parameter_two_tensor", _TWO_TENSOR),
-        (r"container_network1", "issue 12 (or policy?): a module class from "
-                                "torch.testing._internal refused"),
-        (r"legacy_followed_by_more", "issue 12 (or by design?): bytes after a legacy stream "
-                                     "refused; torch reads the first stream"),
-        (r"different_dtype_unallocated\[.*-(tensor|storage)-storage\]",
-         "issue 12: two empty storages of different dtypes refused (StorageError)"),
-        (r"nested_class|zoneinfo_datetime|newobj_ex_kwargs\[protocol2\]|lazy_linear_whole",
-         _GETATTR),
-        (r"njt_", "issue 12: nested jagged tensor refused (_rebuild_njt) instead of "
-                  "unsupported"),
-        (r"sequences_by_index", "issue 12: torch.return_types.max refused"),
-        (r"generator", "issue 12: torch._C.Generator refused"),
-        (r"omegaconf|self_reference", _CYCLE),
-        (r"mixin_data|tar_backward_compat|storages\[|storage_root|legacy_storage_view",
-         _STORAGES),
-        (r"old_tensor_v1", "issue 12: the old (torch.Tensor, (), (storage, offset, size, "
-                           "stride)) form is dropped"),
-        (r"lazy_linear_state_dict", "issue 12: UninitializedParameter is dropped, not listed "
-                                    "as unsupported"),
-    ],
-}
-
-
-def params(test: str) -> list[Any]:
-    out = []
-    for name in CASE_NAMES:
-        reason = next((r for rx, r in XFAIL[test] if re.search(rx, name)), None)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        out.append(pytest.param(name, marks=marks, id=name))
-    return out
 
 
 # ---- fixtures: every file written once, torch's reading of each once ------------------------
@@ -302,7 +224,7 @@ def _open(path: Path, refused_ok: tuple[str, ...]) -> torchless.Checkpoint | Non
 # ---- 1. the names and the tensors ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", params("names"))
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_names_match_torch(name: str, generated: dict[str, Any], oracle: Any,
                            en: ModuleType) -> None:
     case = generated[name].case
@@ -371,7 +293,7 @@ def _plain_mismatches(en: ModuleType, exp: Any, act: Any, where: str,
 NO_NUMPY = {"float4_e2m1fn_x2", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2"}
 
 
-@pytest.mark.parametrize("name", params("load"))
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_load_matches_torch(name: str, generated: dict[str, Any], oracle: Any,
                             en: ModuleType) -> None:
     case = generated[name].case
@@ -413,7 +335,7 @@ def assert_nothing_omitted(en: ModuleType, path: Path, obj: Any,
         fail(f"silently omitted: {sorted(n for n, _ in missing.elements())}")
 
 
-@pytest.mark.parametrize("name", params("omission"))
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_no_silent_omission(name: str, generated: dict[str, Any], oracle: Any,
                             en: ModuleType) -> None:
     obj, _ = oracle(name)

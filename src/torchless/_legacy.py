@@ -13,8 +13,8 @@
     per key int64 little-endian element count, then count x itemsize raw bytes
 
 Offsets of the raw bytes are found by walking the counts (never reading the data);
-every count must equal the element count the object pickle declared, and the
-stream must end exactly after the last storage.
+every count must equal the element count the object pickle declared. Bytes after the last
+storage are ignored, as torch ignores them (``info["trailing_bytes"]`` counts them).
 """
 
 from __future__ import annotations
@@ -177,6 +177,7 @@ class LegacyStream:
         self.storages = StorageTable(source, limits, self.byteorder)
         self._object_start = pos
         self.pickle_protocol: int | None = None
+        self.trailing_bytes = 0
 
     def persistent_load(self, pid: Any, offset: int) -> Any:
         if not isinstance(pid, tuple) or not pid:
@@ -198,6 +199,7 @@ class LegacyStream:
 
     def describe(self, resolver: TorchResolver) -> dict[str, Any]:
         return {"byteorder": self.byteorder, "pickle_protocol": self.pickle_protocol,
+                "trailing_bytes": self.trailing_bytes,
                 "python2": resolver.python2_strings, "sys_info": dict(self.sys_info),
                 "module_sources": dict(self.storages.module_sources)}
 
@@ -245,7 +247,7 @@ class LegacyStream:
         missing = [k for k in roots if k not in seen]
         if missing:
             raise StorageError(f"storages {missing[:5]} are used but never stored in the file")
-        if pos != src.size:
-            raise ArchiveFormatError(f"{src.size - pos} bytes after the last storage",
-                                     offset=pos)
+        # torch reads the first stream and ignores what follows (torch.save called twice on
+        # one file object writes two); a ZIP archive there is refused earlier, as a polyglot
+        self.trailing_bytes = src.size - pos
         return value

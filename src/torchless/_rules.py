@@ -223,6 +223,12 @@ class TorchResolver(StdlibRules, NumpyRules):
             except (TypeError, ValueError, OverflowError, UnicodeError) as e:
                 raise PickleError(f"bad arguments for {func}: {e}", offset=offset) from None
         if isinstance(func, Opaque):
+            if _calls_a_method(func):
+                raise UnsafeGlobalError(
+                    "refused call of an attribute of an object the file builds "
+                    f"(getattr(…, {_method_name(func)!r})(…)): torch.load would call that "
+                    "method", names=("builtins.getattr",), offset=offset,
+                    hint=_refusal_hint("builtins.getattr", "calls"))
             made = self._call_partial(func, args, offset)
             if made is not None:
                 return made
@@ -417,13 +423,16 @@ class TorchResolver(StdlibRules, NumpyRules):
         """``getattr(Class, "Inner")``: how protocols < 4 name a nested class or a class's
         function; resolved here, by name, into the global ``Class.Inner`` (judged like any
         global). ``getattr(cls, "__new__")`` is the first half of ``cls.__new__(cls, …)``."""
-        if len(a) != 2 or not isinstance(a[0], Global) or type(a[1]) is not str \
-                or not _IDENTIFIER.match(a[1]):
+        if len(a) != 2 or type(a[1]) is not str or not _IDENTIFIER.match(a[1]) or (
+                a[1].startswith("__") and (a[1] != "__new__" or not isinstance(a[0], Global))):
             raise UnsafeGlobalError(
-                "refused global builtins.getattr: it is called on something other than a "
-                "global and a plain name (an attribute of an object the file builds: a method "
-                "call torch.load would make)", names=("builtins.getattr",),
+                "refused global builtins.getattr: it is asked for something other than a plain "
+                "attribute name", names=("builtins.getattr",),
                 hint=_refusal_hint("builtins.getattr", "calls"))
+        if not isinstance(a[0], Global):
+            # an attribute of an object the file builds (a bound method a module keeps as a
+            # hook): kept as a record; calling it is refused (see call)
+            return Opaque(f, a)
         target, attr = a[0], a[1]
         if attr == "__new__":
             return Known(target.module, f"{target.name}.__new__", rule="class_new")
@@ -491,21 +500,42 @@ class TorchResolver(StdlibRules, NumpyRules):
 
 def _attrs(f: Known, state: Any) -> dict[str, Any] | None:
     """The Python attributes torch's ``_set_obj_state`` would set on a tensor: a ``__dict__``,
-    or a ``(__dict__, slots)`` pair."""
-    if isinstance(state, tuple):
-        if len(state) != 2:
-            raise PickleError(f"{f}: tensor state is a tuple of {len(state)}, not 2")
-        parts = [state[0], state[1]]
-    else:
-        parts = [state]
+    or a ``(__dict__, slots)`` pair. Any other state (a subclass with its own
+    ``__setstate__``) is kept whole as the attribute ``state``."""
+    parts = list(state) if (type(state) is tuple and len(state) == 2) else [state]
+    if not all(p is None or (isinstance(p, dict) and all(type(k) is str for k in p))
+               for p in parts):
+        return {"state": state}
     attrs: dict[str, Any] = {}
     for part in parts:
-        if not part:
-            continue
-        if not isinstance(part, dict) or not all(type(k) is str for k in part):
-            raise PickleError(f"{f}: tensor state is {type_phrase(part)}, not a dict of names")
-        attrs.update(part)
+        if part:
+            attrs.update(part)
     return attrs or None
+
+
+def _calls_a_method(func: Opaque) -> bool:
+    """Whether calling ``func`` would call a method of an object the file built: a
+    ``getattr(obj, name)`` record, or a ``functools.partial`` of one."""
+    seen = 0
+    while isinstance(func, Opaque) and seen < 64:
+        c = func.callable
+        if isinstance(c, Known) and c.rule == "getattr":
+            return True
+        if not (isinstance(c, Known) and c.path == "functools.partial"):
+            return False
+        state = func.state
+        func = state[0] if isinstance(state, tuple) and state else (
+            func.args[0] if func.args else None)
+        seen += 1
+    return False
+
+
+def _method_name(func: Opaque) -> str:
+    while isinstance(func, Opaque) and not (
+            isinstance(func.callable, Known) and func.callable.rule == "getattr"):
+        state = func.state
+        func = state[0] if isinstance(state, tuple) and state else func.args[0]
+    return str(func.args[1]) if isinstance(func, Opaque) and len(func.args) == 2 else "?"
 
 
 def _refusal_hint(qualname: str, reason: str) -> str:
