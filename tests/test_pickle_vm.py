@@ -384,3 +384,38 @@ def test_a_dag_sharing_one_object_a_million_times_is_walked_once() -> None:
     from torchless._graph import flatten
 
     assert flatten(tree, lim) == ({}, {})
+
+
+class _CallsMethod:
+    """Pickles as getattr(PosixPath('x'), 'touch')(): a method call torch.load would make."""
+
+    def __reduce__(self) -> Any:
+        import pathlib
+
+        return (pathlib.PurePosixPath("x").joinpath, ("y",))
+
+
+class _CallsPartialMethod:
+    def __reduce__(self) -> Any:
+        import functools
+        import pathlib
+
+        return (functools.partial(pathlib.PurePosixPath("x").joinpath), ("y",))
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_method_reference_is_kept_and_a_method_call_refused(protocol: int) -> None:
+    import pathlib
+
+    ref = loads(pickle.dumps({"hook": pathlib.PurePosixPath("x").joinpath}, protocol=protocol))
+    assert isinstance(ref["hook"], Opaque) and ref["hook"].args[1] == "joinpath"
+    for obj in (_CallsMethod(), _CallsPartialMethod()):
+        with pytest.raises(UnsafeGlobalError, match="joinpath"):
+            loads(pickle.dumps(obj, protocol=protocol))
+
+
+def test_getattr_of_a_dunder_on_an_object_is_refused() -> None:
+    data = (b"\x80\x02cbuiltins\ngetattr\n" + b"cpathlib\nPurePosixPath\nX\x01\x00\x00\x00x\x85R"
+            + b"X\x09\x00\x00\x00__class__\x86R.")
+    with pytest.raises(UnsafeGlobalError, match="getattr"):
+        loads(data)
