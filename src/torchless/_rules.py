@@ -517,25 +517,29 @@ def _calls_a_method(func: Opaque) -> bool:
     """Whether calling ``func`` would call a method of an object the file built: a
     ``getattr(obj, name)`` record, or a ``functools.partial`` of one."""
     seen = 0
-    while isinstance(func, Opaque) and seen < 64:
+    current: Any = func
+    while isinstance(current, Opaque) and seen < 64:
+        func = current
         c = func.callable
         if isinstance(c, Known) and c.rule == "getattr":
             return True
         if not (isinstance(c, Known) and c.path == "functools.partial"):
             return False
         state = func.state
-        func = state[0] if isinstance(state, tuple) and state else (
+        current = state[0] if isinstance(state, tuple) and state else (
             func.args[0] if func.args else None)
         seen += 1
     return False
 
 
 def _method_name(func: Opaque) -> str:
-    while isinstance(func, Opaque) and not (
-            isinstance(func.callable, Known) and func.callable.rule == "getattr"):
-        state = func.state
-        func = state[0] if isinstance(state, tuple) and state else func.args[0]
-    return str(func.args[1]) if isinstance(func, Opaque) and len(func.args) == 2 else "?"
+    current: Any = func
+    while isinstance(current, Opaque) and not (
+            isinstance(current.callable, Known) and current.callable.rule == "getattr"):
+        state = current.state
+        current = state[0] if isinstance(state, tuple) and state else current.args[0]
+    return str(current.args[1]) if isinstance(current, Opaque) and len(current.args) == 2 \
+        else "?"
 
 
 def _refusal_hint(qualname: str, reason: str) -> str:
