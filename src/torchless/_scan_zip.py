@@ -6,12 +6,15 @@ interpret. This pass reads each end-of-directory record that could be the real o
 central entry, each local header, and the regions no entry accounts for, and records an
 anomaly (``kind``, member, offset, message) for each disagreement:
 
-``eocd``         several end records, one not at the end of the file, counts or sizes wrong
+``eocd``         several end records, one not at the end of the file, counts or sizes wrong,
+                 a ZIP64 locator counting other than one disk
 ``prefix``       data before the first member (the archive is not at offset 0)
 ``trailing``     data after the end record
 ``gap``          bytes between members or before the central directory that no entry owns
 ``hidden``       a local header that no central entry names (its data is scanned too)
-``header``       local and central header disagree (name, method, flags, CRC, sizes)
+``header``       local and central header disagree (name, method, flags, CRC, sizes); an
+                 extra block that runs past its end, a central ZIP64 field lacking a value,
+                 a member on another disk (what torch's reader, miniz, refuses)
 ``flags``        flag bits other than UTF-8 / data descriptor (encryption, patched data …)
 ``method``       compression other than stored or deflate
 ``crc``          CRC-32 of the bytes differs from the recorded one
