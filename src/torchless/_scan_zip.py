@@ -6,12 +6,15 @@ interpret. This pass reads each end-of-directory record that could be the real o
 central entry, each local header, and the regions no entry accounts for, and records an
 anomaly (``kind``, member, offset, message) for each disagreement:
 
-``eocd``         several end records, one not at the end of the file, counts or sizes wrong
+``eocd``         several end records, one not at the end of the file, counts or sizes wrong,
+                 a ZIP64 locator counting other than one disk
 ``prefix``       data before the first member (the archive is not at offset 0)
 ``trailing``     data after the end record
 ``gap``          bytes between members or before the central directory that no entry owns
 ``hidden``       a local header that no central entry names (its data is scanned too)
-``header``       local and central header disagree (name, method, flags, CRC, sizes)
+``header``       local and central header disagree (name, method, flags, CRC, sizes); an
+                 extra block that runs past its end, a central ZIP64 field lacking a value,
+                 a member on another disk (what torch's reader, miniz, refuses)
 ``flags``        flag bits other than UTF-8 / data descriptor (encryption, patched data …)
 ``method``       compression other than stored or deflate
 ``crc``          CRC-32 of the bytes differs from the recorded one
@@ -31,7 +34,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._zip import Entry
+from ._zip import Entry, zip64_field
 
 __all__ = ["ZipAnomaly", "ZipMember", "ZipScan", "read_member", "scan_zip"]
 
@@ -142,7 +145,10 @@ def _directory(buf: Any, size: int, eocd: int, out: ZipScan, seen: set[int]) -> 
     cd_end = eocd
     loc = eocd - _EOCD64_LOC.size
     if loc >= 0 and buf[loc:loc + 4] == b"PK\x06\x07":
-        _, _, rec, _ = _EOCD64_LOC.unpack(buf[loc:loc + _EOCD64_LOC.size])
+        _, _, rec, disks = _EOCD64_LOC.unpack(buf[loc:loc + _EOCD64_LOC.size])
+        if disks != 1:
+            out.flag("eocd", f"ZIP64 end-record locator counts {disks} disks (torch reads "
+                     "only 1)", offset=loc)
         if rec + _EOCD64.size <= loc and buf[rec:rec + 4] == b"PK\x06\x06":
             fields = _EOCD64.unpack(buf[rec:rec + _EOCD64.size])
             n_total, cd_size, cd_off = fields[7], fields[8], fields[9]
@@ -169,13 +175,16 @@ def _directory(buf: Any, size: int, eocd: int, out: ZipScan, seen: set[int]) -> 
             out.flag("eocd", "more than a million central entries; the rest is not listed")
             break
         f = _CENTRAL.unpack(buf[pos:pos + _CENTRAL.size])
-        (_, made_by, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _,
+        (_, made_by, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, disk,
          _, eattr, hoff) = f
         body = pos + _CENTRAL.size
         name = _decode(bytes(buf[body:body + nlen]), flags, out, pos)
         extra = bytes(buf[body + nlen:body + nlen + elen])
+        if disk == 0xFFFF:
+            out.flag("header", f"central entry of {name!r} puts it on another disk (a split "
+                     "archive; torch refuses it)", name, pos)
         if 0xFFFFFFFF in (csize, usize, hoff):
-            usize, csize, hoff = _zip64(extra, usize, csize, hoff)
+            usize, csize, hoff = _zip64(extra, usize, csize, hoff, name, pos, out)
         if (made_by >> 8) == 3 and (eattr >> 16) & 0o170000 == 0o120000:
             out.flag("link", f"member {name!r} is a symbolic link", name, pos)
         out.members.append(ZipMember(name, method, flags, crc, csize, usize, hoff + delta,
@@ -191,25 +200,24 @@ def _directory(buf: Any, size: int, eocd: int, out: ZipScan, seen: set[int]) -> 
         out.loose.append((pos, cd_end))
 
 
-def _zip64(extra: bytes, usize: int, csize: int, hoff: int) -> tuple[int, int, int]:
-    i = 0
-    while i + 4 <= len(extra):
-        tag, n = struct.unpack_from("<HH", extra, i)
-        if tag == 1:
-            body = extra[i + 4:i + 4 + n]
-            vals = [int.from_bytes(body[j:j + 8], "little") for j in range(0, len(body) - 7, 8)]
-            for attr in ("u", "c", "h"):
-                if not vals:
-                    break
-                if attr == "u" and usize == 0xFFFFFFFF:
-                    usize = vals.pop(0)
-                elif attr == "c" and csize == 0xFFFFFFFF:
-                    csize = vals.pop(0)
-                elif attr == "h" and hoff == 0xFFFFFFFF:
-                    hoff = vals.pop(0)
-            break
-        i += 4 + n
-    return usize, csize, hoff
+def _zip64(extra: bytes, usize: int, csize: int, hoff: int, name: str, pos: int,
+           out: ZipScan) -> tuple[int, int, int]:
+    """The saturated fields from the ZIP64 extra field, taken as miniz takes them (see
+    :func:`._zip.zip64_field`); what miniz refuses is flagged, the fields left saturated."""
+    try:
+        body = zip64_field(extra) or b""
+    except ValueError as err:
+        out.flag("header", f"central entry of {name!r}: {err}", name, pos)
+        return usize, csize, hoff
+    vals, k = [usize, csize, hoff], 0
+    for i, value in enumerate(vals):
+        if value == 0xFFFFFFFF:
+            if k + 8 > len(body):
+                out.flag("header", f"central entry of {name!r} lacks the ZIP64 fields it "
+                         "needs", name, pos)
+                break
+            vals[i], k = int.from_bytes(body[k:k + 8], "little"), k + 8
+    return vals[0], vals[1], vals[2]
 
 
 def _local(buf: Any, size: int, m: ZipMember, out: ZipScan) -> bool:
@@ -259,16 +267,23 @@ def _local(buf: Any, size: int, m: ZipMember, out: ZipScan) -> bool:
         m.end_offset = size
         return False
     if flags & _FLAG_DESC:
-        _descriptor(buf, size, m, out)
+        try:
+            local_zip64 = zip64_field(bytes(buf[h + _LOCAL.size + nlen:m.data_offset])) \
+                is not None
+        except ValueError as err:
+            out.flag("header", f"local header: {err}", m.name, h)
+            local_zip64 = False
+        _descriptor(buf, size, m, out, local_zip64)
     return True
 
 
-def _descriptor(buf: Any, size: int, m: ZipMember, out: ZipScan) -> None:
+def _descriptor(buf: Any, size: int, m: ZipMember, out: ZipScan, local_zip64: bool) -> None:
+    """Check the data descriptor; 8-byte sizes on the rule of :meth:`._zip.ZipArchive.
+    _descriptor` (a ZIP64 field in the local header, or sizes that need them)."""
     pos = m.end_offset
     if buf[pos:pos + 4] == _SIG_DESC:
         pos += 4
-    wide = pos + 20 <= size and int.from_bytes(buf[pos + 4:pos + 12], "little") == \
-        m.compressed_size and m.compressed_size >= 0xFFFFFFFF
+    wide = local_zip64 or m.size >= 0xFFFFFFFF or m.compressed_size >= 0xFFFFFFFF
     n = 20 if wide else 12
     if pos + n > size:
         out.flag("descriptor", "data descriptor cut short", m.name, pos)

@@ -37,7 +37,7 @@ from ._errors import (
 from ._limits import Limits
 from ._source import Source
 
-__all__ = ["Entry", "ZipArchive"]
+__all__ = ["Entry", "ZipArchive", "zip64_field"]
 
 _EOCD = struct.Struct("<4sHHHHIIH")  # sig, disk, cd disk, n here, n total, cd size, cd off, cl
 _EOCD64_LOC = struct.Struct("<4sIQI")  # sig, disk, eocd64 offset, total disks
@@ -62,6 +62,23 @@ codecs.lookup("cp437")  # member names without the UTF-8 flag; looked up now, no
 _REPACK_HINT = ("torch.save writes plain archives: re-save the checkpoint with torch.save, or "
                 "re-pack it with stored or deflated members (zip -r)")
 _JOIN_HINT = "join the parts into one file (zip -s 0 split.zip --out whole.zip) first"
+
+
+def zip64_field(extra: bytes) -> bytes | None:
+    """The body of the first ZIP64 extended-information field (tag 0x0001) of an extra
+    block, or None. The fields are walked as miniz walks them: a field that runs past the
+    block, or 1-3 bytes left over, before that field is reached is a ValueError."""
+    i = 0
+    while i < len(extra):
+        if i + 4 > len(extra):
+            raise ValueError(f"extra field block ends with {len(extra) - i} stray bytes")
+        tag, size = struct.unpack_from("<HH", extra, i)
+        if i + 4 + size > len(extra):
+            raise ValueError(f"extra field 0x{tag:04x} runs past the extra block")
+        if tag == 0x0001:
+            return extra[i + 4:i + 4 + size]
+        i += 4 + size
+    return None
 
 
 @dataclass
@@ -181,7 +198,7 @@ class ZipArchive:
     def _zip64(self, loc_off: int) -> tuple[int, int, int, int]:
         src = self.source
         _, disk, rec_off, disks = _EOCD64_LOC.unpack(src.view(loc_off, _EOCD64_LOC.size))
-        if disk != 0 or disks not in (0, 1):
+        if disk != 0 or disks != 1:  # miniz refuses every disk count but 1
             raise UnsupportedError("multi-disk (split) ZIP archives are not supported",
                                    hint=_JOIN_HINT)
         if rec_off + _EOCD64.size > loc_off:
@@ -195,6 +212,9 @@ class ZipArchive:
                                    hint=_JOIN_HINT)
         if rec_off + 12 + rec_size != loc_off:
             raise ArchiveFormatError("data between the ZIP64 end record and its locator")
+        if cd_size > 0xFFFFFFFF:
+            raise UnsupportedError("a central directory of 4 GiB or more (torch's reader "
+                                   "refuses it too)")
         return n_total, cd_size, cd_off, rec_off
 
     def _central_entry(self, cd: memoryview, pos: int, cd_off: int) -> tuple[Entry, int]:
@@ -219,7 +239,10 @@ class ZipArchive:
             raise UnsupportedError(
                 f"archive member {name!r} uses compression method {method} "
                 "(only stored and deflate are supported)", hint=_REPACK_HINT)
-        if 0xFFFFFFFF in (csize, usize, hoff) or disk == 0xFFFF:
+        if disk == 0xFFFF:  # a ZIP64 disk number: miniz refuses it as multi-disk
+            raise UnsupportedError(f"archive member {name!r} lies on another disk of a "
+                                   "split archive", hint=_JOIN_HINT)
+        if 0xFFFFFFFF in (csize, usize, hoff):
             usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff, name)
         if (made_by >> 8) == 3 and (eattr >> 16) & 0o170000 == 0o120000:
             raise UnsafePathError(f"archive member {name!r} is a symbolic link")
@@ -229,28 +252,27 @@ class ZipArchive:
         entry = Entry(name, method, flags, crc, csize, usize, hoff, is_dir=name.endswith("/"))
         return entry, end
 
-    def _zip64_extra(self, extra: bytes, usize: int, csize: int, hoff: int,
+    @staticmethod
+    def _zip64_extra(extra: bytes, usize: int, csize: int, hoff: int,
                      name: str) -> tuple[int, int, int]:
-        i = 0
-        while i + 4 <= len(extra):
-            tag, size = struct.unpack_from("<HH", extra, i)
-            body = extra[i + 4:i + 4 + size]
-            if tag == 0x0001:
-                vals = []
-                for j in range(0, len(body) - 7, 8):
-                    vals.append(int.from_bytes(body[j:j + 8], "little"))
-                k = 0
-                if usize == 0xFFFFFFFF and k < len(vals):
-                    usize, k = vals[k], k + 1
-                if csize == 0xFFFFFFFF and k < len(vals):
-                    csize, k = vals[k], k + 1
-                if hoff == 0xFFFFFFFF and k < len(vals):
-                    hoff, k = vals[k], k + 1
-                break
-            i += 4 + size
-        if 0xFFFFFFFF in (usize, csize, hoff):
-            raise ArchiveFormatError(f"member {name!r} lacks the ZIP64 fields it needs")
-        return usize, csize, hoff
+        """The saturated fields of a central entry from its ZIP64 extra field, as miniz
+        takes them: in the order size, compressed size, offset, each present only if
+        saturated; what follows them is ignored, a missing one or a malformed extra block
+        before the field is refused."""
+        try:
+            body = zip64_field(extra)
+        except ValueError as err:
+            raise ArchiveFormatError(f"member {name!r}: {err}") from None
+        vals = body if body is not None else b""
+        out: list[int] = []
+        k = 0
+        for value in (usize, csize, hoff):
+            if value == 0xFFFFFFFF:
+                if k + 8 > len(vals):
+                    raise ArchiveFormatError(f"member {name!r} lacks the ZIP64 fields it needs")
+                value, k = int.from_bytes(vals[k:k + 8], "little"), k + 8
+            out.append(value)
+        return out[0], out[1], out[2]
 
     @staticmethod
     def _decode_name(raw: bytes, flags: int) -> str:
@@ -327,7 +349,12 @@ class ZipArchive:
                 f"member {e.name!r}: {e.compressed_size} bytes of data at offset "
                 f"{e.data_offset} run past the archive data")
         if flags & _FLAG_DESCRIPTOR:
-            e.end_offset = self._descriptor(e, cd_off)
+            extra = src.read(e.header_offset + _LOCAL.size + nlen, elen, "local extra field")
+            try:
+                zip64 = zip64_field(extra) is not None
+            except ValueError as err:
+                raise ArchiveFormatError(f"member {e.name!r}: local header: {err}") from None
+            e.end_offset = self._descriptor(e, cd_off, zip64)
 
     def _located(self, name: str) -> Entry:
         e = self.entries[name]
@@ -335,13 +362,18 @@ class ZipArchive:
             self._check_local(e, self._cd_off)
         return e
 
-    def _descriptor(self, e: Entry, cd_off: int) -> int:
+    def _descriptor(self, e: Entry, cd_off: int, local_zip64: bool) -> int:
+        """Where the data descriptor after a member's data ends, checked against the
+        central entry. Its sizes are 8 bytes wide if the local header has a ZIP64 extra
+        field (the format's rule, and what torch's writer does: it gives every member of 4
+        GiB or more, or starting at 4 GiB or later, that field and a wide descriptor) or if
+        the sizes need it (writers that stream without the local field)."""
         pos = e.end_offset
         room = cd_off - pos
         head = self.source.read(pos, min(24, room), "data descriptor")
         if head[:4] == _SIG_DESCRIPTOR:
             head, pos = head[4:], pos + 4
-        zip64 = e.size >= 0xFFFFFFFF or e.compressed_size >= 0xFFFFFFFF
+        zip64 = local_zip64 or e.size >= 0xFFFFFFFF or e.compressed_size >= 0xFFFFFFFF
         fmt = "<IQQ" if zip64 else "<III"
         need = struct.calcsize(fmt)
         if len(head) < need:
