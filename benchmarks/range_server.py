@@ -62,10 +62,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        # counted before it is written: the client may have read it (and the test looked at
+        # the count) before write() returns here
+        with self.server.lock:
+            self.server.sent += len(body)
         try:
             self.wfile.write(body)
-            with self.server.lock:
-                self.server.sent += len(body)
         except (BrokenPipeError, ConnectionResetError):
             pass
 
