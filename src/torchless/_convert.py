@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 
 from . import _checkpoint, _graph, _inert, _inert_write
-from ._errors import EXISTS_HINT, CheckpointError, ConversionError, FormatError
+from ._errors import (
+    EXISTS_HINT,
+    CheckpointError,
+    ConversionError,
+    FormatError,
+    InternalError,
+    reports_bugs,
+)
 from ._limits import Limits
 from ._remote import is_remote
 from ._safetensors import (
@@ -246,7 +253,9 @@ def convert(
             records for a file you trust (as in :func:`torchless.open`); never called.
 
     Raises:
-        ConversionError: the output cannot be written as asked (nothing is left at DST).
+        ConversionError: the output cannot be written as asked, or ``verify`` failed (no
+            file of this run is left; an existing DST is as it was).
+        InternalError: a bug in torchless (not a verdict on SRC).
         CheckpointError: SRC cannot be read.
     """
     if is_remote(src):
@@ -274,11 +283,8 @@ def convert(
         raise ConversionError("out of memory while converting", path=spath,
                               hint="close other programs or convert on a machine with more "
                                    "memory") from e
-    except Exception as e:  # a bug of ours must still surface as our error
-        raise ConversionError(f"internal error while converting ({type(e).__name__}: {e}); "
-                              "please report this file", path=spath,
-                              hint="this is a bug in torchless: please report it, with the "
-                                   "file if you can share it") from e
+    except Exception as e:  # a bug of ours: reported as one, never as a refusal
+        raise InternalError.wrap(e, "converting", spath) from e
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
@@ -427,6 +433,7 @@ def _same_bytes(t: Tensor, data: memoryview) -> bool:
     return pos == len(data)
 
 
+@reports_bugs("verifying")
 def verify(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],

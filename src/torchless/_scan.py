@@ -19,8 +19,10 @@ found from the content, never the name, and then:
 Status of a file: ``dangerous`` (a dangerous global), ``anomalous`` (an anomaly, no dangerous
 global), ``clean``, ``unreadable`` (cannot be opened or is not a checkpoint but was named
 explicitly, or is a compressed container that may hide one), or ``skipped`` (met while walking
-a directory and not a checkpoint: text, images, safetensors …). Exit code: 1 if any file is
-dangerous or anomalous, else 2 if any is unreadable, else 0.
+a directory and not a checkpoint: text, images, safetensors …), or ``error`` (the scanner met
+a bug of its own on the file: no verdict; the error says "internal error" and the hint asks
+for a report). Exit code: 1 if any file is dangerous or anomalous, else 2 if any is
+unreadable or met an error, else 0.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 from . import _dtypes
 from ._detect import LEGACY_MAGIC, Layout, _detect
-from ._errors import CheckpointError, NotACheckpointError
+from ._errors import CheckpointError, InternalError, NotACheckpointError
 from ._limits import Limits
 from ._remote import RemoteSource, is_remote
 from ._rules import TorchResolver
@@ -92,7 +94,7 @@ class Anomaly:
 @dataclass(frozen=True)
 class FileScan:
     path: str
-    status: str  # "clean", "dangerous", "anomalous", "unreadable", "skipped"
+    status: str  # "clean", "dangerous", "anomalous", "unreadable", "skipped", "error"
     layout: str | None = None
     pickles: int = 0
     globals: tuple[GlobalRef, ...] = ()
@@ -106,7 +108,7 @@ class FileScan:
 
     @property
     def exit_code(self) -> int:
-        return {"dangerous": 1, "anomalous": 1, "unreadable": 2}.get(self.status, 0)
+        return {"dangerous": 1, "anomalous": 1, "unreadable": 2, "error": 2}.get(self.status, 0)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,8 @@ class ScanReport:
         return self.exit_code == 0
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("clean", "dangerous", "anomalous", "unreadable", "skipped"), 0)
+        out = dict.fromkeys(("clean", "dangerous", "anomalous", "unreadable", "skipped",
+                             "error"), 0)
         for f in self.files:
             out[f.status] += 1
         return out
@@ -178,6 +181,14 @@ def _walk(root: str) -> Iterator[str]:
 
 
 def _scan_file(path: str, strict: bool, limits: Limits, *, explicit: bool) -> FileScan:
+    try:
+        return _scan_one(path, strict, limits, explicit=explicit)
+    except Exception as e:  # a bug of ours: no verdict on the file, and not "unreadable"
+        bug = InternalError.wrap(e, "scanning")
+        return FileScan(path, "error", error=bug.message, hint=bug.hint)
+
+
+def _scan_one(path: str, strict: bool, limits: Limits, *, explicit: bool) -> FileScan:
     try:
         # a remote file is fetched whole: every byte of it is scanned
         source = RemoteSource(path) if is_remote(path) else Source(path)
@@ -666,7 +677,7 @@ def _octal(field_: bytes) -> int | None:
 # ---- text ---------------------------------------------------------------------------------
 
 _MARK = {"clean": "ok", "dangerous": "DANGER", "anomalous": "ANOMALY", "unreadable": "ERROR",
-         "skipped": "skip"}
+         "skipped": "skip", "error": "BUG"}
 
 
 def format_table(report: ScanReport, *, verbose: bool = False) -> str:
@@ -680,7 +691,7 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
                      f"{len(f.globals):>7} {len(f.dangerous):>6} {len(f.anomalies):>7}  {f.path}")
         if f.error:
             lines.append(f"    error: {f.error}")
-            if f.hint and f.status == "unreadable":
+            if f.hint and f.status in ("unreadable", "error"):
                 lines.append(f"    hint: {f.hint}")
         shown = f.globals if verbose else f.dangerous
         for g in shown:
@@ -694,5 +705,6 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
     c = report.counts()
     lines.append(f"{len(report.files)} files: {c['clean']} clean, {c['dangerous']} dangerous, "
                  f"{c['anomalous']} anomalous, {c['unreadable']} unreadable, "
-                 f"{c['skipped']} skipped")
+                 f"{c['skipped']} skipped"
+                 + (f", {c['error']} internal errors (torchless bugs)" if c["error"] else ""))
     return "\n".join(printable(line) for line in lines) + "\n"

@@ -1,0 +1,198 @@
+"""Nothing escapes as a raw Python exception, and a bug is never reported as a refusal.
+
+* JSON nested past ``Limits.max_depth`` (a safetensors header, a Hugging Face index) is a
+  ``LimitError``, found in linear time before ``json`` recurses;
+* a legacy storage key that is bytes (not UTF-8) is scanned as torch.load reads it, and
+  reported; the reader refuses it;
+* an unexpected exception inside ``open``, ``load``, ``convert``, ``verify``, ``scan``,
+  ``batch`` or the command line is an :class:`InternalError` ("internal error while …", a
+  hint asking for a report), not a refusal: ``batch`` says ``failed``, ``scan`` says
+  ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchless
+from torchless import (
+    CheckpointError,
+    FormatError,
+    InternalError,
+)
+from torchless._cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "examples" / "tiny.pt"
+#: Words a hint that blames the file would use.
+BLAME = ("damaged", "download", "get the file again", "do not torch.load")
+
+
+# ---- a bug is an InternalError --------------------------------------------------------------
+
+
+def _boom(*args: Any, **kwargs: Any) -> Any:
+    return 1 // 0
+
+
+def _assert_bug(e: BaseException, doing: str, path: Path | str | None = None) -> None:
+    assert isinstance(e, InternalError) and isinstance(e, CheckpointError), repr(e)
+    assert not isinstance(e, (FormatError, ValueError)), "a bug is not a bad file"
+    assert f"internal error while {doing}" in e.message and "ZeroDivisionError" in e.message
+    assert isinstance(e.__cause__, ZeroDivisionError) and e.cause == "ZeroDivisionError"
+    assert e.hint == InternalError.hint and "bug in torchless" in e.hint
+    assert "github.com/torchless/torchless/issues" in e.hint
+    assert not any(word in e.hint for word in BLAME), e.hint
+    if path is not None:
+        assert e.path == str(path)
+
+
+@pytest.fixture
+def broken_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchless import _torchzip
+
+    monkeypatch.setattr(_torchzip.TorchZip, "load", _boom)
+
+
+@pytest.mark.usefixtures("broken_reader")
+def test_open_and_load_report_a_bug() -> None:
+    with pytest.raises(InternalError) as info:
+        torchless.open(TINY)
+    _assert_bug(info.value, "reading", TINY)
+    with pytest.raises(InternalError) as info:
+        torchless.load(TINY)
+    _assert_bug(info.value, "reading", TINY)
+
+
+def test_load_reports_a_bug_after_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchless import _tensor
+
+    monkeypatch.setattr(_tensor.Tensor, "numpy", _boom)
+    with pytest.raises(InternalError) as info:
+        torchless.load(TINY)
+    _assert_bug(info.value, "loading", TINY)
+
+
+def test_usage_errors_and_os_errors_are_not_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="tensors must be") as info:
+        torchless.load(TINY, tensors="jax")  # type: ignore[arg-type]
+    assert not isinstance(info.value, CheckpointError)
+    with pytest.raises(TypeError) as type_info:
+        torchless.load(TINY, no_such_option=1)  # type: ignore[call-arg]
+    assert not isinstance(type_info.value, CheckpointError)
+    from torchless import _torchzip
+
+    def io_error(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(_torchzip.TorchZip, "load", io_error)
+    with pytest.raises(CheckpointError, match="cannot read: Input/output error") as err:
+        torchless.open(TINY)
+    assert not isinstance(err.value, InternalError)
+
+
+@pytest.mark.usefixtures("broken_reader")
+def test_convert_reports_a_bug_and_writes_nothing(tmp_path: Path) -> None:
+    dst = tmp_path / "out.safetensors"
+    with pytest.raises(InternalError) as info:
+        torchless.convert(TINY, dst)
+    _assert_bug(info.value, "reading", TINY)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_bug_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchless import _safetensors
+
+    monkeypatch.setattr(_safetensors, "_write_tensor", _boom)
+    dst = tmp_path / "out.safetensors"
+    with pytest.raises(InternalError) as info:
+        torchless.convert(TINY, dst)
+    _assert_bug(info.value, "converting", TINY)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_reports_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchless import _convert
+
+    dst = tmp_path / "out.safetensors"
+    torchless.convert(TINY, dst)
+    monkeypatch.setattr(_convert, "compare", _boom)
+    with pytest.raises(InternalError) as info:
+        torchless.verify(TINY, dst)
+    _assert_bug(info.value, "verifying", TINY)
+
+
+def test_scan_reports_a_bug_as_error_never_clean(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from torchless import _scan
+
+    monkeypatch.setattr(_scan._File, "run", _boom)
+    report = torchless.scan(TINY)
+    (f,) = report.files
+    assert f.status == "error" and report.exit_code == 2 and not report.ok
+    assert f.error is not None and "internal error while scanning" in f.error
+    assert "ZeroDivisionError" in f.error and f.hint == InternalError.hint
+    assert json.loads(report.to_json())["summary"]["error"] == 1
+    assert main(["scan", str(TINY)]) == 2
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("BUG ") and "internal error while scanning" in out
+    assert "1 internal errors (torchless bugs)" in out
+
+
+def test_batch_reports_a_bug_as_failed_not_refused(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchless import _scan, _torchzip
+
+    tiny = tmp_path / "tiny.pt"
+    tiny.write_bytes(TINY.read_bytes())
+    bad = tmp_path / "not-a-checkpoint.pt"
+    bad.write_bytes(b"hello, world")
+    monkeypatch.setattr(_torchzip.TorchZip, "load", _boom)
+    for op in ("inspect", "convert"):
+        results = torchless.batch([tiny, bad], op)  # type: ignore[arg-type]
+        statuses = {Path(r.path).name: r for r in results}
+        bug, refusal = statuses["tiny.pt"], statuses["not-a-checkpoint.pt"]
+        assert bug.status == "failed" and refusal.status == "refused", (op, results)
+        assert bug.error is not None and "internal error while reading" in bug.error
+        assert bug.hint == InternalError.hint and refusal.hint != InternalError.hint
+    assert not list(tmp_path.glob("*.safetensors"))
+    monkeypatch.setattr(_scan._File, "run", _boom)
+    (result,) = torchless.batch([tiny], "scan")
+    assert result.status == "failed" and result.error is not None
+    assert "internal error while scanning" in result.error and result.hint == InternalError.hint
+
+
+def _cli_bug(argv: list[str], capsys: pytest.CaptureFixture[str], doing: str) -> None:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[-2].startswith("torchless: error: ") and f"internal error while {doing}" in \
+        lines[-2], err
+    assert lines[-1] == f"torchless: hint: {InternalError.hint}"
+    assert "Traceback (most recent call last)" in err and "ZeroDivisionError" in err
+
+
+@pytest.mark.usefixtures("broken_reader")
+def test_cli_reports_a_bug(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _cli_bug(["inspect", str(TINY)], capsys, "reading")
+    _cli_bug(["convert", str(TINY), "-o", str(tmp_path / "o.safetensors")], capsys, "reading")
+    copies = [tmp_path / "a.pt", tmp_path / "b.pt"]
+    for copy in copies:
+        copy.write_bytes(TINY.read_bytes())
+    assert main(["convert", *map(str, copies)]) == 1  # several files: the batch path
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all("internal error while reading" in line for line in err[::2])
+    assert err[1::2] == [f"torchless: hint: {InternalError.hint}"] * 2
+    assert not list(tmp_path.glob("*.safetensors"))
+
+
+def test_cli_reports_its_own_bug(monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from torchless import _cli
+
+    monkeypatch.setattr(_cli, "_inspect_text", _boom)
+    _cli_bug(["inspect", str(TINY)], capsys, "running inspect")
