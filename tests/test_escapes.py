@@ -13,7 +13,10 @@
 from __future__ import annotations
 
 import json
+import struct
+import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,6 +26,7 @@ from torchless import (
     CheckpointError,
     FormatError,
     InternalError,
+    LimitError,
 )
 from torchless._cli import main
 
@@ -30,6 +34,88 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "examples" / "tiny.pt"
 #: Words a hint that blames the file would use.
 BLAME = ("damaged", "download", "get the file again", "do not torch.load")
+
+
+# ---- JSON nesting ---------------------------------------------------------------------------
+
+
+def _safetensors(path: Path, header: bytes, data: bytes = b"") -> Path:
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+def _deep(n: int) -> bytes:
+    return b'{"a":' + b"[" * n + b"]" * n + b"}"
+
+
+@pytest.mark.parametrize("depth", [300, 100_000])
+def test_deep_safetensors_header_is_a_limit_error(tmp_path: Path, depth: int) -> None:
+    """300 is past max_depth=256 but within Python's recursion limit (the limit is ours);
+    100,000 would make json.loads raise RecursionError."""
+    deep = _safetensors(tmp_path / "deep.safetensors", _deep(depth))
+    with pytest.raises(LimitError) as info:
+        torchless.load(deep)
+    assert info.value.limit_name == "max_depth" and info.value.actual == depth + 1
+    assert info.value.path == str(deep)
+    with pytest.raises(LimitError):
+        torchless.verify(TINY, deep)
+    lifted = torchless.Limits(max_depth=depth + 1)
+    if depth < 500:  # the limit lifted, json parses it: then the entry is malformed
+        with pytest.raises(FormatError, match="malformed"):
+            torchless.load(deep, limits=lifted)
+    else:  # deeper than Python's parser can go: still a LimitError, never RecursionError
+        with pytest.raises(LimitError, match="Python's JSON parser"):
+            torchless.load(deep, limits=lifted)
+
+
+def test_deep_header_is_refused_in_linear_time(tmp_path: Path) -> None:
+    timings = []
+    for n in (1 << 20, 4 << 20):
+        deep = _safetensors(tmp_path / f"deep{n}.safetensors", _deep(n))
+        started = time.perf_counter()
+        with pytest.raises(LimitError):
+            torchless.load(deep)
+        timings.append(time.perf_counter() - started)
+    assert timings[1] < 12 * max(timings[0], 0.01), timings
+
+
+def test_brackets_inside_strings_are_not_nesting(tmp_path: Path) -> None:
+    """A valid file whose metadata and names hold brackets, quotes and backslashes reads
+    (the safetensors package is the oracle for its validity)."""
+    np = pytest.importorskip("numpy")
+    st = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "brackets.safetensors"
+    tricky = '[' * 5000 + '\\"' + '{' * 5000
+    st.save_file({'w[[{"': np.arange(3, dtype=np.float32)}, str(path),
+                 metadata={"note": tricky, "[": "]"})
+    assert st.load_file(str(path))['w[[{"'].tolist() == [0.0, 1.0, 2.0]
+    got = torchless.load(path)
+    assert got['w[[{"'].tolist() == [0.0, 1.0, 2.0]
+
+
+def _hf_dir(torch: ModuleType, root: Path, index: bytes) -> Path:
+    root.mkdir()
+    torch.save({"a": torch.zeros(2)}, root / "pytorch_model-00001-of-00001.bin")
+    (root / "pytorch_model.bin.index.json").write_bytes(index)
+    return root
+
+
+def test_deep_index_is_a_limit_error(torch: ModuleType, tmp_path: Path) -> None:
+    deep = b'{"weight_map": {"a": "pytorch_model-00001-of-00001.bin"}, "x": ' + \
+        b"[" * 100_000 + b"]" * 100_000 + b"}"
+    root = _hf_dir(torch, tmp_path / "m", deep)
+    with pytest.raises(LimitError) as info:
+        torchless.convert(root, tmp_path / "out")
+    assert info.value.path == str(root / "pytorch_model.bin.index.json")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+    good = _hf_dir(torch, tmp_path / "g", json.dumps(
+        {"weight_map": {"a": "pytorch_model-00001-of-00001.bin"}}).encode())
+    torchless.convert(good, tmp_path / "out")
+    (tmp_path / "out" / "model.safetensors.index.json").write_bytes(
+        deep.replace(b"pytorch_model-00001-of-00001.bin", b"model-00001-of-00001.safetensors"))
+    with pytest.raises(LimitError):
+        torchless.verify(good, tmp_path / "out")
 
 
 # ---- a bug is an InternalError --------------------------------------------------------------

@@ -28,7 +28,6 @@ from ._errors import (
     EXISTS_HINT,
     CheckpointError,
     ConversionError,
-    FormatError,
     InternalError,
     reports_bugs,
 )
@@ -404,12 +403,13 @@ def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
 
 
 @contextlib.contextmanager
-def safetensors_data(path: str) -> Iterator[tuple[SafetensorsHeader, memoryview]]:
+def safetensors_data(path: str, limits: Limits | None = None
+                     ) -> Iterator[tuple[SafetensorsHeader, memoryview]]:
     """A safetensors file's checked header and its data section (a view of the file map)."""
     with Source(path) as out:
         try:
-            header = read_header(out.buffer)
-        except FormatError as e:
+            header = read_header(out.buffer, (limits or Limits()).max_depth)
+        except CheckpointError as e:
             raise e.add_context(path=path) from None
         yield header, out.buffer[header.data_start:]
 
@@ -462,7 +462,7 @@ def verify(
         return _hf.verify_layout(spath, dpath, key=key, limits=limits,
                                  skip_unsupported=skip_unsupported,
                                  allow_globals=allow_globals)
-    with safetensors_data(dpath) as (header, data), \
+    with safetensors_data(dpath, limits) as (header, data), \
             _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
         tensors, unsupported = _select(ckpt, key)
         result = compare(tensors, list(unsupported), header, data, skip_unsupported)

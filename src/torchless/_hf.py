@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 
-from . import _checkpoint
+from . import _checkpoint, _json
 from ._convert import (
     ConversionReport,
     VerifyReport,
@@ -142,10 +142,12 @@ def _read_index(path: str) -> dict[str, str]:
         raise FormatError(f"the index is larger than {_MAX_INDEX_BYTES} bytes", path=path,
                           hint=_INDEX_HINT)
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = _json.loads(raw.decode("utf-8"), max_depth=Limits.max_depth, what="the index")
     except (UnicodeDecodeError, ValueError) as e:
         raise FormatError(f"the index is not UTF-8 JSON: {e}", path=path,
                           hint=_INDEX_HINT) from None
+    except CheckpointError as e:
+        raise e.add_context(path=path) from None
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in wmap.items()):
@@ -580,7 +582,7 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | N
             unsupported += list(bad)
         placed: dict[str, str] = {}
         for path in files:
-            with safetensors_data(path) as (header, data):
+            with safetensors_data(path, limits) as (header, data):
                 mine = {n: t for n, t in tensors.items() if n not in placed and (
                     n in header.entries or header.metadata.get(n) in header.entries)}
                 m, mm, _, ext, _, al = compare(mine, [], header, data, skip_unsupported)

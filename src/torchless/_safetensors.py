@@ -50,7 +50,9 @@ from typing import Any
 
 import numpy as np
 
+from . import _json
 from ._errors import EXISTS_HINT, ConversionError, FormatError, InvalidKeyError
+from ._limits import Limits
 from ._tensor import Tensor
 
 __all__ = ["CHUNK_BYTES", "INFLATE_CHUNK_BYTES", "MAX_HEADER_BYTES", "Planned", "SafetensorsHeader",
@@ -417,11 +419,12 @@ class SafetensorsHeader:
     header_bytes: bytes
 
 
-def read_header(buf: memoryview | bytes) -> SafetensorsHeader:
-    """Parse and check a safetensors header: valid JSON, known dtypes, shapes that match the
-    byte ranges, ranges that tile the data section with no holes or overlaps."""
+def read_header(buf: memoryview | bytes, max_depth: int = Limits.max_depth) -> SafetensorsHeader:
+    """Parse and check a safetensors header: valid JSON nested at most ``max_depth`` deep,
+    known dtypes, shapes that match the byte ranges, ranges that tile the data section with
+    no holes or overlaps."""
     try:
-        return _read_header(buf)
+        return _read_header(buf, max_depth)
     except FormatError as e:
         if "hint" not in e.__dict__:  # not the hint for a torch checkpoint
             e.hint = ("the safetensors file is damaged or was edited: write it again "
@@ -429,7 +432,7 @@ def read_header(buf: memoryview | bytes) -> SafetensorsHeader:
         raise
 
 
-def _read_header(buf: memoryview | bytes) -> SafetensorsHeader:
+def _read_header(buf: memoryview | bytes, max_depth: int) -> SafetensorsHeader:
     if len(buf) < 8:
         raise FormatError("too short for a safetensors header")
     (n,) = struct.unpack("<Q", bytes(buf[:8]))
@@ -444,7 +447,7 @@ def _read_header(buf: memoryview | bytes) -> SafetensorsHeader:
                                "it again (torchless convert --force)")
     raw = bytes(buf[8:8 + n])
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = _json.loads(raw.decode("utf-8"), max_depth=max_depth, what="the safetensors header")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"safetensors header is not UTF-8 JSON: {e}") from None
     if not isinstance(obj, dict):

@@ -62,7 +62,7 @@ def load_safetensors(path: str, *, tensors: _inert.TensorMode = "numpy",
     file order."""
     with Source(path) as src:
         try:
-            header = read_header(src.buffer)
+            header = read_header(src.buffer, (limits or Limits()).max_depth)
             data = src.buffer[header.data_start:]
             if _inert.FORMAT_KEY in header.metadata:
                 return _inert_read.decode(header.metadata, header.entries, data, tensors=tensors,
