@@ -12,9 +12,13 @@
 
 from __future__ import annotations
 
+import collections
+import io
 import json
+import pickle
 import struct
 import time
+import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +31,8 @@ from torchless import (
     FormatError,
     InternalError,
     LimitError,
+    StorageError,
+    UnsafePathError,
 )
 from torchless._cli import main
 
@@ -116,6 +122,80 @@ def test_deep_index_is_a_limit_error(torch: ModuleType, tmp_path: Path) -> None:
         deep.replace(b"pytorch_model-00001-of-00001.bin", b"model-00001-of-00001.safetensors"))
     with pytest.raises(LimitError):
         torchless.verify(good, tmp_path / "out")
+
+
+# ---- storage keys that are bytes --------------------------------------------------------------
+
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def _rebuild_pickler(torch: ModuleType, pid: tuple[Any, ...], protocol: int) -> Any:
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            return pid if isinstance(obj, torch.UntypedStorage) else None
+
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor):
+                return (torch._utils._rebuild_tensor_v2, (
+                    obj.untyped_storage(), 0, tuple(obj.shape), obj.stride(), False,
+                    collections.OrderedDict()))
+            return NotImplemented
+
+    return Pickler
+
+
+def _legacy_bytes_key(torch: ModuleType, path: Path, key: bytes) -> Any:
+    """A legacy stream (torch.serialization._legacy_save's layout) whose one storage key is
+    ``key``, pickled with protocol 3 so it stays bytes."""
+    t = torch.arange(3, dtype=torch.float32)
+    f = io.BytesIO()
+    for value in (LEGACY_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True,
+                                       "type_sizes": {"short": 2, "int": 4, "long": 4}}):
+        pickle.dump(value, f, protocol=3)
+    pid = ("storage", torch.FloatStorage, key, "cpu", 3, None)
+    _rebuild_pickler(torch, pid, 3)(f, protocol=3).dump({"w": t})
+    pickle.dump([key], f, protocol=3)
+    f.write(struct.pack("<q", 3) + t.numpy().tobytes())
+    path.write_bytes(f.getvalue())
+    return t
+
+
+def test_legacy_bytes_storage_key(torch: ModuleType, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "legacy.pt"
+    t = _legacy_bytes_key(torch, path, b"\xff\xfe")
+    # torch (the full unpickler) matches the key byte for byte and reads the tensor
+    assert torch.equal(torch.load(path, weights_only=False)["w"], t)
+    with pytest.raises(StorageError, match="storage key is a bytes"):
+        torchless.open(path)
+    report = torchless.scan(path)
+    (f,) = report.files
+    assert f.status == "anomalous" and f.layout == "legacy", f
+    assert [a.kind for a in f.anomalies] == ["legacy"]
+    assert "b'\\xff\\xfe'" in f.anomalies[0].message and "bytes" in f.anomalies[0].message
+    assert main(["scan", str(path)]) == 1
+    out = capsys.readouterr()
+    assert "ANOMALY" in out.out and "is bytes, not str" in out.out and not out.err
+
+
+def test_zip_bytes_storage_key(torch: ModuleType, tmp_path: Path) -> None:
+    """torch names the record f"data/{key}": for bytes, their repr. The reader refuses the
+    key; the scanner reports the record name that makes torch read it."""
+    t = torch.arange(2, dtype=torch.float32)
+    pid = ("storage", torch.FloatStorage, b"\xff\xfe", "cpu", 2)
+    buf = io.BytesIO()
+    _rebuild_pickler(torch, pid, 2)(buf, protocol=2).dump({"w": t})
+    path = tmp_path / "zip.pt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/data/" + repr(b"\xff\xfe"), t.numpy().tobytes())
+        z.writestr("archive/version", "3\n")
+    assert torch.equal(torch.load(path)["w"], t)
+    with pytest.raises(UnsafePathError):
+        torchless.open(path)
+    (f,) = torchless.scan(path).files
+    assert f.status == "anomalous" and any(a.kind == "name" for a in f.anomalies), f
 
 
 # ---- a bug is an InternalError --------------------------------------------------------------

@@ -376,18 +376,22 @@ class _File:
 
     def _legacy_storages(self, pids: list[Any], keys: Any, pos: int) -> int | None:
         """Walk the raw storages after the keys pickle; the offset where they end."""
-        declared: dict[str, tuple[int, int]] = {}
+        declared: dict[str | bytes, tuple[int, int]] = {}
         for pid in pids:
             if isinstance(pid, tuple) and len(pid) == 6 and pid[0] in ("storage", b"storage"):
                 itemsize = _itemsize(pid[1])
-                key = pid[2].decode() if isinstance(pid[2], bytes) else str(pid[2])
+                key = _storage_key(pid[2])
+                if isinstance(key, bytes) and key not in declared:
+                    self.flag("legacy", f"storage key {key!r} is bytes, not str: torch.save "
+                              "never writes one; torch.load matches it byte for byte, the "
+                              "torchless reader refuses the file")
                 if itemsize is not None and type(pid[4]) is int:
                     declared[key] = (itemsize, pid[4])
         if not isinstance(keys, list):
             self.flag("legacy", "the storage key list is not a list", None, pos)
             return None
-        for key in keys:
-            key = key.decode() if isinstance(key, bytes) else str(key)
+        for raw in keys:
+            key = _storage_key(raw)
             if key not in declared or pos + 8 > self.size:
                 self.flag("legacy", f"storage {key!r} cannot be followed (undeclared or cut "
                           "short); the rest of the file is not accounted for", None, pos)
@@ -652,6 +656,12 @@ def _plausible(result: StreamScan, data: Any) -> bool:
         return True
     start = result.start
     return data[start] == 0x80 and len(data) > start + 1 and 2 <= data[start + 1] <= 5
+
+
+def _storage_key(key: Any) -> str | bytes:
+    """A legacy storage key as torch.load compares it: bytes stay bytes (a key that is not
+    UTF-8 is no error), anything else as text."""
+    return key if isinstance(key, bytes) else str(key)
 
 
 def _itemsize(storage_type: Any) -> int | None:
