@@ -12,6 +12,7 @@ way (``format``, ``source``) is written with its own bytes: no name is ever drop
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 import urllib.parse
@@ -23,9 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _checkpoint, _graph, _inert, _inert_write
+from . import _atomic, _checkpoint, _graph, _inert, _inert_write
 from ._errors import (
-    EXISTS_HINT,
     CheckpointError,
     ConversionError,
     InternalError,
@@ -40,7 +40,7 @@ from ._safetensors import (
     chunks,
     plan,
     read_header,
-    write_atomic,
+    write_into,
 )
 from ._source import Source
 from ._tensor import Tensor
@@ -291,42 +291,54 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              progress: Callable[[int, int], None] | None, tree: bool,
              allow_globals: tuple[str, ...]) -> ConversionReport:
     started = time.monotonic()
-    if os.path.isdir(dpath):
-        raise ConversionError("the output path is a directory", path=dpath,
-                              hint="name the output file, e.g. -o DIR/model.safetensors (dst=...)")
-    if not force and os.path.lexists(dpath):
-        raise ConversionError("the output file exists (use force=True / --force to replace "
-                              "it)", path=dpath, hint=EXISTS_HINT)
-    with _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
-        try:
-            if os.path.exists(dpath) and os.path.samefile(spath, dpath):
-                raise ConversionError("the output path is the source file", path=dpath,
-                                      hint="give another output path with -o / dst")
-        except OSError:
-            pass
-        written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
-        opaque = _store_tree(ckpt, key, written, bad, aliases, metadata, limits) if tree else ()
-        try:
-            header, planned = plan(written, metadata)
-        except CheckpointError as e:
-            raise e.add_context(path=spath) from None
-        total = len(header) + sum(p.tensor.nbytes for p in planned)
-        nbytes = write_output(ckpt, dpath, header, planned, force=force, progress=progress,
-                              before=0, total=total)
-    checked = None
-    if verify:
-        checked = _verify(spath, dpath, key=key, limits=limits,
-                          skip_unsupported=skip_unsupported, allow_globals=allow_globals)
-        if not checked.ok:
-            os.unlink(dpath)
-            raise ConversionError(f"verification failed: {_summary(checked)}; the output "
-                                  "was removed", path=dpath,
-                                  hint="the source changed while it was converted, or this "
-                                       "is a bug in torchless: run again, and report it if "
-                                       "it persists")
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(_atomic.Output(dpath, force=force))
+        with _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
+            try:
+                if os.path.exists(dpath) and os.path.samefile(spath, dpath):
+                    raise ConversionError("the output path is the source file", path=dpath,
+                                          hint="give another output path with -o / dst")
+            except OSError:
+                pass
+            written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
+            opaque = _store_tree(ckpt, key, written, bad, aliases, metadata, limits
+                                 ) if tree else ()
+            try:
+                header, planned = plan(written, metadata)
+            except CheckpointError as e:
+                raise e.add_context(path=spath) from None
+            total = len(header) + sum(p.tensor.nbytes for p in planned)
+            nbytes = write_output(ckpt, out, header, planned, progress=progress, before=0,
+                                  total=total)
+        checked = None
+        if verify:  # before publishing: a failure leaves an existing DST as it was
+            checked = verify_unpublished(spath, [out], lambda paths: _verify(
+                spath, paths[0], key=key, limits=limits, skip_unsupported=skip_unsupported,
+                allow_globals=allow_globals))
+            if not checked.ok:
+                raise ConversionError(f"verification failed: {_summary(checked)}; nothing "
+                                      "was written", path=dpath,
+                                      hint="the source changed while it was converted, or "
+                                           "this is a bug in torchless: run again, and "
+                                           "report it if it persists")
+        _atomic.commit([out], force=force)
     return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
                             MappingProxyType(aliases), time.monotonic() - started, checked,
                             (dpath,), opaque)
+
+
+def verify_unpublished(spath: str, outputs: list[_atomic.Output],
+                       check: Callable[[list[str]], VerifyReport]) -> VerifyReport:
+    """``check`` run on the files written but not yet published (through paths that open
+    them), its report and errors naming the outputs' own paths."""
+    readable = {o.path: o.dst for o in outputs}
+    try:
+        report = check(list(readable))
+    except CheckpointError as e:
+        if e.path in readable:
+            e.path = readable[e.path]
+        raise
+    return dataclasses.replace(report, dst=readable.get(report.dst, report.dst))
 
 
 def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None,
@@ -376,10 +388,11 @@ def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str
     return opaque
 
 
-def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
-                 planned: list[Planned], *, force: bool,
+def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: bytes,
+                 planned: list[Planned], *,
                  progress: Callable[[int, int], None] | None, before: int, total: int) -> int:
-    """Write one safetensors file from ``ckpt`` atomically, copying byte ranges of its file.
+    """Write one safetensors file from ``ckpt`` into ``out`` (published later), copying
+    byte ranges of its file.
 
     ``progress(done, total)`` counts ``before`` bytes already written by earlier files."""
     report: Progress | None = None
@@ -391,11 +404,10 @@ def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
 
     src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)
     try:
-        return write_atomic(path, header, planned, force=force, src_fd=src_fd,
-                            file_offset=file_offset, progress=report,
-                            release=ckpt._source.release)
+        return write_into(out, header, planned, src_fd=src_fd, file_offset=file_offset,
+                          progress=report, release=ckpt._source.release)
     except CheckpointError as e:  # writing DST, or reading SRC (a damaged member …)
-        raise e.add_context(path=path if isinstance(e, ConversionError) else ckpt.path
+        raise e.add_context(path=out.dst if isinstance(e, ConversionError) else ckpt.path
                             ) from None
     finally:
         if src_fd is not None:

@@ -1,8 +1,9 @@
 """``save`` and the safetensors side of ``load``: whole objects in inert files.
 
 :func:`save` encodes an object with :class:`torchless._inert.Encoder` and writes one
-safetensors file atomically (a hidden temporary file beside the target, fsync, rename), so an
-interrupted save never leaves a half-written checkpoint where the last good one was.
+safetensors file atomically (:mod:`._atomic`: written unnamed or to a hidden temporary file,
+flushed, then renamed over the target), so an interrupted save never leaves a half-written
+checkpoint where the last good one was.
 :func:`load_safetensors` reads an inert file back (or, for a plain safetensors file, a dict
 of its tensors).
 """
