@@ -245,8 +245,11 @@ def test_the_reservation_is_checked_before_the_rename(tmp_path: Path,
         return real_lstat(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "lstat", swap)
-    with pytest.raises(ConversionError, match="exists"):
-        _atomic.write_file(str(dst), b"mine", force=False)
+    with pytest.raises(ConversionError, match="exists"), \
+            _atomic.Output(str(dst), force=False) as out:
+        out.write(b"mine")
+        out.finish()
+        _atomic.commit([out], force=False)
     assert _snapshot(tmp_path) == {"out.bin": b"renamed over the reservation"}
 
 

@@ -52,7 +52,7 @@ from types import TracebackType
 
 from ._errors import EXISTS_HINT, ConversionError
 
-__all__ = ["TMPFILE", "Output", "commit", "write_file"]
+__all__ = ["TMPFILE", "Output", "commit"]
 
 #: Write through an unnamed ``O_TMPFILE`` file where the platform has one (tests turn it off
 #: to exercise the named-temporary path).
@@ -319,14 +319,6 @@ def _move_aside(out: Output) -> str:
             return old
     raise ConversionError("cannot find a free name to move the old file aside",
                           path=out.dst)  # pragma: no cover
-
-
-def write_file(dst: str, data: bytes, *, force: bool) -> None:
-    """A small file, atomically: :class:`Output`, then :func:`commit`."""
-    with Output(dst, force=force) as out:
-        out.write(data)
-        out.finish()
-        commit([out], force=force)
 
 
 def _unlink(path: str) -> None:

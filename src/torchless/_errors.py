@@ -45,7 +45,8 @@ import functools
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from types import CodeType, FunctionType
+from typing import Any, ParamSpec, TypeVar, cast
 
 __all__ = [
     "AmbiguousArchiveError",
@@ -352,6 +353,8 @@ def reports_bugs(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     ``KeyboardInterrupt``. ``MemoryError`` becomes a :class:`LimitError`."""
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        own = cast(FunctionType, fn).__code__
+
         @functools.wraps(fn)
         def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             try:
@@ -362,7 +365,7 @@ def reports_bugs(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
                 raise LimitError("memory", 0, 0, f"out of memory while {doing}",
                                  path=_label(args)) from e
             except (ValueError, TypeError) as e:
-                if _raised_by(e, fn):
+                if _raised_by(e, own):
                     raise
                 raise InternalError.wrap(e, doing, _label(args)) from e
             except Exception as e:
@@ -373,12 +376,13 @@ def reports_bugs(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     return decorate
 
 
-def _raised_by(error: BaseException, fn: Any) -> bool:
-    """Whether ``error`` came from ``fn``'s own frame, or from calling it (bad arguments)."""
+def _raised_by(error: BaseException, code: CodeType) -> bool:
+    """Whether ``error`` came from the frame running ``code``, or from calling it (bad
+    arguments)."""
     frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
     if len(frames) < 2:  # the first frame is the wrapper's
         return True
-    return frames[-1].f_code is getattr(fn, "__code__", None)
+    return frames[-1].f_code is code
 
 
 def _label(args: tuple[Any, ...]) -> str | None:
