@@ -39,8 +39,9 @@ def read_everything(path: str | Path, limits: torchless.Limits | None = None) ->
     """Open, read every tensor, then load: ``"read"`` or ``"reject"``.
 
     A :class:`torchless.CheckpointError` subclass is a rejection. Any other exception
-    escapes as itself; torchless's catch-all wrapper around an internal bug ("internal error
-    while reading") is turned into :class:`Escape` so it fails a test just the same.
+    escapes as itself; torchless's catch-all wrapper around an internal bug
+    (:class:`torchless.InternalError`) is turned into :class:`Escape` so it fails a test just
+    the same.
     """
     try:
         with torchless.open(path, limits=limits) as ckpt:
@@ -56,7 +57,7 @@ def read_everything(path: str | Path, limits: torchless.Limits | None = None) ->
                 raise Escape(f"unsupported tensor {name!r} was read")
         torchless.load(path, limits=limits)
     except torchless.CheckpointError as e:
-        if type(e) is torchless.CheckpointError and "internal error" in e.message:
+        if isinstance(e, torchless.InternalError):
             raise Escape(f"internal error escaped as a wrapper: {e}") from e
         return "reject"
     return "read"

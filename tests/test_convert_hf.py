@@ -392,15 +392,13 @@ def test_interrupted_run_leaves_nothing(torch: ModuleType, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C during the second shard, or a failing index write: no shard, no index, no
     temporary file is left; the index is only ever written after every shard."""
-    from torchless import _hf
+    from torchless import _atomic, _hf
 
     root = _hf_dir(torch, tmp_path / "m", [{"a": torch.zeros(64)}, {"b": torch.ones(64)}])
     before = set(os.listdir(root))
-    seen: list[int] = []
 
     def interrupt(done: int, total: int) -> None:
-        seen.append(done)
-        if (root / "model-00001-of-00002.safetensors").exists() and done > seen[0] + 300:
+        if done > total - 100:  # inside the second shard's tensor bytes
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -408,17 +406,31 @@ def test_interrupted_run_leaves_nothing(torch: ModuleType, tmp_path: Path,
     assert set(os.listdir(root)) == before
 
     order: list[str] = []
+    index_output = _hf._index_output
 
-    def failing_index(path: str, data: bytes, force: bool) -> None:
+    def failing_index(stack: Any, path: str, data: bytes, force: bool) -> _atomic.Output:
         order.extend(sorted(os.listdir(root)))
+        index_output(stack, path, data, force)  # written, then the disk fills up
         raise torchless.ConversionError("disk full", path=path)
 
-    monkeypatch.setattr(_hf, "_write_text", failing_index)
+    monkeypatch.setattr(_hf, "_index_output", failing_index)
     with pytest.raises(torchless.ConversionError, match="disk full"):
         torchless.convert(root)
-    assert {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} <= set(
-        order)
+    assert set(order) == before  # no shard is published before the index is written
     assert set(os.listdir(root)) == before
+
+    published: list[str] = []
+    publish = _atomic.Output._publish
+
+    def record(self: _atomic.Output, force: bool) -> None:
+        published.append(self.name)
+        publish(self, force)
+
+    monkeypatch.setattr(_atomic.Output, "_publish", record)
+    monkeypatch.setattr(_hf, "_index_output", index_output)
+    torchless.convert(root)
+    assert published == ["model-00001-of-00002.safetensors",
+                         "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
 
 
 # ---- verify on directories, indexes and shard sets -------------------------------------------

@@ -25,6 +25,7 @@ from torchless import (
     ChecksumError,
     ConversionError,
     FormatError,
+    InternalError,
     InvalidKeyError,
     LimitError,
     NotACheckpointError,
@@ -75,6 +76,7 @@ ADVICE: dict[type[CheckpointError], tuple[str, ...]] = {
     UnsupportedError: ("--skip-unsupported", "Checkpoint.tensors"),
     ConversionError: ("output",),
     InvalidKeyError: ("--key",),
+    InternalError: ("bug in torchless", "not a verdict on the file", "report"),
 }
 
 

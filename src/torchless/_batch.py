@@ -7,7 +7,8 @@ pool, or a Dask cluster's ``client.get_executor(pure=False)``): the task is a mo
 function with picklable arguments and returns a plain :class:`BatchResult`, so it runs
 unchanged in another process or on another machine. One failure never stops the others:
 every error a task meets becomes that file's result (``refused`` for files torchless will not
-read, ``failed`` for anything else).
+read, ``failed`` for anything else: a bug in torchless (:class:`InternalError`), an OS error, a
+worker that died).
 
 ``convert`` resumes: a file whose output exists and verifies (every tensor and the stored
 object compared) is ``skipped``; an existing output that does not verify is refused unless
@@ -27,7 +28,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ._errors import CheckpointError, ConversionError
+from ._errors import CheckpointError, ConversionError, InternalError
 
 __all__ = ["BatchResult", "batch", "expand"]
 
@@ -45,7 +46,8 @@ class BatchResult:
 
     ``status``: ``done``, ``skipped`` (convert: a verified output already there), ``refused``
     (torchless will not read it: not a checkpoint, hostile, unsupported …) or ``failed``
-    (anything else). A result that is not ok has the ``error`` and a ``hint``: what to do.
+    (anything else: a bug in torchless, an OS error, a worker that died; never a verdict
+    on the file). A result that is not ok has the ``error`` and a ``hint``: what to do.
     ``detail`` holds the operation's own summary (the conversion report, the scan verdict,
     the inspect summary)."""
 
@@ -90,7 +92,8 @@ def run_one(path: str, op: Op, options: dict[str, Any]) -> BatchResult:
         status, output, detail = _OPS[op](path, dict(options))
         return BatchResult(path, op, status, time.monotonic() - started, output, None, detail)
     except CheckpointError as e:
-        return BatchResult(path, op, "refused", time.monotonic() - started, None, str(e),
+        status = "failed" if isinstance(e, InternalError) else "refused"
+        return BatchResult(path, op, status, time.monotonic() - started, None, str(e),
                            hint=e.hint)
     except KeyboardInterrupt:
         raise
@@ -113,6 +116,8 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[
                             skip_unsupported=bool(options.get("skip_unsupported")),
                             limits=options.get("limits"),
                             allow_globals=options.get("allow_globals", ()))
+        except InternalError:
+            raise
         except CheckpointError:
             report = None
         if report is not None and report.ok:
@@ -135,6 +140,9 @@ def _scan(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str
     from ._scan import scan
 
     report = scan(path, **options)
+    failed = [f for f in report.files if f.status == "error"]
+    if failed:  # the scanner met a bug of its own: no verdict on the file
+        raise InternalError(failed[0].error or "internal error while scanning", path=path)
     doc = json.loads(report.to_json(indent=None))
     return "done", None, doc
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ._container import Container, PlainPickle
 from ._detect import Layout, detect, looks_like_safetensors
-from ._errors import CheckpointError, LimitError, UnsupportedError
+from ._errors import CheckpointError, InternalError, LimitError, UnsupportedError, reports_bugs
 from ._graph import finish, flatten
 from ._inert import TensorMode, TypeRegistry
 from ._inert_read import to_torch
@@ -128,11 +128,10 @@ def open(
         raise LimitError("max_depth", lim.max_depth, -1, "recursion", path=label) from e
     except MemoryError as e:
         raise LimitError("memory", 0, 0, "out of memory", path=label) from e
-    except Exception as e:  # a bug of ours must still surface as our error
-        raise CheckpointError(f"internal error while reading ({type(e).__name__}: {e}); "
-                              "please report this file", path=label,
-                              hint="this is a bug in torchless: please report it, with the "
-                                   "file if you can share it") from e
+    except OSError as e:  # the system failed us (an I/O error …), not the file's content
+        raise CheckpointError(f"cannot read: {e.strerror or e}", path=label) from e
+    except Exception as e:  # a bug of ours: reported as one, never as a refusal
+        raise InternalError.wrap(e, "reading", label) from e
 
 
 def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
@@ -185,6 +184,7 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
     return "ZIP layout written by torch 1.6-2.0 (no byteorder record)" + tail
 
 
+@reports_bugs("loading")
 def load(
     path: str | os.PathLike[str],
     *,

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint, _convert
-from ._errors import CheckpointError
+from ._errors import CheckpointError, InternalError
 from ._graph import ModuleDict
 from ._limits import Limits
 from ._tensor import Tensor, UnsupportedTensor
@@ -611,6 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "scan":
             return _run_scan(args)
         return 0
+    except InternalError as e:
+        _print_bug(e)
+        return 1
     except CheckpointError as e:
         _print_error(str(e), e.hint)
         return 1
@@ -627,6 +630,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("torchless: interrupted\n")
         return 130
+    except Exception as e:  # a bug in the command itself
+        bug = InternalError.wrap(e, f"running {args.command}")
+        bug.__cause__ = e
+        _print_bug(bug)
+        return 1
+
+
+def _print_bug(e: InternalError) -> None:
+    """The traceback a bug report needs, then the error and hint lines as for any error."""
+    import traceback
+
+    cause = e.__cause__ if e.__cause__ is not None else e
+    for line in "".join(traceback.format_exception(cause)).splitlines():
+        sys.stderr.write(printable(line) + "\n")
+    _print_error(str(e), e.hint)
 
 
 

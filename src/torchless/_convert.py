@@ -12,6 +12,7 @@ way (``format``, ``source``) is written with its own bytes: no name is ever drop
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 import urllib.parse
@@ -23,8 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from . import _checkpoint, _graph, _inert, _inert_write
-from ._errors import EXISTS_HINT, CheckpointError, ConversionError, FormatError
+from . import _atomic, _checkpoint, _graph, _inert, _inert_write
+from ._errors import (
+    CheckpointError,
+    ConversionError,
+    InternalError,
+    reports_bugs,
+)
 from ._limits import Limits
 from ._remote import is_remote
 from ._safetensors import (
@@ -34,7 +40,7 @@ from ._safetensors import (
     chunks,
     plan,
     read_header,
-    write_atomic,
+    write_into,
 )
 from ._source import Source
 from ._tensor import Tensor
@@ -242,7 +248,9 @@ def convert(
             records for a file you trust (as in :func:`torchless.open`); never called.
 
     Raises:
-        ConversionError: the output cannot be written as asked (nothing is left at DST).
+        ConversionError: the output cannot be written as asked, or ``verify`` failed (no
+            file of this run is left; an existing DST is as it was).
+        InternalError: a bug in torchless (not a verdict on SRC).
         CheckpointError: SRC cannot be read.
     """
     if is_remote(src):
@@ -270,11 +278,8 @@ def convert(
         raise ConversionError("out of memory while converting", path=spath,
                               hint="close other programs or convert on a machine with more "
                                    "memory") from e
-    except Exception as e:  # a bug of ours must still surface as our error
-        raise ConversionError(f"internal error while converting ({type(e).__name__}: {e}); "
-                              "please report this file", path=spath,
-                              hint="this is a bug in torchless: please report it, with the "
-                                   "file if you can share it") from e
+    except Exception as e:  # a bug of ours: reported as one, never as a refusal
+        raise InternalError.wrap(e, "converting", spath) from e
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
@@ -282,42 +287,54 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              progress: Callable[[int, int], None] | None, tree: bool,
              allow_globals: tuple[str, ...]) -> ConversionReport:
     started = time.monotonic()
-    if os.path.isdir(dpath):
-        raise ConversionError("the output path is a directory", path=dpath,
-                              hint="name the output file, e.g. -o DIR/model.safetensors (dst=...)")
-    if not force and os.path.lexists(dpath):
-        raise ConversionError("the output file exists (use force=True / --force to replace "
-                              "it)", path=dpath, hint=EXISTS_HINT)
-    with _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
-        try:
-            if os.path.exists(dpath) and os.path.samefile(spath, dpath):
-                raise ConversionError("the output path is the source file", path=dpath,
-                                      hint="give another output path with -o / dst")
-        except OSError:
-            pass
-        written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
-        opaque = _store_tree(ckpt, key, written, bad, aliases, metadata, limits) if tree else ()
-        try:
-            header, planned = plan(written, metadata)
-        except CheckpointError as e:
-            raise e.add_context(path=spath) from None
-        total = len(header) + sum(p.tensor.nbytes for p in planned)
-        nbytes = write_output(ckpt, dpath, header, planned, force=force, progress=progress,
-                              before=0, total=total)
-    checked = None
-    if verify:
-        checked = _verify(spath, dpath, key=key, limits=limits,
-                          skip_unsupported=skip_unsupported, allow_globals=allow_globals)
-        if not checked.ok:
-            os.unlink(dpath)
-            raise ConversionError(f"verification failed: {_summary(checked)}; the output "
-                                  "was removed", path=dpath,
-                                  hint="the source changed while it was converted, or this "
-                                       "is a bug in torchless: run again, and report it if "
-                                       "it persists")
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(_atomic.Output(dpath, force=force))
+        with _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
+            try:
+                if os.path.exists(dpath) and os.path.samefile(spath, dpath):
+                    raise ConversionError("the output path is the source file", path=dpath,
+                                          hint="give another output path with -o / dst")
+            except OSError:
+                pass
+            written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
+            opaque = _store_tree(ckpt, key, written, bad, aliases, metadata, limits
+                                 ) if tree else ()
+            try:
+                header, planned = plan(written, metadata)
+            except CheckpointError as e:
+                raise e.add_context(path=spath) from None
+            total = len(header) + sum(p.tensor.nbytes for p in planned)
+            nbytes = write_output(ckpt, out, header, planned, progress=progress, before=0,
+                                  total=total)
+        checked = None
+        if verify:  # before publishing: a failure leaves an existing DST as it was
+            checked = verify_unpublished(spath, [out], lambda paths: _verify(
+                spath, paths[0], key=key, limits=limits, skip_unsupported=skip_unsupported,
+                allow_globals=allow_globals))
+            if not checked.ok:
+                raise ConversionError(f"verification failed: {_summary(checked)}; nothing "
+                                      "was written", path=dpath,
+                                      hint="the source changed while it was converted, or "
+                                           "this is a bug in torchless: run again, and "
+                                           "report it if it persists")
+        _atomic.commit([out], force=force)
     return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
                             MappingProxyType(aliases), time.monotonic() - started, checked,
                             (dpath,), opaque)
+
+
+def verify_unpublished(spath: str, outputs: list[_atomic.Output],
+                       check: Callable[[list[str]], VerifyReport]) -> VerifyReport:
+    """``check`` run on the files written but not yet published (through paths that open
+    them), its report and errors naming the outputs' own paths."""
+    readable = {o.path: o.dst for o in outputs}
+    try:
+        report = check(list(readable))
+    except CheckpointError as e:
+        if e.path in readable:
+            e.path = readable[e.path]
+        raise
+    return dataclasses.replace(report, dst=readable.get(report.dst, report.dst))
 
 
 def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None,
@@ -367,10 +384,11 @@ def _store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str
     return opaque
 
 
-def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
-                 planned: list[Planned], *, force: bool,
+def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: bytes,
+                 planned: list[Planned], *,
                  progress: Callable[[int, int], None] | None, before: int, total: int) -> int:
-    """Write one safetensors file from ``ckpt`` atomically, copying byte ranges of its file.
+    """Write one safetensors file from ``ckpt`` into ``out`` (published later), copying
+    byte ranges of its file.
 
     ``progress(done, total)`` counts ``before`` bytes already written by earlier files."""
     report: Progress | None = None
@@ -382,11 +400,10 @@ def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
 
     src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)
     try:
-        return write_atomic(path, header, planned, force=force, src_fd=src_fd,
-                            file_offset=file_offset, progress=report,
-                            release=ckpt._source.release)
+        return write_into(out, header, planned, src_fd=src_fd, file_offset=file_offset,
+                          progress=report, release=ckpt._source.release)
     except CheckpointError as e:  # writing DST, or reading SRC (a damaged member …)
-        raise e.add_context(path=path if isinstance(e, ConversionError) else ckpt.path
+        raise e.add_context(path=out.dst if isinstance(e, ConversionError) else ckpt.path
                             ) from None
     finally:
         if src_fd is not None:
@@ -394,12 +411,13 @@ def write_output(ckpt: _checkpoint.Checkpoint, path: str, header: bytes,
 
 
 @contextlib.contextmanager
-def safetensors_data(path: str) -> Iterator[tuple[SafetensorsHeader, memoryview]]:
+def safetensors_data(path: str, limits: Limits | None = None
+                     ) -> Iterator[tuple[SafetensorsHeader, memoryview]]:
     """A safetensors file's checked header and its data section (a view of the file map)."""
     with Source(path) as out:
         try:
-            header = read_header(out.buffer)
-        except FormatError as e:
+            header = read_header(out.buffer, (limits or Limits()).max_depth)
+        except CheckpointError as e:
             raise e.add_context(path=path) from None
         yield header, out.buffer[header.data_start:]
 
@@ -423,6 +441,7 @@ def _same_bytes(t: Tensor, data: memoryview) -> bool:
     return pos == len(data)
 
 
+@reports_bugs("verifying")
 def verify(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -451,7 +470,7 @@ def verify(
         return _hf.verify_layout(spath, dpath, key=key, limits=limits,
                                  skip_unsupported=skip_unsupported,
                                  allow_globals=allow_globals)
-    with safetensors_data(dpath) as (header, data), \
+    with safetensors_data(dpath, limits) as (header, data), \
             _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
         tensors, unsupported = _select(ckpt, key)
         result = compare(tensors, list(unsupported), header, data, skip_unsupported)

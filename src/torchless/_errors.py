@@ -17,11 +17,21 @@
     ├── UnsafeGlobalError                  the file names a callable only an attack would use
     ├── LimitError                         a Limits field exceeded (which, limit, actual)
     ├── UnsupportedError                   valid but refused: sparse, quantized, encrypted …
-    └── ConversionError(…, ValueError)     the output cannot be written as asked
-        └── InvalidKeyError                a tensor name safetensors cannot hold
+    ├── ConversionError(…, ValueError)     the output cannot be written as asked
+    │   └── InvalidKeyError                a tensor name safetensors cannot hold
+    └── InternalError(…, RuntimeError)     a bug in torchless, no verdict on the file
 
 Errors raised deep inside a layer do not know the file they came from; the
 layer that opened the file fills in ``path`` (and ``member``) on the way out.
+
+Every class but :class:`InternalError` is a refusal: torchless looked at the input (or
+the output asked for) and will not go on. :class:`InternalError` is the one exception
+torchless did not expect, raised where a public entry point meets anything that is not one
+of its own errors (``raise InternalError… from e`` keeps the original and its traceback).
+It stays inside the tree, so ``except CheckpointError`` still never lets a torchless bug
+crash a program that reads untrusted files; but it is not a ``FormatError`` or a
+``ValueError``, its hint asks for a bug report instead of blaming the file, and ``batch``
+and the command line report it apart from refusals.
 
 Every error also carries a ``hint``: what the user can do about it. Each class has a
 default; a raise site that knows more passes ``hint=``. ``str(e)`` is the location and
@@ -31,7 +41,12 @@ the message; the command line prints the hint on a second line, JSON outputs car
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import os
+import traceback
+from collections.abc import Callable
+from types import CodeType, FunctionType
+from typing import Any, ParamSpec, TypeVar, cast
 
 __all__ = [
     "AmbiguousArchiveError",
@@ -40,6 +55,7 @@ __all__ = [
     "ChecksumError",
     "ConversionError",
     "FormatError",
+    "InternalError",
     "InvalidKeyError",
     "LimitError",
     "NotACheckpointError",
@@ -294,6 +310,89 @@ class InvalidKeyError(ConversionError):
     hint = (
         "safetensors cannot hold this tensor name: rename that key in the source "
         "checkpoint, or convert only a subtree without it (--key K / key=...)")
+
+
+#: Where bugs are reported.
+ISSUES_URL = "https://github.com/torchless/torchless/issues"
+
+
+class InternalError(CheckpointError, RuntimeError):
+    """A bug in torchless: an exception it did not expect, met while it worked on a file.
+
+    Not a refusal: the file may be fine. ``cause`` names the original exception's type;
+    the exception itself is ``__cause__``.
+    """
+
+    hint = ("this is a bug in torchless, not a verdict on the file: please report it at "
+            f"{ISSUES_URL} with the command, the traceback and, if you can share it, the file")
+
+    def __init__(self, message: str, *, cause: str = "", path: str | None = None,
+                 member: str | None = None, offset: int | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, path=path, member=member, offset=offset, hint=hint)
+        self.cause = cause
+
+    @classmethod
+    def wrap(cls, error: BaseException, doing: str, path: str | None = None) -> InternalError:
+        """The error to raise ``from error``: ``internal error while DOING (Type: text)``."""
+        name = type(error).__name__
+        return cls(f"internal error while {doing} ({name}: {error}); this is a torchless bug",
+                   cause=name, path=path)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def reports_bugs(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """A public entry point that lets its own errors through and raises anything else as
+    :class:`InternalError` (naming the file of its first argument).
+
+    Let through too: ``ValueError``/``TypeError`` raised by the entry point itself, not by
+    what it calls (its argument checks, a call with wrong arguments), and
+    ``KeyboardInterrupt``. ``MemoryError`` becomes a :class:`LimitError`."""
+
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        own = cast(FunctionType, fn).__code__
+
+        @functools.wraps(fn)
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return fn(*args, **kwargs)
+            except CheckpointError:
+                raise
+            except MemoryError as e:
+                raise LimitError("memory", 0, 0, f"out of memory while {doing}",
+                                 path=_label(args)) from e
+            except (ValueError, TypeError) as e:
+                if _raised_by(e, own):
+                    raise
+                raise InternalError.wrap(e, doing, _label(args)) from e
+            except Exception as e:
+                raise InternalError.wrap(e, doing, _label(args)) from e
+
+        return wrapper
+
+    return decorate
+
+
+def _raised_by(error: BaseException, code: CodeType) -> bool:
+    """Whether ``error`` came from the frame running ``code``, or from calling it (bad
+    arguments)."""
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
+    if len(frames) < 2:  # the first frame is the wrapper's
+        return True
+    return frames[-1].f_code is code
+
+
+def _label(args: tuple[Any, ...]) -> str | None:
+    first = args[0] if args else None
+    if isinstance(first, str):
+        return first
+    try:
+        return str(os.fspath(first)) if first is not None else None
+    except TypeError:
+        return None
 
 
 #: For "the output file exists": what to do.

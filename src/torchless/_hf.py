@@ -26,10 +26,12 @@ Conventions followed (those of transformers ``save_pretrained``, huggingface_hub
   (the source file name(s)); ``dedupe`` aliases are recorded in the shard holding the kept
   tensor and are not listed in ``weight_map``.
 
-Each shard is written atomically; the index is written last, so it never names a missing
-shard. With ``force``, an existing output index is removed before the first shard is
-replaced. Any failure removes every file this run wrote. Other files (``config.json`` …) are
-never touched.
+Every shard and the index are written (and, with ``verify``, checked) before any of them is
+published, then published together (:func:`torchless._atomic.commit`): the shards first and
+the index last, so an index never names a missing shard; with ``force``, an existing index
+is moved aside before the first shard is replaced. Any failure, at any point, leaves the
+directory as it was: nothing of this run, and every file it would have replaced. Other files
+(``config.json`` …) are never touched.
 """
 
 from __future__ import annotations
@@ -38,20 +40,20 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 
-from . import _checkpoint
+from . import _atomic, _checkpoint, _json
 from ._convert import (
     ConversionReport,
     VerifyReport,
     compare,
     prepare,
     safetensors_data,
+    verify_unpublished,
     write_output,
 )
 from ._errors import (
@@ -142,10 +144,12 @@ def _read_index(path: str) -> dict[str, str]:
         raise FormatError(f"the index is larger than {_MAX_INDEX_BYTES} bytes", path=path,
                           hint=_INDEX_HINT)
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = _json.loads(raw.decode("utf-8"), max_depth=Limits.max_depth, what="the index")
     except (UnicodeDecodeError, ValueError) as e:
         raise FormatError(f"the index is not UTF-8 JSON: {e}", path=path,
                           hint=_INDEX_HINT) from None
+    except CheckpointError as e:
+        raise e.add_context(path=path) from None
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in wmap.items()):
@@ -391,33 +395,29 @@ def _write_all(spath: str, layout: _Layout, ckpts: list[_checkpoint.Checkpoint],
     except OSError as e:
         raise ConversionError(f"cannot create the output directory: {e.strerror or e}",
                               path=out_dir) from None
-    done_files: list[str] = []
     nbytes = 0
     verified = None
-    try:
-        if force and index_path is not None and os.path.lexists(index_path):
-            os.unlink(index_path)
+    with contextlib.ExitStack() as stack:
+        outputs = []
         for shard, path, (header, planned) in zip(shards, paths, planned_all, strict=True):
-            nbytes += _write_shard(shard, path, header, planned, ckpts, force, progress,
-                                   nbytes, total)
-            done_files.append(path)
-        if verify:
-            verified = _verify_shards(spath, index_path or paths[0], shards, paths, parts)
+            out = stack.enter_context(_atomic.Output(path, force=force))
+            outputs.append(out)
+            nbytes += _write_shard(shard, out, header, planned, ckpts, progress, nbytes, total)
+        if verify:  # the files are checked before any is published
+            verified = verify_unpublished(spath, outputs, lambda readable: _verify_shards(
+                spath, index_path or paths[0], shards, readable, paths, parts))
             if not verified.ok:
-                raise ConversionError("verification failed; the outputs were removed",
+                raise ConversionError("verification failed; nothing was written",
                                       path=index_path or paths[0])
         if index_path is not None:
             weight_map = {n: s.name for s in shards for n in s.tensors}
             doc = {"metadata": {"total_size": sum(p.tensor.nbytes for _, pl in planned_all
                                                   for p in pl)},
                    "weight_map": weight_map}
-            _write_text(index_path, (json.dumps(doc, indent=2, sort_keys=True) + "\n")
-                        .encode("utf-8"), force)
-            done_files.append(index_path)
-    except BaseException:
-        for path in done_files:
-            _unlink(path)
-        raise
+            outputs.append(_index_output(stack, index_path, (json.dumps(
+                doc, indent=2, sort_keys=True) + "\n").encode("utf-8"), force))
+        _atomic.commit(outputs, force=force)
+    done_files = [o.dst for o in outputs]
     skipped = sorted(n for p in parts for n in p[2])
     return ConversionReport(spath, index_path or paths[0],
                             sum(len(pl) for _, pl in planned_all), nbytes, tuple(skipped),
@@ -425,8 +425,8 @@ def _write_all(spath: str, layout: _Layout, ckpts: list[_checkpoint.Checkpoint],
                             tuple(done_files))
 
 
-def _write_shard(shard: _Shard, path: str, header: bytes, planned: list[Planned],
-                 ckpts: list[_checkpoint.Checkpoint], force: bool,
+def _write_shard(shard: _Shard, out: _atomic.Output, header: bytes, planned: list[Planned],
+                 ckpts: list[_checkpoint.Checkpoint],
                  progress: Callable[[int, int], None] | None, before: int,
                  total: int) -> int:
     # the kernel copies from one source file: the one giving this shard the most bytes
@@ -434,26 +434,37 @@ def _write_shard(shard: _Shard, path: str, header: bytes, planned: list[Planned]
     for i, t in shard.tensors.values():
         weight[i] += t.nbytes
     main = max(shard.sources, key=lambda i: weight[i])
-    return write_output(ckpts[main], path, header, planned, force=force, progress=progress,
+    return write_output(ckpts[main], out, header, planned, progress=progress,
                         before=before, total=total)
 
 
-def _verify_shards(spath: str, dpath: str, shards: list[_Shard], paths: list[str],
+def _index_output(stack: contextlib.ExitStack, path: str, data: bytes,
+                  force: bool) -> _atomic.Output:
+    """The index, written (not yet published) into an output ``stack`` discards on error."""
+    out = stack.enter_context(_atomic.Output(path, force=force))
+    out.write(data)
+    out.finish()
+    return out
+
+
+def _verify_shards(spath: str, dpath: str, shards: list[_Shard], readable: list[str],
+                   paths: list[str],
                    parts: list[tuple[dict[str, Tensor], dict[str, str], dict[str, str],
                                      dict[str, str]]]) -> VerifyReport:
+    """Each shard (read through ``readable``, named by ``paths``) against its tensors."""
     matched: list[str] = []
     mismatched: dict[str, str] = {}
     missing: list[str] = []
     extra: list[str] = []
     aliases: dict[str, str] = {}
-    for shard, path in zip(shards, paths, strict=True):
+    for shard, source, path in zip(shards, readable, paths, strict=True):
         expected: dict[str, Tensor] = {n: t for n, (_, t) in shard.tensors.items()}
         for i in shard.sources:
             written, _, _, removed = parts[i]
             for name, kept in removed.items():
                 if kept in shard.tensors:
                     expected[name] = written[kept]
-        with safetensors_data(path) as (header, data):
+        with safetensors_data(source) as (header, data):
             m, mm, miss, ext, _, al = compare(expected, [], header, data, True)
         matched += m
         mismatched.update(mm)
@@ -464,54 +475,6 @@ def _verify_shards(spath: str, dpath: str, shards: list[_Shard], paths: list[str
     return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
                         tuple(missing), tuple(extra), tuple(skipped),
                         MappingProxyType(aliases))
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def _write_text(path: str, data: bytes, force: bool) -> None:
-    """A small file, atomically: a hidden temporary file beside it, fsync, then a rename
-    (a hard link without ``force``, so a file that appeared meanwhile is not replaced)."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                     0o666)
-    except OSError as e:
-        raise ConversionError(f"cannot create a file: {e.strerror or e}", path=tmp) from None
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise ConversionError("the output file exists (use force=True / --force to "
-                                      "replace it)", path=path, hint=EXISTS_HINT) from None
-            except OSError:  # no hard links here
-                os.replace(tmp, path)
-            _unlink(tmp)
-    except OSError as e:
-        _unlink(tmp)
-        raise ConversionError(f"cannot write: {e.strerror or e}", path=path) from None
-    except BaseException:
-        _unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 # ---- verifying a directory, an index or a set of shards --------------------------------------
@@ -580,7 +543,7 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | N
             unsupported += list(bad)
         placed: dict[str, str] = {}
         for path in files:
-            with safetensors_data(path) as (header, data):
+            with safetensors_data(path, limits) as (header, data):
                 mine = {n: t for n, t in tensors.items() if n not in placed and (
                     n in header.entries or header.metadata.get(n) in header.entries)}
                 m, mm, _, ext, _, al = compare(mine, [], header, data, skip_unsupported)

@@ -32,8 +32,10 @@ storage is a deflated ZIP member are inflated and written in blocks of at most
 :data:`INFLATE_CHUNK_BYTES` (the storage is not kept in memory); any other tensor is made
 contiguous and little-endian in chunks of at most :data:`CHUNK_BYTES`.
 
-Writing is atomic: a hidden temporary file beside DST (``.<name>.<random>.tmp``), fsync,
-then a rename. Any error, ``KeyboardInterrupt`` included, removes the temporary file.
+Writing is atomic (:mod:`._atomic`): the bytes go to an unnamed file in DST's directory
+(``O_TMPFILE``; elsewhere a hidden ``.<name>.<random>.tmp``), are flushed, and only then get
+DST's name; without ``force`` an existing file is never replaced. Any error,
+``KeyboardInterrupt`` included, leaves no file behind and DST as it was.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ import errno
 import json
 import math
 import os
-import secrets
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,11 +51,14 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import EXISTS_HINT, ConversionError, FormatError, InvalidKeyError
+from . import _atomic, _json
+from ._errors import ConversionError, FormatError, InvalidKeyError
+from ._limits import Limits
 from ._tensor import Tensor
 
 __all__ = ["CHUNK_BYTES", "INFLATE_CHUNK_BYTES", "MAX_HEADER_BYTES", "Planned", "SafetensorsHeader",
-           "Progress", "check_name", "chunks", "plan", "read_header", "write_atomic"]
+           "Progress", "check_name", "chunks", "plan", "read_header", "write_atomic",
+           "write_into"]
 
 #: Largest block a strided or byte-swapped tensor is copied in.
 CHUNK_BYTES = 16 << 20
@@ -290,36 +294,38 @@ def write_atomic(
     progress: Progress | None = None,
     release: Release | None = None,
 ) -> int:
-    """Write the file to a temporary name beside ``dst``, fsync and rename it into place.
+    """Write the file and publish it atomically (:mod:`._atomic`); returns the bytes
+    written. The other arguments are those of :func:`write_into`."""
+    with _atomic.Output(dst, force=force) as out:
+        done = write_into(out, header, planned, src_fd=src_fd, file_offset=file_offset,
+                          progress=progress, release=release)
+        _atomic.commit([out], force=force)
+    return done
+
+
+def write_into(
+    out: _atomic.Output,
+    header: bytes,
+    planned: Sequence[Planned],
+    *,
+    src_fd: int | None = None,
+    file_offset: FileOffset | None = None,
+    progress: Progress | None = None,
+    release: Release | None = None,
+) -> int:
+    """Write the whole file into ``out`` (not yet published) and flush it to the disk.
 
     Returns the bytes written. ``file_offset(t)`` says where a tensor's bytes are in the file
     behind ``src_fd`` (None when they are not a plain byte range there); ``release`` is told
     which of those bytes have been written."""
-    directory = os.path.dirname(dst) or "."
-    if os.path.isdir(dst):
-        raise ConversionError("the output path is a directory", path=dst,
-                              hint="name the output file, e.g. -o DIR/model.safetensors (dst=...)")
-    if not force and os.path.lexists(dst):
-        raise ConversionError("the output file exists (use force=True / --force to replace "
-                              "it)", path=dst, hint=EXISTS_HINT)
-    tmp, fd = _create_temp(directory, os.path.basename(dst))
+    writer = _Writer(out.fd, src_fd, progress, release)
     try:
-        try:
-            writer = _Writer(fd, src_fd, progress, release)
-            writer.write(header)
-            for p in planned:
-                _write_tensor(writer, p, file_offset, directory)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _publish(tmp, dst, force)
+        writer.write(header)
+        for p in planned:
+            _write_tensor(writer, p, file_offset, out.directory)
     except OSError as e:
-        _unlink(tmp)
-        raise _write_error(e, dst) from None
-    except BaseException:
-        _unlink(tmp)
-        raise
-    _fsync_dir(directory)
+        raise _write_error(e, out.dst) from None
+    out.finish()
     return writer.done
 
 
@@ -353,57 +359,6 @@ def _check_written(writer: _Writer, start: int, p: Planned) -> None:
                               f"{p.tensor.nbytes}", member=p.name)
 
 
-def _create_temp(directory: str, base: str) -> tuple[str, int]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(
-        os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            return tmp, os.open(tmp, flags, 0o666)
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise ConversionError(f"cannot create a file in {directory!r}: "
-                                  f"{e.strerror or e}") from None
-    raise ConversionError(f"cannot create a temporary file in {directory!r}")  # pragma: no cover
-
-
-def _publish(tmp: str, dst: str, force: bool) -> None:
-    """Rename into place; without ``force``, never replace a file that appeared meanwhile."""
-    if force:
-        os.replace(tmp, dst)
-        return
-    try:
-        os.link(tmp, dst)
-    except FileExistsError:
-        raise ConversionError("the output file exists (use force=True / --force to replace "
-                              "it)", path=dst, hint=EXISTS_HINT) from None
-    except OSError:  # no hard links here: the check before writing has to do
-        os.replace(tmp, dst)
-        return
-    _unlink(tmp)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # ---- reading a header back ----------------------------------------------------------------
 
 
@@ -417,11 +372,12 @@ class SafetensorsHeader:
     header_bytes: bytes
 
 
-def read_header(buf: memoryview | bytes) -> SafetensorsHeader:
-    """Parse and check a safetensors header: valid JSON, known dtypes, shapes that match the
-    byte ranges, ranges that tile the data section with no holes or overlaps."""
+def read_header(buf: memoryview | bytes, max_depth: int = Limits.max_depth) -> SafetensorsHeader:
+    """Parse and check a safetensors header: valid JSON nested at most ``max_depth`` deep,
+    known dtypes, shapes that match the byte ranges, ranges that tile the data section with
+    no holes or overlaps."""
     try:
-        return _read_header(buf)
+        return _read_header(buf, max_depth)
     except FormatError as e:
         if "hint" not in e.__dict__:  # not the hint for a torch checkpoint
             e.hint = ("the safetensors file is damaged or was edited: write it again "
@@ -429,7 +385,7 @@ def read_header(buf: memoryview | bytes) -> SafetensorsHeader:
         raise
 
 
-def _read_header(buf: memoryview | bytes) -> SafetensorsHeader:
+def _read_header(buf: memoryview | bytes, max_depth: int) -> SafetensorsHeader:
     if len(buf) < 8:
         raise FormatError("too short for a safetensors header")
     (n,) = struct.unpack("<Q", bytes(buf[:8]))
@@ -444,7 +400,7 @@ def _read_header(buf: memoryview | bytes) -> SafetensorsHeader:
                                "it again (torchless convert --force)")
     raw = bytes(buf[8:8 + n])
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = _json.loads(raw.decode("utf-8"), max_depth=max_depth, what="the safetensors header")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"safetensors header is not UTF-8 JSON: {e}") from None
     if not isinstance(obj, dict):

@@ -19,8 +19,10 @@ found from the content, never the name, and then:
 Status of a file: ``dangerous`` (a dangerous global), ``anomalous`` (an anomaly, no dangerous
 global), ``clean``, ``unreadable`` (cannot be opened or is not a checkpoint but was named
 explicitly, or is a compressed container that may hide one), or ``skipped`` (met while walking
-a directory and not a checkpoint: text, images, safetensors …). Exit code: 1 if any file is
-dangerous or anomalous, else 2 if any is unreadable, else 0.
+a directory and not a checkpoint: text, images, safetensors …), or ``error`` (the scanner met
+a bug of its own on the file: no verdict; the error says "internal error" and the hint asks
+for a report). Exit code: 1 if any file is dangerous or anomalous, else 2 if any is
+unreadable or met an error, else 0.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 from . import _dtypes
 from ._detect import LEGACY_MAGIC, Layout, _detect
-from ._errors import CheckpointError, NotACheckpointError
+from ._errors import CheckpointError, InternalError, NotACheckpointError
 from ._limits import Limits
 from ._remote import RemoteSource, is_remote
 from ._rules import TorchResolver
@@ -100,7 +102,7 @@ class Anomaly:
 @dataclass(frozen=True)
 class FileScan:
     path: str
-    status: str  # "clean", "dangerous", "anomalous", "unreadable", "skipped"
+    status: str  # "clean", "dangerous", "anomalous", "unreadable", "skipped", "error"
     layout: str | None = None
     pickles: int = 0
     globals: tuple[GlobalRef, ...] = ()
@@ -114,7 +116,7 @@ class FileScan:
 
     @property
     def exit_code(self) -> int:
-        return {"dangerous": 1, "anomalous": 1, "unreadable": 2}.get(self.status, 0)
+        return {"dangerous": 1, "anomalous": 1, "unreadable": 2, "error": 2}.get(self.status, 0)
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,8 @@ class ScanReport:
         return self.exit_code == 0
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("clean", "dangerous", "anomalous", "unreadable", "skipped"), 0)
+        out = dict.fromkeys(("clean", "dangerous", "anomalous", "unreadable", "skipped",
+                             "error"), 0)
         for f in self.files:
             out[f.status] += 1
         return out
@@ -186,6 +189,14 @@ def _walk(root: str) -> Iterator[str]:
 
 
 def _scan_file(path: str, strict: bool, limits: Limits, *, explicit: bool) -> FileScan:
+    try:
+        return _scan_one(path, strict, limits, explicit=explicit)
+    except Exception as e:  # a bug of ours: no verdict on the file, and not "unreadable"
+        bug = InternalError.wrap(e, "scanning")
+        return FileScan(path, "error", error=bug.message, hint=bug.hint)
+
+
+def _scan_one(path: str, strict: bool, limits: Limits, *, explicit: bool) -> FileScan:
     try:
         # a remote file is fetched whole: every byte of it is scanned
         source = RemoteSource(path) if is_remote(path) else Source(path)
@@ -377,18 +388,22 @@ class _File:
 
     def _legacy_storages(self, pids: list[Any], keys: Any, pos: int) -> int | None:
         """Walk the raw storages after the keys pickle; the offset where they end."""
-        declared: dict[str, tuple[int, int]] = {}
+        declared: dict[str | bytes, tuple[int, int]] = {}
         for pid in pids:
             if isinstance(pid, tuple) and len(pid) == 6 and pid[0] in ("storage", b"storage"):
                 itemsize = _itemsize(pid[1])
-                key = pid[2].decode() if isinstance(pid[2], bytes) else str(pid[2])
+                key = _storage_key(pid[2])
+                if isinstance(key, bytes) and key not in declared:
+                    self.flag("legacy", f"storage key {key!r} is bytes, not str: torch.save "
+                              "never writes one; torch.load matches it byte for byte, the "
+                              "torchless reader refuses the file")
                 if itemsize is not None and type(pid[4]) is int:
                     declared[key] = (itemsize, pid[4])
         if not isinstance(keys, list):
             self.flag("legacy", "the storage key list is not a list", None, pos)
             return None
-        for key in keys:
-            key = key.decode() if isinstance(key, bytes) else str(key)
+        for raw in keys:
+            key = _storage_key(raw)
             if key not in declared or pos + 8 > self.size:
                 self.flag("legacy", f"storage {key!r} cannot be followed (undeclared or cut "
                           "short); the rest of the file is not accounted for", None, pos)
@@ -655,6 +670,12 @@ def _plausible(result: StreamScan, data: Any) -> bool:
     return data[start] == 0x80 and len(data) > start + 1 and 2 <= data[start + 1] <= 5
 
 
+def _storage_key(key: Any) -> str | bytes:
+    """A legacy storage key as torch.load compares it: bytes stay bytes (a key that is not
+    UTF-8 is no error), anything else as text."""
+    return key if isinstance(key, bytes) else str(key)
+
+
 def _itemsize(storage_type: Any) -> int | None:
     if isinstance(storage_type, Global):
         dtype = _dtypes.by_storage_name(storage_type.name)
@@ -678,7 +699,7 @@ def _octal(field_: bytes) -> int | None:
 # ---- text ---------------------------------------------------------------------------------
 
 _MARK = {"clean": "ok", "dangerous": "DANGER", "anomalous": "ANOMALY", "unreadable": "ERROR",
-         "skipped": "skip"}
+         "skipped": "skip", "error": "BUG"}
 
 
 def format_table(report: ScanReport, *, verbose: bool = False) -> str:
@@ -692,7 +713,7 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
                      f"{len(f.globals):>7} {len(f.dangerous):>6} {len(f.anomalies):>7}  {f.path}")
         if f.error:
             lines.append(f"    error: {f.error}")
-            if f.hint and f.status == "unreadable":
+            if f.hint and f.status in ("unreadable", "error"):
                 lines.append(f"    hint: {f.hint}")
         shown = f.globals if verbose else f.dangerous
         for g in shown:
@@ -706,5 +727,6 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
     c = report.counts()
     lines.append(f"{len(report.files)} files: {c['clean']} clean, {c['dangerous']} dangerous, "
                  f"{c['anomalous']} anomalous, {c['unreadable']} unreadable, "
-                 f"{c['skipped']} skipped")
+                 f"{c['skipped']} skipped"
+                 + (f", {c['error']} internal errors (torchless bugs)" if c["error"] else ""))
     return "\n".join(printable(line) for line in lines) + "\n"

@@ -1,8 +1,9 @@
 """``save`` and the safetensors side of ``load``: whole objects in inert files.
 
 :func:`save` encodes an object with :class:`torchless._inert.Encoder` and writes one
-safetensors file atomically (a hidden temporary file beside the target, fsync, rename), so an
-interrupted save never leaves a half-written checkpoint where the last good one was.
+safetensors file atomically (:mod:`._atomic`: written unnamed or to a hidden temporary file,
+flushed, then renamed over the target), so an interrupted save never leaves a half-written
+checkpoint where the last good one was.
 :func:`load_safetensors` reads an inert file back (or, for a plain safetensors file, a dict
 of its tensors).
 """
@@ -62,7 +63,7 @@ def load_safetensors(path: str, *, tensors: _inert.TensorMode = "numpy",
     file order."""
     with Source(path) as src:
         try:
-            header = read_header(src.buffer)
+            header = read_header(src.buffer, (limits or Limits()).max_depth)
             data = src.buffer[header.data_start:]
             if _inert.FORMAT_KEY in header.metadata:
                 return _inert_read.decode(header.metadata, header.entries, data, tensors=tensors,
