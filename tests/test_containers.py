@@ -27,6 +27,9 @@ class ContainerContract:
 
     format = ""
     has_tensors = True
+    #: torch.load reads the file with bytes after it (a legacy stream is read to its last
+    #: storage; torch.save twice on one file object writes two streams)
+    trailing_bytes_ignored = False
 
     def make(self, torch: Any, path: Path) -> None:
         raise NotImplementedError
@@ -64,11 +67,20 @@ class ContainerContract:
                 torchless.load(cut)
             assert type(info.value) is not torchless.CheckpointError, (n, info.value)
 
-    def test_trailing_bytes_are_refused(self, file: Path, tmp_path: Path) -> None:
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
         grown = tmp_path / "grown"
         grown.write_bytes(file.read_bytes() + b"\x00junk")
-        with pytest.raises((torchless.FormatError, torchless.PickleError)):
-            torchless.load(grown)
+        if not self.trailing_bytes_ignored:
+            with pytest.raises((torchless.FormatError, torchless.PickleError)):
+                torchless.load(grown)
+            return
+        theirs = torch.load(grown, weights_only=False)
+        ours = torchless.load(grown)
+        assert ours.keys() == theirs.keys()
+        for k in ours:
+            assert ours[k].tobytes() == theirs[k].numpy().tobytes()
+        with torchless.open(grown) as ckpt:
+            assert ckpt.info["trailing_bytes"] == 5
 
     def test_strict_mode_reads_it(self, file: Path) -> None:
         with torchless.open(file, strict=True) as ckpt:
@@ -89,6 +101,7 @@ class TestZip(ContainerContract):
 
 class TestLegacy(ContainerContract):
     format = "legacy"
+    trailing_bytes_ignored = True
 
     def make(self, torch: Any, path: Path) -> None:
         torch.save(_state(torch), path, _use_new_zipfile_serialization=False)
