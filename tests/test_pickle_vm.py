@@ -3,11 +3,14 @@ limits and malformed streams. Oracle: CPython's own pickle on data we generate h
 
 from __future__ import annotations
 
+import _pickle
 import collections
 import math
 import pickle
 import pickletools
 import struct
+import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -316,6 +319,154 @@ def test_float_text_forms() -> None:
     assert math.isinf(loads(b"Finf\n."))
     with pytest.raises(PickleError):
         loads(b"F1_0\n.")
+
+
+# ---- protocol-0 text arguments against the C unpickler ------------------------------
+
+
+def c_loads(data: bytes) -> Any:
+    """The C unpickler torch.load runs, on plain data only (no opcode here names a global),
+    decoding Python 2 strs as torchless does; its invalid-escape warnings are ignored."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pickle.loads(data, encoding="utf-8")
+
+
+def c_reads(data: bytes) -> tuple[bool, Any]:
+    """(True, value) or (False, the exception type) from the C unpickler."""
+    assert pickle.loads is _pickle.loads
+    try:
+        return True, c_loads(data)
+    except Exception as e:  # any refusal by C counts
+        return False, type(e)
+
+
+@pytest.mark.parametrize("line", [
+    b"0", b"1", b"7", b"-1", b"10", b"-10", b"2147483648", b"-2147483649",
+    b"9223372036854775807", b"9223372036854775808", b"-9223372036854775809", b"9" * 4300,
+])
+@pytest.mark.parametrize("text", [b"I%s", b"L%s", b"L%sL"])
+def test_plain_decimal_int_text_is_read_as_the_c_unpickler_reads_it(text: bytes,
+                                                                    line: bytes) -> None:
+    data = text % line + b"\n."
+    ok, expected = c_reads(data)
+    assert ok
+    assert same(loads(data), expected), data
+
+
+def test_int_00_and_01_are_the_bools_the_c_unpickler_reads() -> None:
+    assert c_loads(b"I00\n.") is loads(b"I00\n.") is False
+    assert c_loads(b"I01\n.") is loads(b"I01\n.") is True
+
+
+#: INT text that the running C unpickler reads, but that CPython versions read differently
+#: (python/cpython#126992: base 0 up to 3.13, base 10 from 3.14; #135241: which 2-character
+#: lines are bools; #126996: the NUL byte ends the text in C only). Each reading here is the
+#: running interpreter's; torchless refuses them all rather than pick one.
+_DIVERGENT_INT = [
+    (b"010", 8, 10), (b"-010", -8, -10), (b"007", 7, 7), (b"0x10", 16, None),
+    (b"0X1f", 31, None), (b"0o17", 15, None), (b"0b101", 5, None),
+    (b"+1", True, None), (b" 1", True, None), (b"-0", False, None), (b" 0", False, None),
+    (b"1\x00x", 1, None), (b"\x001", False, None), (b"1\x00", True, None),
+]
+
+
+@pytest.mark.parametrize("line,before_314,since_314", _DIVERGENT_INT)
+def test_int_text_read_differently_by_cpython_versions_is_refused(
+        line: bytes, before_314: Any, since_314: Any) -> None:
+    data = b"I" + line + b"\n."
+    ok, value = c_reads(data)
+    if sys.version_info < (3, 14):
+        assert ok and same(value, before_314), (data, value)
+    elif since_314 is not None:
+        assert ok and same(value, since_314), (data, value)
+    with pytest.raises(PickleError, match="plain decimal"):
+        loads(data)
+
+
+@pytest.mark.parametrize("line", [
+    b"010", b"0x10", b"0o17", b"0b101", b"+5", b"1_000", b" 5", b"00", b"-0"])
+def test_long_text_in_other_bases_or_spellings_is_refused(line: bytes) -> None:
+    with pytest.raises(PickleError, match="plain decimal"):
+        loads(b"L" + line + b"L\n.")
+
+
+_INT_ALPHABET = st.sampled_from(list(b"0123456789" b"0000111" b"+- _\txXoObBL\x00\r"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(chars=st.lists(_INT_ALPHABET, max_size=8), opcode=st.sampled_from([b"I", b"L"]))
+def test_int_text_never_reads_a_value_the_c_unpickler_does_not(chars: list[int],
+                                                             opcode: bytes) -> None:
+    data = opcode + bytes(chars) + b"\n."
+    ok, expected = c_reads(data)
+    try:
+        value = loads(data)
+    except PickleError:
+        return
+    assert ok and same(value, expected), (data, value, expected)
+
+
+@pytest.mark.parametrize("index", [
+    b"0", b"00", b"+0", b"-0", b" 0", b"0 ", b"\t0", b"0_0", b"000_0 ", b"7",
+])
+def test_text_memo_indices_are_read_as_the_c_unpickler_reads_them(index: bytes) -> None:
+    data = b"(Np" + index + b"\nKEg" + index + b"\nl."
+    ok, expected = c_reads(data)
+    assert ok
+    assert same(loads(data), expected)
+
+
+@pytest.mark.parametrize("index", [b"-1", b"9" * 30, b"0x0", b"", b"0\x00x", b"1__0"])
+def test_text_memo_indices_c_refuses_or_reads_past_a_nul_are_refused(index: bytes) -> None:
+    data = b"Np" + index + b"\n0g" + index + b"\n."
+    ok, _ = c_reads(data)
+    assert ok == (index == b"0\x00x")  # C stops at the NUL byte (python/cpython#126996)
+    with pytest.raises(PickleError):
+        loads(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chars=st.lists(st.sampled_from(list(b"0123456789+- _\t\x0b\x1cx\x00")), max_size=6))
+def test_text_memo_index_never_differs_from_the_c_unpickler(chars: list[int]) -> None:
+    index = bytes(chars)
+    data = b"(K\x07p" + index + b"\nNg" + index + b"\nl."
+    ok, expected = c_reads(data)
+    try:
+        value = loads(data)
+    except (PickleError, LimitError):
+        return
+    assert ok and same(value, expected), (data, value, expected)
+
+
+@pytest.mark.parametrize("line", [b"1e500", b"-1e500", b"1.8e308", b"9" * 400])
+def test_float_text_that_overflows_is_refused_like_the_c_unpickler(line: bytes) -> None:
+    data = b"F" + line + b"\n."
+    assert c_reads(data) == (False, OverflowError)
+    with pytest.raises(PickleError, match="overflows"):
+        loads(data)
+
+
+@pytest.mark.parametrize("line", [
+    b"1.5", b"-0.0", b"1e-400", b"1.7976931348623157e308", b"inf", b"-Infinity", b"nan",
+    b"-nan", b".5", b"1.", b"+1E+05",
+])
+def test_float_text_is_read_as_the_c_unpickler_reads_it(line: bytes) -> None:
+    data = b"F" + line + b"\n."
+    ok, expected = c_reads(data)
+    assert ok
+    assert same(loads(data), expected)
+
+
+def test_inst_names_are_ascii_and_global_names_not_empty() -> None:
+    """As both CPython unpicklers read them (Lib/pickle.py load_inst decodes ASCII; C's
+    load_global/load_inst refuse an empty line as truncated data)."""
+    with pytest.raises(PickleError, match="ascii"):
+        inert(b"(i\xc3\xa9\nC\n.")
+    assert inert(b"c\xc3\xa9\nC\n.") == Global("\xe9", "C")
+    for data in (b"c\nC\n.", b"cm\n\n.", b"(i\nC\n."):
+        with pytest.raises(PickleError, match="empty"):
+            inert(data)
 
 
 class Adam:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import codecs
 import gc
+import math
 import mmap
 import re
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +45,8 @@ from .opcodes import HIGHEST_PROTOCOL, OPCODES
 
 __all__ = ["Machine", "Resolver", "run_pickle"]
 
-_INT_RE = re.compile(rb"[+-]?[0-9]+\Z")
+# INT/LONG text every CPython reads alike: see Machine._int_text
+_INT_RE = re.compile(rb"(?:0|-?[1-9][0-9]*)\Z")
 # one way to match each digit: "[0-9]+\.?[0-9]*" backtracked quadratically on a long line
 _FLOAT_RE = re.compile(
     rb"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
@@ -304,14 +307,46 @@ class Machine:
     def _uint8(self) -> int:
         return int(_unpack_uint8(self._take(8))[0])
 
-    def _decimal(self, line: bytes) -> int:
+    def _int_text(self, line: bytes, opcode: str) -> int:
+        """The value of an INT or LONG argument, in the one form every CPython reads alike.
+
+        The C unpickler (what torch.load runs) hands the text to ``strtol`` and then
+        ``PyLong_FromString``, and what that accepts has changed between versions: up to
+        3.13 it reads base 0, so ``I010`` is 8, ``I0x10`` is 16 and ``I007`` octal; 3.14
+        reads base 10 (python/cpython#126992), so ``I010`` is 10 and ``I0x10`` an error.
+        It also takes ``+1``, `` 0`` and ``-0`` as the bools ``01``/``00`` (changed by
+        python/cpython#135241), skips blanks and ``_``, and stops at a NUL byte
+        (python/cpython#126996). Every pickler writes plain decimal, and on plain decimal
+        all of them agree; anything else is refused, since whatever we read, some
+        torch.load would read differently.
+        """
         if not _INT_RE.match(line):
-            raise PickleError(f"not a decimal integer: {line[:40]!r}", offset=self.op_start)
-        digits = len(line.lstrip(b"+-"))
+            raise PickleError(
+                f"{opcode} argument {line[:40]!r} is not a plain decimal integer",
+                offset=self.op_start,
+                hint="CPython versions read such text differently (base 0 up to 3.13, base "
+                     "10 since), so torch.load's result depends on the Python running it; "
+                     "no pickler writes it: the file was made by hand")
+        digits = len(line) - (line[:1] == b"-")
         if digits > self.limits.max_int_digits:
             raise LimitError("max_int_digits", self.limits.max_int_digits, digits,
                              offset=self.op_start)
         return int(line)
+
+    def _memo_index(self, line: bytes) -> int:
+        """A GET/PUT index: C reads it with ``PyLong_FromString(s, NULL, 10)`` (blanks,
+        sign, ``_`` and leading zeros allowed), which is ``int(line, 10)``; a NUL byte, where
+        C would stop reading (python/cpython#126996), is refused."""
+        if b"\0" in line:
+            raise PickleError("memo index contains a NUL byte", offset=self.op_start)
+        try:
+            index = int(line, 10)
+        except ValueError:
+            raise PickleError(f"memo index {line[:40]!r} is not a decimal integer",
+                              offset=self.op_start) from None
+        if index > sys.maxsize:  # C stores indices as Py_ssize_t
+            raise PickleError(f"memo index {index} is too large", offset=self.op_start)
+        return index
 
     def _text(self, raw: bytes) -> str:
         try:
@@ -456,7 +491,7 @@ class Machine:
         elif line == b"00":
             self.push(False)
         else:
-            self.push(self._decimal(line))
+            self.push(self._int_text(line, "INT"))
 
     def op_BININT(self) -> None:
         self.push(self._int4())
@@ -471,7 +506,7 @@ class Machine:
         line = self._line(decimal=True)
         if line.endswith(b"L"):
             line = line[:-1]
-        self.push(self._decimal(line))
+        self.push(self._int_text(line, "LONG"))
 
     def _long_bytes(self, n: int) -> None:
         raw = self._sized(n)
@@ -487,7 +522,11 @@ class Machine:
         line = self._line()
         if not _FLOAT_RE.match(line):
             raise PickleError(f"not a float: {line[:40]!r}", offset=self.op_start)
-        self.push(float(line))
+        value = float(line)
+        if math.isinf(value) and line.lstrip(b"+-")[:1] not in b"iI":
+            # C reads it with PyOS_string_to_double(..., OverflowError): no silent inf
+            raise PickleError(f"FLOAT {line[:40]!r} overflows a double", offset=self.op_start)
+        self.push(value)
 
     def op_BINFLOAT(self) -> None:
         self.push(float(_unpack_float8(self._take(8))[0]))
@@ -666,7 +705,7 @@ class Machine:
     # ---- opcodes: memo ------------------------------------------------------------
 
     def op_GET(self) -> None:
-        self.push(self._memo_get(self._decimal(self._line(decimal=True))))
+        self.push(self._memo_get(self._memo_index(self._line(decimal=True))))
 
     def op_BINGET(self) -> None:
         self.push(self._memo_get(self._uint1()))
@@ -675,7 +714,7 @@ class Machine:
         self.push(self._memo_get(self._uint4()))
 
     def op_PUT(self) -> None:
-        index = self._decimal(self._line(decimal=True))
+        index = self._memo_index(self._line(decimal=True))
         if index < 0:
             raise PickleError("negative PUT index", offset=self.op_start)
         self._memo_put(index, self.top())
@@ -693,16 +732,21 @@ class Machine:
 
     # ---- opcodes: names, calls and objects ----------------------------------------
 
-    def _global_pair(self) -> tuple[str, str]:
+    def _global_pair(self, encoding: str) -> tuple[str, str]:
+        """GLOBAL's names are UTF-8, INST's ASCII (as both unpicklers decode them); an empty
+        one is refused, as C does."""
         try:
-            module = self._line().decode("utf-8")
-            name = self._line().decode("utf-8")
+            module = self._line().decode(encoding)
+            name = self._line().decode(encoding)
         except UnicodeDecodeError:
-            raise PickleError("global name is not valid UTF-8", offset=self.op_start) from None
+            raise PickleError(f"global name is not {encoding} text",
+                              offset=self.op_start) from None
+        if not module or not name:
+            raise PickleError("global with an empty module or name", offset=self.op_start)
         return module, name
 
     def op_GLOBAL(self) -> None:
-        module, name = self._global_pair()
+        module, name = self._global_pair("utf-8")
         self.push(self.resolver.find_global(module, name, self.op_start))
 
     def op_STACK_GLOBAL(self) -> None:
@@ -753,7 +797,7 @@ class Machine:
         self.push(self._made(self.resolver.new_object(cls, args, kwargs, self.op_start)))
 
     def op_INST(self) -> None:
-        module, name = self._global_pair()
+        module, name = self._global_pair("ascii")
         cls = self.resolver.find_global(module, name, self.op_start)
         args = tuple(self.pop_mark())
         self.push(self._made(self.resolver.call(cls, args, self.op_start)))
