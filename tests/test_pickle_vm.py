@@ -198,6 +198,72 @@ def test_default_resolver_is_fully_inert() -> None:
     assert out.callable == Global("collections", "OrderedDict")
 
 
+# ---- NEWOBJ on known classes -------------------------------------------------------
+
+
+def _newobj_program(module: str, name: str, args: bytes, fill: bytes, ex: bool) -> bytes:
+    """PROTO 4, GLOBAL module.name, the argument tuple, NEWOBJ (or NEWOBJ_EX with {}),
+    then ``fill`` applied to the new object."""
+    head = b"\x80\x04c" + module.encode() + b"\n" + name.encode() + b"\n" + args
+    return head + (b"}\x92" if ex else b"\x81") + fill + b"."
+
+
+_ONE_TWO = b"(K\x01K\x02l\x85"  # ([1, 2],)
+_PAIRS = b"((K\x01K\x02tl\x85"  # ([(1, 2)],)
+
+
+_NEWOBJ_CASES = [
+    ("builtins", "list", list, ([1, 2],), _ONE_TWO, b"(K\x03e", lambda o: o.extend([3])),
+    ("builtins", "list", list, (), b")", b"K\x03a", lambda o: o.append(3)),
+    ("builtins", "dict", dict, ([(1, 2)],), _PAIRS, b"(K\x03K\x04u",
+     lambda o: o.update({3: 4})),
+    ("builtins", "set", set, ([1, 2],), _ONE_TWO, b"(K\x03\x90", lambda o: o.add(3)),
+    ("builtins", "bytearray", bytearray, (b"ab",), b"C\x02ab\x85", b"", lambda o: None),
+    ("collections", "OrderedDict", collections.OrderedDict, ([(1, 2)],), _PAIRS,
+     b"(K\x03K\x04u", lambda o: o.update({3: 4})),
+    ("collections", "Counter", collections.Counter, ([(1, 2)],), _PAIRS, b"", lambda o: None),
+    ("collections", "deque", collections.deque, ([1, 2],), _ONE_TWO, b"(K\x03e",
+     lambda o: o.extend([3])),
+    ("collections", "defaultdict", collections.defaultdict, ([(1, 2)],), _PAIRS,
+     b"(K\x03K\x04u", lambda o: o.update({3: 4})),
+    ("builtins", "frozenset", frozenset, ([1, 2],), _ONE_TWO, b"", lambda o: None),
+    ("builtins", "tuple", tuple, ([1, 2],), _ONE_TWO, b"", lambda o: None),
+]
+
+
+@pytest.mark.parametrize("module,name,cls,args,arg_bytes,fill,apply", _NEWOBJ_CASES,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(_NEWOBJ_CASES)])
+@pytest.mark.parametrize("ex", [False, True], ids=["NEWOBJ", "NEWOBJ_EX"])
+def test_newobj_of_a_known_class_is_its_dunder_new(
+        module: str, name: str, cls: Any, args: tuple[Any, ...], arg_bytes: bytes,
+        fill: bytes, apply: Any, ex: bool) -> None:
+    """What ``cls.__new__(cls, *args)`` gives in CPython (containers come out empty: their
+    __init__ fills them, and NEWOBJ does not call it), then filled by the opcodes after."""
+    expected = cls.__new__(cls, *args)
+    apply(expected)
+    out = loads(_newobj_program(module, name, arg_bytes, fill, ex))
+    assert type(out) is type(expected)
+    assert out == expected
+    if cls is collections.defaultdict:
+        assert out.default_factory is None
+
+
+@pytest.mark.parametrize("name,arg_bytes", [("object", _ONE_TWO), ("int", b")")])
+def test_newobj_arguments_a_builtin_refuses_are_refused(name: str, arg_bytes: bytes) -> None:
+    for kwargs in (b"}", b"}X\x01\x00\x00\x00xK\x01s"):
+        data = b"\x80\x04cbuiltins\n" + name.encode() + b"\n" + arg_bytes + kwargs + b"\x92."
+        cls = {"object": object, "int": int}[name]
+        args = ([1, 2],) if arg_bytes == _ONE_TWO else ()
+        kw = {"x": 1} if len(kwargs) > 1 else {}
+        try:
+            cls.__new__(cls, *args, **kw)
+        except TypeError:
+            with pytest.raises(PickleError):
+                loads(data)
+        else:
+            loads(data)
+
+
 # ---- refusals ----------------------------------------------------------------------
 
 
