@@ -376,6 +376,55 @@ def test_text_long_digit_limit() -> None:
         loads(b"L" + b"9" * 5000 + b"L\n.")
 
 
+def _long_opcode(value: int) -> bytes:
+    """LONG1/LONG4 of ``value`` in the minimal encoding pickle writes."""
+    raw = pickle.encode_long(value)
+    if len(raw) < 256:
+        return b"\x80\x02\x8a" + bytes([len(raw)]) + raw + b"."
+    return b"\x80\x02\x8b" + struct.pack("<i", len(raw)) + raw + b"."
+
+
+def test_binary_long_digit_limit_is_the_text_one() -> None:
+    """A LONG4 of 4,301 digits loads in C, but Python then cannot print it (its int -> str
+    limit is 4,300 digits): refused like the same number as text; 4,300 digits load."""
+    for big in (10**4300, -(10**4300)):
+        data = _long_opcode(big)
+        assert pickle.loads(data) == big
+        with pytest.raises(ValueError, match="4300"):
+            repr(pickle.loads(data))
+        with pytest.raises(LimitError) as info:
+            loads(data)
+        assert info.value.limit_name == "max_int_digits" and info.value.actual == 4301
+        with pytest.raises(LimitError):  # the same number as text
+            loads(b"L" + b"-" * (big < 0) + b"1" + b"0" * 4300 + b"L\n.")
+    for edge in (10**4300 - 1, -(10**4300 - 1)):
+        data = _long_opcode(edge)
+        out = loads(data)
+        assert out == pickle.loads(data)
+        assert len(repr(abs(out))) == 4300
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.integers(min_value=-(10**40), max_value=10**40), limit=st.integers(1, 40))
+def test_binary_long_digit_limit_is_exact(value: int, limit: int) -> None:
+    data = _long_opcode(value)
+    lim = Limits(max_int_digits=limit)
+    if len(str(abs(value))) <= limit:
+        assert loads(data, lim) == value
+    else:
+        with pytest.raises(LimitError):
+            loads(data, lim)
+
+
+def test_padded_binary_long_longer_than_the_digit_limit_allows_is_refused_unread() -> None:
+    data = b"\x80\x02\x8b" + struct.pack("<i", 1 << 20) + b"\x05" + bytes((1 << 20) - 1) + b"."
+    assert pickle.loads(data) == 5  # C reads the padded encoding; no pickler writes one
+    with pytest.raises(LimitError, match="room for"):
+        loads(data)
+    with pytest.raises(TruncatedInputError):  # the length is checked against the data first
+        loads(data[:1000])
+
+
 def test_huge_put_index_uses_a_dict_memo() -> None:
     assert loads(b"\x80\x02Nr\xff\xff\xff\xff0j\xff\xff\xff\xff.") is None
 

@@ -21,6 +21,7 @@ Only our own errors leave :meth:`Machine.run`.
 from __future__ import annotations
 
 import codecs
+import functools
 import gc
 import math
 import mmap
@@ -52,6 +53,16 @@ _FLOAT_RE = re.compile(
     rb"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
     re.IGNORECASE,
 )
+_LOG2_10 = math.log2(10)
+_LOG10_2 = math.log10(2)
+
+
+@functools.lru_cache(maxsize=4)
+def _power_of_ten(k: int) -> int:
+    power: int = 10**k
+    return power
+
+
 # look the text codecs up now, so that reading a file never triggers an import
 codecs.lookup("raw_unicode_escape")
 _unpack_int4 = struct.Struct("<i").unpack_from
@@ -272,6 +283,14 @@ class Machine:
 
     def _sized(self, n: int) -> bytes:
         """Read a length-prefixed payload after checking n against what is present."""
+        self._present(n)
+        if n > self.limits.max_str_bytes:
+            raise LimitError("max_str_bytes", self.limits.max_str_bytes, n,
+                             offset=self.op_start)
+        return self._take(n)
+
+    def _present(self, n: int) -> None:
+        """Refuse a declared length that is negative or runs past the data or its frame."""
         if n < 0:
             raise PickleError(f"negative length {n}", offset=self.op_start)
         left = (self.frame_end if self.frame_end >= 0 else len(self.data)) - self.pos
@@ -282,10 +301,6 @@ class Machine:
             raise TruncatedInputError(
                 f"declares {n} bytes but only {max(0, len(self.data) - self.pos)} remain",
                 offset=self.op_start)
-        if n > self.limits.max_str_bytes:
-            raise LimitError("max_str_bytes", self.limits.max_str_bytes, n,
-                             offset=self.op_start)
-        return self._take(n)
 
     def _uint1(self) -> int:
         pos = self.pos
@@ -509,8 +524,25 @@ class Machine:
         self.push(self._int_text(line, "LONG"))
 
     def _long_bytes(self, n: int) -> None:
-        raw = self._sized(n)
-        self.push(int.from_bytes(raw, "little", signed=True))
+        """LONG1/LONG4: refused past max_int_digits decimal digits, as INT and LONG text
+        are (past 4,300 digits Python's own int -> str refuses, so a later repr would
+        crash). A length longer than any value of that many digits needs is refused before
+        it is read (only a hand-made pickle pads a long); the value read is then bounded
+        exactly by its bit length, never by converting it to str."""
+        limit = self.limits.max_int_digits
+        if n > limit * _LOG2_10 / 8 + 2:
+            self._present(n)
+            raise LimitError("max_int_digits", limit, int((8 * n - 1) * _LOG10_2) + 1,
+                             f"a binary int of {n} bytes has room for that many digits",
+                             offset=self.op_start)
+        value = int.from_bytes(self._sized(n), "little", signed=True)
+        bits = value.bit_length()
+        bound = limit * _LOG2_10  # more than `limit` digits means at least this many bits
+        if bits > bound - 1 and (bits - 1 >= bound + 1 or abs(value) >= _power_of_ten(limit)):
+            raise LimitError("max_int_digits", limit,
+                             max(int((bits - 1) * _LOG10_2) + 1, limit + 1),
+                             "decimal digits of a binary int", offset=self.op_start)
+        self.push(value)
 
     def op_LONG1(self) -> None:
         self._long_bytes(self._uint1())
