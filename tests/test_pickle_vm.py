@@ -573,6 +573,61 @@ def test_float_text_is_read_as_the_c_unpickler_reads_it(line: bytes) -> None:
     assert same(loads(data), expected)
 
 
+@pytest.mark.parametrize("body,expected", [
+    (b"\\q", b"\\q"), (b"\\8", b"\\8"), (b"\\N{x}", b"\\N{x}"), (b"\\u0041", b"\\u0041"),
+    (b"\\400", b"\x00"), (b"\\777", b"\xff"), (b"\\0", b"\x00"), (b"\\08", b"\x008"),
+    (b"\\x41\\t\\'", b"A\t'"), (b"a\\\\", b"a\\"),
+])
+def test_string_escapes_read_as_c_without_a_warning(body: bytes, expected: bytes) -> None:
+    """Invalid escapes make codecs.escape_decode (and the C unpickler) warn; pytest runs
+    with warnings as errors, so this fails if reading STRING warns at all."""
+    data = b"S'" + body + b"'\n."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert pickle.loads(data, encoding="bytes") == expected
+    assert run_pickle(data, encoding="bytes")[0] == expected
+    if expected.isascii():  # as a str, in the default utf-8 decoding
+        assert inert(data) == expected.decode("ascii")
+
+
+def test_scanner_reads_string_escapes_without_a_warning() -> None:
+    from torchless._scan_pickle import scan_stream
+
+    data = b"S'\\q'\nS'\\400'\n\x93."  # STACK_GLOBAL on the two decoded strs
+    scan = scan_stream(data)
+    assert [(g.module, g.name) for g in scan.globals] == [("\\q", "\x00")]
+
+
+@pytest.mark.parametrize("body", [b"\\", b"a\\", b"\\x", b"\\x4", b"\\xg1", b"\\X"])
+def test_string_escapes_c_refuses_are_refused(body: bytes) -> None:
+    data = b"S'" + body + b"'\n."
+    ok, _ = c_reads(data)
+    assert ok == (body == b"\\X")
+    if ok:
+        assert inert(data) == "\\X"
+    else:
+        with pytest.raises(PickleError, match="STRING"):
+            inert(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(body=st.lists(st.sampled_from(list(b"\\\\\\\\0137489xXaAfFgntrvbN'\"\xff\x00 ")),
+                     max_size=12))
+def test_string_escapes_match_the_c_unpickler(body: list[int]) -> None:
+    data = b"S'" + bytes(body) + b"'\n."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            expected: Any = pickle.loads(data, encoding="bytes")
+        except ValueError:
+            expected = None
+    if expected is None:
+        with pytest.raises(PickleError):
+            run_pickle(data, encoding="bytes")
+    else:
+        assert run_pickle(data, encoding="bytes")[0] == expected
+
+
 def test_inst_names_are_ascii_and_global_names_not_empty() -> None:
     """As both CPython unpicklers read them (Lib/pickle.py load_inst decodes ASCII; C's
     load_global/load_inst refuse an empty line as truncated data)."""

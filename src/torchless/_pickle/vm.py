@@ -44,7 +44,7 @@ from .._limits import Limits
 from .._values import Global, Opaque
 from .opcodes import HIGHEST_PROTOCOL, OPCODES
 
-__all__ = ["Machine", "Resolver", "run_pickle"]
+__all__ = ["Machine", "Resolver", "run_pickle", "unescape_string"]
 
 # INT/LONG text every CPython reads alike: see Machine._int_text
 _INT_RE = re.compile(rb"(?:0|-?[1-9][0-9]*)\Z")
@@ -63,8 +63,37 @@ def _power_of_ten(k: int) -> int:
     return power
 
 
-# look the text codecs up now, so that reading a file never triggers an import
+# look the text codec up now, so that reading a file never triggers an import
 codecs.lookup("raw_unicode_escape")
+_ESCAPE_RE = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{2})|(.)|\Z)", re.DOTALL)
+_SIMPLE_ESCAPES = {b"\\": b"\\", b"'": b"'", b'"': b'"', b"b": b"\b", b"f": b"\f",
+                   b"t": b"\t", b"n": b"\n", b"r": b"\r", b"v": b"\v", b"a": b"\a",
+                   b"\n": b""}
+
+
+def unescape_string(raw: bytes) -> bytes:
+    """The bytes of a STRING argument (quotes removed), decoded as C's
+    ``PyBytes_DecodeEscape`` does: Python's bytes-literal escapes, an octal escape past
+    ``\\377`` keeps its low 8 bits, an unknown escape stays as written. Written out here
+    because ``codecs.escape_decode`` warns (DeprecationWarning, an error under -W error) on
+    those last two, and silencing a warning changes process-wide state.
+    Raises ValueError where C does: a malformed ``\\x`` escape or a trailing backslash."""
+    if b"\\" not in raw:
+        return raw
+
+    def one(m: re.Match[bytes]) -> bytes:
+        octal, hexa, other = m.groups()
+        if octal is not None:
+            return bytes((int(octal, 8) & 0xFF,))
+        if hexa is not None:
+            return bytes((int(hexa, 16),))
+        if other is None:
+            raise ValueError("trailing \\ in string")
+        if other == b"x":
+            raise ValueError(f"invalid \\x escape at byte {m.start()}")
+        return _SIMPLE_ESCAPES.get(other, b"\\" + other)
+
+    return _ESCAPE_RE.sub(one, raw)
 _unpack_int4 = struct.Struct("<i").unpack_from
 _unpack_uint2 = struct.Struct("<H").unpack_from
 _unpack_uint4 = struct.Struct("<I").unpack_from
@@ -569,7 +598,10 @@ class Machine:
         line = self._line()
         if len(line) < 2 or line[0] != line[-1] or line[0] not in b"\"'":
             raise PickleError("STRING argument is not quoted", offset=self.op_start)
-        raw = codecs.escape_decode(line[1:-1])[0]
+        try:
+            raw = unescape_string(line[1:-1])
+        except ValueError as e:
+            raise PickleError(f"STRING argument: {e}", offset=self.op_start) from None
         self.push(self._py2_string(raw))
 
     def op_BINSTRING(self) -> None:
