@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import _pickle
 import collections
+import gc
 import math
 import pickle
 import pickletools
 import struct
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -28,7 +30,7 @@ from torchless import (
 )
 from torchless._graph import finish
 from torchless._pickle.opcodes import OPCODES
-from torchless._pickle.vm import run_pickle
+from torchless._pickle.vm import Resolver, run_pickle
 from torchless._rules import TorchResolver
 from torchless._values import Global, Opaque
 
@@ -196,6 +198,66 @@ def test_default_resolver_is_fully_inert() -> None:
     out = inert(pickle.dumps(collections.OrderedDict(a=1), protocol=2))
     assert isinstance(out, Opaque)
     assert out.callable == Global("collections", "OrderedDict")
+
+
+# ---- the garbage collector ------------------------------------------------------------
+
+
+class _CollectorProbe(Resolver):
+    """Notes whether the collector is on at each GLOBAL, i.e. during the run; ``inner``
+    runs a nested pickle from inside the outer run."""
+
+    def __init__(self, inner: bytes | None = None) -> None:
+        self.seen: list[bool] = []
+        self.inner = inner
+
+    def find_global(self, module: str, name: str, offset: int) -> Any:
+        self.seen.append(gc.isenabled())
+        if self.inner is not None:
+            run_pickle(self.inner, _CollectorProbe())
+            self.seen.append(gc.isenabled())
+        return super().find_global(module, name, offset)
+
+
+_NAMES_A_GLOBAL = b"cm\nn\n."
+
+
+def test_collector_is_left_on_while_another_thread_runs() -> None:
+    """gc.disable() is process-wide: with another thread alive, a run must not touch it."""
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        probe = _CollectorProbe()
+        run_pickle(_NAMES_A_GLOBAL, probe)
+        assert probe.seen == [True]
+        assert gc.isenabled()
+    finally:
+        release.set()
+        other.join()
+
+
+def test_collector_paused_alone_is_restored_after_a_run_nested_or_failed() -> None:
+    if threading.active_count() != 1:
+        pytest.skip("another thread is alive in this test process")
+    probe = _CollectorProbe(inner=_NAMES_A_GLOBAL)
+    run_pickle(_NAMES_A_GLOBAL, probe)
+    assert probe.seen == [False, False]  # paused, and still paused after the nested run
+    assert gc.isenabled()
+    with pytest.raises(PickleError):
+        run_pickle(b"cm\nn\n0)0a.", _CollectorProbe())
+    assert gc.isenabled()
+
+
+def test_collector_the_caller_turned_off_stays_off() -> None:
+    gc.disable()
+    try:
+        run_pickle(_NAMES_A_GLOBAL, _CollectorProbe())
+        with pytest.raises(PickleError):
+            run_pickle(b"0.")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # ---- NEWOBJ on known classes -------------------------------------------------------

@@ -28,6 +28,7 @@ import mmap
 import re
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +100,23 @@ _unpack_uint2 = struct.Struct("<H").unpack_from
 _unpack_uint4 = struct.Struct("<I").unpack_from
 _unpack_uint8 = struct.Struct("<Q").unpack_from
 _unpack_float8 = struct.Struct(">d").unpack_from
+
+
+def _pause_collector() -> bool:
+    """Pause the cyclic garbage collector for one run, only where no one else can see it.
+
+    A run keeps every object it builds, so the collector's full passes (each over the whole
+    process heap) find nothing to free; with them, opening a checkpoint of 30,000 small
+    tensors costs 17-30 % more CPU. But ``gc.disable`` is process-wide: it is paused only
+    when this is the process's only Python thread (no other thread can allocate, or toggle
+    the collector, while the run holds it) and the collector is on; the caller re-enables it
+    after, so a nested run, which finds it off, leaves it to the outer one. With other
+    threads the collector is left alone. Returns whether it was paused.
+    """
+    if threading.active_count() != 1 or not gc.isenabled():
+        return False
+    gc.disable()
+    return True
 
 
 class _Mark:
@@ -205,8 +223,7 @@ class Machine:
 
     def run(self, start: int = 0) -> tuple[Any, int]:
         """Interpret one pickle starting at ``start``; return (value, offset after STOP)."""
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # the run builds many small acyclic objects; collecting them is waste
+        paused = _pause_collector()
         try:
             return self._run(start)
         except CheckpointError:
@@ -221,7 +238,7 @@ class Machine:
             raise PickleError(f"malformed pickle: {type(e).__name__}: {e}",
                               offset=self.op_start) from e
         finally:
-            if gc_was_enabled:
+            if paused:
                 gc.enable()
             # drop the bound-method table and working state: no cycle outlives the run
             self.dispatch = []
