@@ -95,6 +95,8 @@ def unescape_string(raw: bytes) -> bytes:
         return _SIMPLE_ESCAPES.get(other, b"\\" + other)
 
     return _ESCAPE_RE.sub(one, raw)
+
+
 _unpack_int4 = struct.Struct("<i").unpack_from
 _unpack_uint2 = struct.Struct("<H").unpack_from
 _unpack_uint4 = struct.Struct("<I").unpack_from
