@@ -234,6 +234,16 @@ def _long_decimal(path: Path, scale: int) -> None:
         f.write(b"L\n.")
 
 
+@case("max_int_digits", limits=Limits(), bound=MiB, needs=16 * MiB)
+def _long_binary(path: Path, scale: int) -> None:
+    # a 16 MiB LONG4 (40 million digits): refused by its length, before it is read
+    with path.open("wb") as f:
+        f.write(b"\x80\x02\x8b" + struct.pack("<i", 16 * MiB))
+        for _ in range(16):
+            f.write(b"\x99" * MiB)
+        f.write(b".")
+
+
 # ---- tensors ---------------------------------------------------------------------------
 
 

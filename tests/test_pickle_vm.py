@@ -3,11 +3,16 @@ limits and malformed streams. Oracle: CPython's own pickle on data we generate h
 
 from __future__ import annotations
 
+import _pickle
 import collections
+import gc
 import math
 import pickle
 import pickletools
 import struct
+import sys
+import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -26,7 +31,7 @@ from torchless import (
 )
 from torchless._graph import finish
 from torchless._pickle.opcodes import OPCODES
-from torchless._pickle.vm import run_pickle
+from torchless._pickle.vm import Resolver, run_pickle
 from torchless._rules import TorchResolver
 from torchless._values import Global, Opaque
 
@@ -209,6 +214,132 @@ def test_default_resolver_is_fully_inert() -> None:
     assert out.callable == Global("collections", "OrderedDict")
 
 
+# ---- the garbage collector ------------------------------------------------------------
+
+
+class _CollectorProbe(Resolver):
+    """Notes whether the collector is on at each GLOBAL, i.e. during the run; ``inner``
+    runs a nested pickle from inside the outer run."""
+
+    def __init__(self, inner: bytes | None = None) -> None:
+        self.seen: list[bool] = []
+        self.inner = inner
+
+    def find_global(self, module: str, name: str, offset: int) -> Any:
+        self.seen.append(gc.isenabled())
+        if self.inner is not None:
+            run_pickle(self.inner, _CollectorProbe())
+            self.seen.append(gc.isenabled())
+        return super().find_global(module, name, offset)
+
+
+_NAMES_A_GLOBAL = b"cm\nn\n."
+
+
+def test_collector_is_left_on_while_another_thread_runs() -> None:
+    """gc.disable() is process-wide: with another thread alive, a run must not touch it."""
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        probe = _CollectorProbe()
+        run_pickle(_NAMES_A_GLOBAL, probe)
+        assert probe.seen == [True]
+        assert gc.isenabled()
+    finally:
+        release.set()
+        other.join()
+
+
+def test_collector_paused_alone_is_restored_after_a_run_nested_or_failed() -> None:
+    if threading.active_count() != 1:
+        pytest.skip("another thread is alive in this test process")
+    probe = _CollectorProbe(inner=_NAMES_A_GLOBAL)
+    run_pickle(_NAMES_A_GLOBAL, probe)
+    assert probe.seen == [False, False]  # paused, and still paused after the nested run
+    assert gc.isenabled()
+    with pytest.raises(PickleError):
+        run_pickle(b"cm\nn\n0)0a.", _CollectorProbe())
+    assert gc.isenabled()
+
+
+def test_collector_the_caller_turned_off_stays_off() -> None:
+    gc.disable()
+    try:
+        run_pickle(_NAMES_A_GLOBAL, _CollectorProbe())
+        with pytest.raises(PickleError):
+            run_pickle(b"0.")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+# ---- NEWOBJ on known classes -------------------------------------------------------
+
+
+def _newobj_program(module: str, name: str, args: bytes, fill: bytes, ex: bool) -> bytes:
+    """PROTO 4, GLOBAL module.name, the argument tuple, NEWOBJ (or NEWOBJ_EX with {}),
+    then ``fill`` applied to the new object."""
+    head = b"\x80\x04c" + module.encode() + b"\n" + name.encode() + b"\n" + args
+    return head + (b"}\x92" if ex else b"\x81") + fill + b"."
+
+
+_ONE_TWO = b"(K\x01K\x02l\x85"  # ([1, 2],)
+_PAIRS = b"((K\x01K\x02tl\x85"  # ([(1, 2)],)
+
+
+_NEWOBJ_CASES = [
+    ("builtins", "list", list, ([1, 2],), _ONE_TWO, b"(K\x03e", lambda o: o.extend([3])),
+    ("builtins", "list", list, (), b")", b"K\x03a", lambda o: o.append(3)),
+    ("builtins", "dict", dict, ([(1, 2)],), _PAIRS, b"(K\x03K\x04u",
+     lambda o: o.update({3: 4})),
+    ("builtins", "set", set, ([1, 2],), _ONE_TWO, b"(K\x03\x90", lambda o: o.add(3)),
+    ("builtins", "bytearray", bytearray, (b"ab",), b"C\x02ab\x85", b"", lambda o: None),
+    ("collections", "OrderedDict", collections.OrderedDict, ([(1, 2)],), _PAIRS,
+     b"(K\x03K\x04u", lambda o: o.update({3: 4})),
+    ("collections", "Counter", collections.Counter, ([(1, 2)],), _PAIRS, b"", lambda o: None),
+    ("collections", "deque", collections.deque, ([1, 2],), _ONE_TWO, b"(K\x03e",
+     lambda o: o.extend([3])),
+    ("collections", "defaultdict", collections.defaultdict, ([(1, 2)],), _PAIRS,
+     b"(K\x03K\x04u", lambda o: o.update({3: 4})),
+    ("builtins", "frozenset", frozenset, ([1, 2],), _ONE_TWO, b"", lambda o: None),
+    ("builtins", "tuple", tuple, ([1, 2],), _ONE_TWO, b"", lambda o: None),
+]
+
+
+@pytest.mark.parametrize("module,name,cls,args,arg_bytes,fill,apply", _NEWOBJ_CASES,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(_NEWOBJ_CASES)])
+@pytest.mark.parametrize("ex", [False, True], ids=["NEWOBJ", "NEWOBJ_EX"])
+def test_newobj_of_a_known_class_is_its_dunder_new(
+        module: str, name: str, cls: Any, args: tuple[Any, ...], arg_bytes: bytes,
+        fill: bytes, apply: Any, ex: bool) -> None:
+    """What ``cls.__new__(cls, *args)`` gives in CPython (containers come out empty: their
+    __init__ fills them, and NEWOBJ does not call it), then filled by the opcodes after."""
+    expected = cls.__new__(cls, *args)
+    apply(expected)
+    out = loads(_newobj_program(module, name, arg_bytes, fill, ex))
+    assert type(out) is type(expected)
+    assert out == expected
+    if cls is collections.defaultdict:
+        assert out.default_factory is None
+
+
+@pytest.mark.parametrize("name,arg_bytes", [("object", _ONE_TWO), ("int", b")")])
+def test_newobj_arguments_a_builtin_refuses_are_refused(name: str, arg_bytes: bytes) -> None:
+    for kwargs in (b"}", b"}X\x01\x00\x00\x00xK\x01s"):
+        data = b"\x80\x04cbuiltins\n" + name.encode() + b"\n" + arg_bytes + kwargs + b"\x92."
+        cls = {"object": object, "int": int}[name]
+        args = ([1, 2],) if arg_bytes == _ONE_TWO else ()
+        kw = {"x": 1} if len(kwargs) > 1 else {}
+        try:
+            cls.__new__(cls, *args, **kw)
+        except TypeError:
+            with pytest.raises(PickleError):
+                loads(data)
+        else:
+            loads(data)
+
+
 # ---- refusals ----------------------------------------------------------------------
 
 
@@ -321,6 +452,55 @@ def test_text_long_digit_limit() -> None:
         loads(b"L" + b"9" * 5000 + b"L\n.")
 
 
+def _long_opcode(value: int) -> bytes:
+    """LONG1/LONG4 of ``value`` in the minimal encoding pickle writes."""
+    raw = pickle.encode_long(value)
+    if len(raw) < 256:
+        return b"\x80\x02\x8a" + bytes([len(raw)]) + raw + b"."
+    return b"\x80\x02\x8b" + struct.pack("<i", len(raw)) + raw + b"."
+
+
+def test_binary_long_digit_limit_is_the_text_one() -> None:
+    """A LONG4 of 4,301 digits loads in C, but Python then cannot print it (its int -> str
+    limit is 4,300 digits): refused like the same number as text; 4,300 digits load."""
+    for big in (10**4300, -(10**4300)):
+        data = _long_opcode(big)
+        assert pickle.loads(data) == big
+        with pytest.raises(ValueError, match="4300"):
+            repr(pickle.loads(data))
+        with pytest.raises(LimitError) as info:
+            loads(data)
+        assert info.value.limit_name == "max_int_digits" and info.value.actual == 4301
+        with pytest.raises(LimitError):  # the same number as text
+            loads(b"L" + b"-" * (big < 0) + b"1" + b"0" * 4300 + b"L\n.")
+    for edge in (10**4300 - 1, -(10**4300 - 1)):
+        data = _long_opcode(edge)
+        out = loads(data)
+        assert out == pickle.loads(data)
+        assert len(repr(abs(out))) == 4300
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.integers(min_value=-(10**40), max_value=10**40), limit=st.integers(1, 40))
+def test_binary_long_digit_limit_is_exact(value: int, limit: int) -> None:
+    data = _long_opcode(value)
+    lim = Limits(max_int_digits=limit)
+    if len(str(abs(value))) <= limit:
+        assert loads(data, lim) == value
+    else:
+        with pytest.raises(LimitError):
+            loads(data, lim)
+
+
+def test_padded_binary_long_longer_than_the_digit_limit_allows_is_refused_unread() -> None:
+    data = b"\x80\x02\x8b" + struct.pack("<i", 1 << 20) + b"\x05" + bytes((1 << 20) - 1) + b"."
+    assert pickle.loads(data) == 5  # C reads the padded encoding; no pickler writes one
+    with pytest.raises(LimitError, match="room for"):
+        loads(data)
+    with pytest.raises(TruncatedInputError):  # the length is checked against the data first
+        loads(data[:1000])
+
+
 def test_huge_put_index_uses_a_dict_memo() -> None:
     assert loads(b"\x80\x02Nr\xff\xff\xff\xff0j\xff\xff\xff\xff.") is None
 
@@ -330,6 +510,230 @@ def test_float_text_forms() -> None:
     assert math.isinf(loads(b"Finf\n."))
     with pytest.raises(PickleError):
         loads(b"F1_0\n.")
+
+
+# ---- protocol-0 text arguments against the C unpickler ------------------------------
+
+
+def c_loads(data: bytes) -> Any:
+    """The C unpickler torch.load runs, on plain data only (no opcode here names a global),
+    decoding Python 2 strs as torchless does; its invalid-escape warnings are ignored."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pickle.loads(data, encoding="utf-8")
+
+
+def c_reads(data: bytes) -> tuple[bool, Any]:
+    """(True, value) or (False, the exception type) from the C unpickler."""
+    assert pickle.loads is _pickle.loads
+    try:
+        return True, c_loads(data)
+    except Exception as e:  # any refusal by C counts
+        return False, type(e)
+
+
+@pytest.mark.parametrize("line", [
+    b"0", b"1", b"7", b"-1", b"10", b"-10", b"2147483648", b"-2147483649",
+    b"9223372036854775807", b"9223372036854775808", b"-9223372036854775809", b"9" * 4300,
+])
+@pytest.mark.parametrize("text", [b"I%s", b"L%s", b"L%sL"])
+def test_plain_decimal_int_text_is_read_as_the_c_unpickler_reads_it(text: bytes,
+                                                                    line: bytes) -> None:
+    data = text % line + b"\n."
+    ok, expected = c_reads(data)
+    assert ok
+    assert same(loads(data), expected), data
+
+
+def test_int_00_and_01_are_the_bools_the_c_unpickler_reads() -> None:
+    assert c_loads(b"I00\n.") is loads(b"I00\n.") is False
+    assert c_loads(b"I01\n.") is loads(b"I01\n.") is True
+
+
+#: INT text no pickler writes, read as CPython 3.10-3.13's C unpickler reads it (base 0;
+#: two-character text worth 0 or 1 is a bool); the values are hand arithmetic, and the test
+#: also checks them against the running C unpickler where it is one of those versions
+#: (3.14 reads base 10: python/cpython#126992).
+_BASE_0_INT = [
+    (b"010", 8), (b"-010", -8), (b"007", 7), (b"0x10", 16), (b"0X1f", 31), (b"0o17", 15),
+    (b"0b101", 5), (b"+1", True), (b" 1", True), (b"-0", False), (b" 0", False),
+    (b"1_000", 1000), (b" 12 ", 12), (b"0x7fffffffffffffff", 2**63 - 1),
+    (b"0x8000000000000000", 2**63), (b"-0x8000000000000001", -(2**63) - 1),
+]
+
+
+@pytest.mark.parametrize("line,value", _BASE_0_INT)
+def test_int_text_is_read_base_0_as_the_c_unpickler_reads_it(line: bytes, value: Any) -> None:
+    data = b"I" + line + b"\n."
+    if sys.version_info < (3, 14):
+        ok, expected = c_reads(data)
+        assert ok and same(expected, value), (data, expected)
+    assert same(loads(data), value), data
+
+
+@pytest.mark.parametrize("line", [b"08", b"0x", b"1 2", b"", b"--1", b"0o8", b"1__0"])
+def test_int_text_the_c_unpickler_refuses_is_refused(line: bytes) -> None:
+    data = b"I" + line + b"\n."
+    if sys.version_info < (3, 14):
+        assert not c_reads(data)[0], data
+    with pytest.raises(PickleError):
+        loads(data)
+
+
+@pytest.mark.parametrize("line,value", [
+    (b"010", None), (b"0x10", 16), (b"0o17", 15), (b"0b101", 5), (b"+5", 5), (b"1_000", 1000),
+    (b" 5", 5), (b"00", 0), (b"-0", 0)])
+def test_long_text_is_read_base_0(line: bytes, value: Any) -> None:
+    data = b"L" + line + b"L\n."
+    if sys.version_info < (3, 14):
+        ok, expected = c_reads(data)
+        assert ok == (value is not None) and (value is None or same(expected, value))
+    if value is None:  # int("010", 0): a leading zero is refused in base 0
+        with pytest.raises(PickleError):
+            loads(data)
+    else:
+        assert same(loads(data), value)
+
+
+@pytest.mark.parametrize("line", [b"1\x00x", b"\x001", b"1\x00"])
+def test_int_text_with_a_nul_byte_is_refused(line: bytes) -> None:
+    """The C unpickler stops reading at a NUL byte (python/cpython#126996): only a hand-made
+    pickle has one, and reading up to it would hide the rest of the line."""
+    with pytest.raises(PickleError, match="NUL"):
+        loads(b"I" + line + b"\n.")
+
+
+_INT_ALPHABET = st.sampled_from(list(b"0123456789" b"0000111" b"+- _\txXoObBL\x00\r"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(chars=st.lists(_INT_ALPHABET, max_size=8), opcode=st.sampled_from([b"I", b"L"]))
+def test_int_text_never_reads_a_value_the_c_unpickler_does_not(chars: list[int],
+                                                             opcode: bytes) -> None:
+    data = opcode + bytes(chars) + b"\n."
+    ok, expected = c_reads(data)
+    try:
+        value = loads(data)
+    except PickleError:
+        return
+    assert ok and same(value, expected), (data, value, expected)
+
+
+@pytest.mark.parametrize("index", [
+    b"0", b"00", b"+0", b"-0", b" 0", b"0 ", b"\t0", b"0_0", b"000_0 ", b"7",
+])
+def test_text_memo_indices_are_read_as_the_c_unpickler_reads_them(index: bytes) -> None:
+    data = b"(Np" + index + b"\nKEg" + index + b"\nl."
+    ok, expected = c_reads(data)
+    assert ok
+    assert same(loads(data), expected)
+
+
+@pytest.mark.parametrize("index", [b"-1", b"9" * 30, b"0x0", b"", b"0\x00x", b"1__0"])
+def test_text_memo_indices_c_refuses_or_reads_past_a_nul_are_refused(index: bytes) -> None:
+    data = b"Np" + index + b"\n0g" + index + b"\n."
+    ok, _ = c_reads(data)
+    assert ok == (index == b"0\x00x")  # C stops at the NUL byte (python/cpython#126996)
+    with pytest.raises(PickleError):
+        loads(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chars=st.lists(st.sampled_from(list(b"0123456789+- _\t\x0b\x1cx\x00")), max_size=6))
+def test_text_memo_index_never_differs_from_the_c_unpickler(chars: list[int]) -> None:
+    index = bytes(chars)
+    data = b"(K\x07p" + index + b"\nNg" + index + b"\nl."
+    ok, expected = c_reads(data)
+    try:
+        value = loads(data)
+    except (PickleError, LimitError):
+        return
+    assert ok and same(value, expected), (data, value, expected)
+
+
+@pytest.mark.parametrize("line", [b"1e500", b"-1e500", b"1.8e308", b"9" * 400])
+def test_float_text_that_overflows_is_refused_like_the_c_unpickler(line: bytes) -> None:
+    data = b"F" + line + b"\n."
+    assert c_reads(data) == (False, OverflowError)
+    with pytest.raises(PickleError, match="overflows"):
+        loads(data)
+
+
+@pytest.mark.parametrize("line", [
+    b"1.5", b"-0.0", b"1e-400", b"1.7976931348623157e308", b"inf", b"-Infinity", b"nan",
+    b"-nan", b".5", b"1.", b"+1E+05",
+])
+def test_float_text_is_read_as_the_c_unpickler_reads_it(line: bytes) -> None:
+    data = b"F" + line + b"\n."
+    ok, expected = c_reads(data)
+    assert ok
+    assert same(loads(data), expected)
+
+
+@pytest.mark.parametrize("body,expected", [
+    (b"\\q", b"\\q"), (b"\\8", b"\\8"), (b"\\N{x}", b"\\N{x}"), (b"\\u0041", b"\\u0041"),
+    (b"\\400", b"\x00"), (b"\\777", b"\xff"), (b"\\0", b"\x00"), (b"\\08", b"\x008"),
+    (b"\\x41\\t\\'", b"A\t'"), (b"a\\\\", b"a\\"),
+])
+def test_string_escapes_read_as_c_without_a_warning(body: bytes, expected: bytes) -> None:
+    """Invalid escapes make codecs.escape_decode (and the C unpickler) warn; pytest runs
+    with warnings as errors, so this fails if reading STRING warns at all."""
+    data = b"S'" + body + b"'\n."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert pickle.loads(data, encoding="bytes") == expected
+    assert run_pickle(data, encoding="bytes")[0] == expected
+    if expected.isascii():  # as a str, in the default utf-8 decoding
+        assert inert(data) == expected.decode("ascii")
+
+
+def test_scanner_reads_string_escapes_without_a_warning() -> None:
+    from torchless._scan_pickle import scan_stream
+
+    data = b"S'\\q'\nS'\\400'\n\x93."  # STACK_GLOBAL on the two decoded strs
+    scan = scan_stream(data)
+    assert [(g.module, g.name) for g in scan.globals] == [("\\q", "\x00")]
+
+
+@pytest.mark.parametrize("body", [b"\\", b"a\\", b"\\x", b"\\x4", b"\\xg1", b"\\X"])
+def test_string_escapes_c_refuses_are_refused(body: bytes) -> None:
+    data = b"S'" + body + b"'\n."
+    ok, _ = c_reads(data)
+    assert ok == (body == b"\\X")
+    if ok:
+        assert inert(data) == "\\X"
+    else:
+        with pytest.raises(PickleError, match="STRING"):
+            inert(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(body=st.lists(st.sampled_from(list(b"\\\\\\\\0137489xXaAfFgntrvbN'\"\xff\x00 ")),
+                     max_size=12))
+def test_string_escapes_match_the_c_unpickler(body: list[int]) -> None:
+    data = b"S'" + bytes(body) + b"'\n."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            expected: Any = pickle.loads(data, encoding="bytes")
+        except ValueError:
+            expected = None
+    if expected is None:
+        with pytest.raises(PickleError):
+            run_pickle(data, encoding="bytes")
+    else:
+        assert run_pickle(data, encoding="bytes")[0] == expected
+
+
+def test_inst_names_are_ascii_and_global_names_not_empty() -> None:
+    """As both CPython unpicklers read them (Lib/pickle.py load_inst decodes ASCII; C's
+    load_global/load_inst refuse an empty line as truncated data)."""
+    with pytest.raises(PickleError, match="ascii"):
+        inert(b"(i\xc3\xa9\nC\n.")
+    assert inert(b"c\xc3\xa9\nC\n.") == Global("\xe9", "C")
+    for data in (b"c\nC\n.", b"cm\n\n.", b"(i\nC\n."):
+        with pytest.raises(PickleError, match="empty"):
+            inert(data)
 
 
 class Adam:

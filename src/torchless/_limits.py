@@ -35,7 +35,8 @@ class Limits:
     max_container_len: int = 50_000_000
     #: Bytes of one str or bytes value inside a pickle.
     max_str_bytes: int = 256 * MiB
-    #: Decimal digits of a protocol-0 integer (int parsing is quadratic in digits).
+    #: Decimal digits of one integer: text parsing is quadratic in digits, and Python
+    #: refuses to print an int of more than 4,300 (binary LONG1/LONG4 are bounded too).
     max_int_digits: int = 4300
     #: Tensors in one checkpoint (counted as flat names, so aliases count).
     max_tensors: int = 1_000_000

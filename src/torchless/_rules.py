@@ -254,13 +254,30 @@ class TorchResolver(StdlibRules, NumpyRules):
             return None
         return self.new_object(p_args[0], (*p_args[1:], *args), p_kwargs or None, offset)
 
+    #: Classes whose ``__new__`` ignores its arguments, by rule (builtins by name).
+    _EMPTY_FROM_NEW: dict[str, Callable[[], Any]] = {
+        "list": list, "dict": dict, "set": set, "bytearray": bytearray,
+        "ordered_dict": collections.OrderedDict, "counter": collections.Counter,
+        "deque": collections.deque, "defaultdict": collections.defaultdict,
+        "namespace": argparse.Namespace, "simple_namespace": types.SimpleNamespace,
+    }
+
     def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
+        """``cls.__new__(cls, *args, **kwargs)`` as CPython runs it: the containers that
+        ``__init__`` fills come out empty whatever the arguments (APPENDS, SETITEMS,
+        ADDITEMS or BUILD fill them next); the immutable builtins take their arguments."""
         if isinstance(cls, Known):
-            if cls.rule in ("ordered_dict", "namespace", "simple_namespace", "counter",
-                            "defaultdict", "builtin"):
-                if cls.rule == "builtin" and cls.name in ("object",):
+            empty = self._EMPTY_FROM_NEW.get(cls.name if cls.rule == "builtin" else cls.rule)
+            if empty is not None:
+                return empty()
+            if cls.rule == "builtin":
+                if kwargs or (cls.name == "object" and args):
+                    raise PickleError(f"{cls}.__new__ takes no keyword arguments"
+                                      if kwargs else f"{cls}.__new__ takes no arguments",
+                                      offset=offset)
+                if cls.name == "object":
                     return Opaque(cls, (), newobj=True)
-                return self.call(cls, () if cls.rule != "builtin" else args, offset)
+                return self.call(cls, args, offset)
             if cls.rule == "np_ndarray":
                 return Pending("ndarray", args)
         if isinstance(cls, (Global, Opaque, Known)):

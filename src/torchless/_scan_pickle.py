@@ -29,7 +29,7 @@ from typing import Any
 from ._errors import CheckpointError, LimitError
 from ._limits import Limits
 from ._pickle.opcodes import Arg, by_code
-from ._pickle.vm import Machine, Resolver
+from ._pickle.vm import Machine, Resolver, unescape_string
 from ._values import Global, Opaque
 
 __all__ = ["FoundGlobal", "StreamScan", "scan_stream"]
@@ -162,8 +162,7 @@ def _string_arg(name: str, raw: bytes) -> str | None:
         if name == "STRING":
             quoted = raw.rstrip(b"\r")
             if len(quoted) >= 2 and quoted[:1] == quoted[-1:] and quoted[:1] in b"'\"":
-                decoded = codecs.escape_decode(quoted[1:-1])[0]
-                return bytes(decoded).decode("ascii")
+                return unescape_string(quoted[1:-1]).decode("ascii")
             return None
         if name == "UNICODE":
             return raw.decode("raw_unicode_escape")
