@@ -7,6 +7,8 @@ Usage::
     python benchmarks/compare_readers.py            # tests/data/fixtures + tests/data/corpus
     python benchmarks/compare_readers.py --jobs 2   # two torch children at a time
     python benchmarks/compare_readers.py --quick    # two of them: a smoke run
+    python benchmarks/compare_readers.py --save-paths   # also every save path of torch's
+                                                        # test_serialization.py (needs torch)
 
 For each file torch 2.13 reads (REFERENCE.json / the corpus manifest say so), it records
 whether ``torch.load(f, weights_only=True)`` reads it (torch's safe mode), whether
@@ -62,6 +64,43 @@ def ours(path: Path) -> str:
     return "ok"
 
 
+def ours_open(path: Path) -> str:
+    """torchless.open: every tensor named, the kinds it does not read listed by name."""
+    try:
+        with torchless.open(path) as ckpt:
+            return "ok" if not ckpt.unsupported else f"ok, {len(ckpt.unsupported)} listed"
+    except torchless.CheckpointError as e:
+        return f"refused: {type(e).__name__}"
+
+
+def save_paths(jobs: int, quick: bool) -> None:
+    """Every save path of torch's test_serialization.py that torch on CPU writes
+    (tests/_savepaths.py), read by torch.load(weights_only=True) and torchless.open."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from tests import _savepaths
+
+    with tempfile.TemporaryDirectory() as tmp:
+        generated = _savepaths.generate(Path(tmp))
+        files = [g.path for g in generated.values()]
+        if quick:
+            files = files[:4]
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            torch_says = list(pool.map(weights_only, files))
+        rows = [(p.name, w, ours_open(p)) for p, w in zip(files, torch_says, strict=True)]
+    wo = sum(r[1] == "ok" for r in rows)
+    tl = sum(r[2].startswith("ok") for r in rows)
+    listed = sum(r[2].startswith("ok,") for r in rows)
+    print(f"{len(rows)} files written by the save paths of torch's test_serialization.py")
+    print(f"  torch.load(weights_only=True) reads {wo}, refuses {len(rows) - wo}")
+    print(f"  torchless.open reads {tl} ({listed} with tensor kinds it lists as unsupported), "
+          f"refuses {len(rows) - tl}")
+    for name, w, t in rows:
+        if not t.startswith("ok"):
+            print(f"  torchless refuses {name}: {t} (weights_only: {w})")
+
+
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
@@ -72,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run in seconds: only the first fixture REFERENCE.json says "
                          "weights_only=True refuses and the smallest corpus checkpoint")
+    ap.add_argument("--save-paths", action="store_true",
+                    help="also write and read every save path of torch's own "
+                         "test_serialization.py (tests/_savepaths.py; needs torch)")
     args = ap.parse_args(argv)
     ref = json.loads((ROOT / "tests/data/fixtures/REFERENCE.json").read_text())
     readable = [k for k, v in ref.items() if v["ok"]]
@@ -101,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, w, t in rows:
         if t != "ok":
             print(f"  torchless refuses {name}: {t} (weights_only: {w})")
+    if args.save_paths:
+        save_paths(args.jobs, args.quick)
     return 0
 
 

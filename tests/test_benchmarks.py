@@ -208,7 +208,7 @@ def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_compare_readers(torch: ModuleType) -> None:
-    out = _run("compare_readers.py", "--quick", "--jobs", "2")
+    out = _run("compare_readers.py", "--quick", "--jobs", "2", "--save-paths")
     m = re.match(r"(\d+) checkpoints that torch\.load\(weights_only=False\) reads\n"
                  r"  torch\.load\(weights_only=True\) reads (\d+), refuses (\d+)\n"
                  r"  torchless\.load reads (\d+), refuses (\d+)\n"
@@ -219,7 +219,14 @@ def test_compare_readers(torch: ModuleType) -> None:
     assert wo_ok + wo_no == n and tl_ok + tl_no == n and only_tl <= min(wo_no, tl_ok)
     refusals = re.findall(r"^    weights_only refusal x(\d+): \S", out, re.M)
     assert sum(map(int, refusals)) == wo_no  # every refusal has its reason (8 at most)
-    assert len(re.findall(r"^  torchless refuses ", out, re.M)) == tl_no
+    saved = re.search(r"^(\d+) files written by the save paths of torch's test_serialization"
+                      r"\.py\n  torch\.load\(weights_only=True\) reads (\d+), refuses (\d+)\n"
+                      r"  torchless\.open reads (\d+) \((\d+) with tensor kinds it lists as "
+                      r"unsupported\), refuses (\d+)\n", out, re.M)
+    assert saved, out
+    s_n, s_wo_ok, s_wo_no, s_ok, s_listed, s_no = map(int, saved.groups())
+    assert s_n == 4 and s_wo_ok + s_wo_no == s_n and s_ok + s_no == s_n and s_listed <= s_ok
+    assert len(re.findall(r"^  torchless refuses ", out, re.M)) == tl_no + s_no
 
 
 # ---- remote_batch.py --------------------------------------------------------------------
