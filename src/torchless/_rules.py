@@ -228,7 +228,7 @@ class TorchResolver(StdlibRules, NumpyRules):
                     "refused call of an attribute of an object the file builds "
                     f"(getattr(…, {_method_name(func)!r})(…)): torch.load would call that "
                     "method", names=("builtins.getattr",), offset=offset,
-                    hint=_refusal_hint("builtins.getattr", "calls"))
+                    hint=_METHOD_CALL_HINT)
             made = self._call_partial(func, args, offset)
             if made is not None:
                 return made
@@ -445,7 +445,7 @@ class TorchResolver(StdlibRules, NumpyRules):
             raise UnsafeGlobalError(
                 "refused global builtins.getattr: it is asked for something other than a plain "
                 "attribute name", names=("builtins.getattr",),
-                hint=_refusal_hint("builtins.getattr", "calls"))
+                hint=_METHOD_CALL_HINT)
         if not isinstance(a[0], Global):
             # an attribute of an object the file builds (a bound method a module keeps as a
             # hook): kept as a record; calling it is refused (see call)
@@ -528,6 +528,12 @@ def _attrs(f: Known, state: Any) -> dict[str, Any] | None:
         if part:
             attrs.update(part)
     return attrs or None
+
+
+_METHOD_CALL_HINT = (
+    "torch.load would call a method of an object this file builds (how gadget chains run "
+    "code): do not torch.load it. Nothing here can allow it; a method the file only keeps "
+    "as a value (a module's hook) is read as an inert record")
 
 
 def _calls_a_method(func: Opaque) -> bool:
