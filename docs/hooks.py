@@ -9,7 +9,7 @@ MARKER = "<!-- cli-reference -->"
 
 
 def _reference() -> str:
-    from torchless._cli import _parser
+    from torchless.cli.main import _parser
 
     parser = _parser()
     parser.prog = "torchless"

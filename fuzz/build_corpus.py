@@ -23,7 +23,7 @@ add_repo_to_path()
 from tests._fuzz_inputs import all_seeds  # noqa: E402
 
 from torchless import CheckpointError, Limits  # noqa: E402
-from torchless._pickle.vm import run_pickle  # noqa: E402
+from torchless.pickle.machine import run_pickle  # noqa: E402
 
 
 def _pickles(raw: bytes) -> list[bytes]:

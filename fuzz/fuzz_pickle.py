@@ -24,10 +24,10 @@ add_repo_to_path()
 
 with atheris.instrument_imports(include=["torchless"]):
     from torchless import CheckpointError, Limits
-    from torchless._graph import finish, flatten
-    from torchless._pickle.vm import run_pickle
-    from torchless._rules import TorchResolver
-    from torchless._tensor import MissingStorage
+    from torchless.model.graph import finish, flatten
+    from torchless.model.tensor import MissingStorage
+    from torchless.pickle.machine import run_pickle
+    from torchless.rules.resolver import TorchResolver
 
 _LIMITS = Limits()
 

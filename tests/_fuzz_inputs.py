@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torchless
-from torchless._pickle.opcodes import OPCODES, Arg, Opcode
+from torchless.pickle.opcodes import OPCODES, Arg, Opcode
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"

@@ -1,4 +1,4 @@
-"""Nothing is lost on failure: atomic outputs (``torchless._atomic``).
+"""Nothing is lost on failure: atomic outputs (``torchless.write.atomic``).
 
 * a ``--force`` conversion of a Hugging Face layout that fails at any point (while writing,
   while verifying, at any publishing step) leaves the old index and shards byte for byte;
@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 import torchless
-from torchless import ConversionError, _atomic
+from torchless import ConversionError
+from torchless.write import atomic as _atomic
 
 pytestmark = pytest.mark.torch
 
@@ -101,7 +102,7 @@ def test_failed_force_hf_conversion_keeps_the_old_output(
     assert _snapshot(out) == old
 
     # verification fails
-    from torchless import _hf
+    from torchless.convert import hf as _hf
 
     def mismatch(*args: Any, **kwargs: Any) -> Any:
         return [], {"a2": "bytes differ"}, [], [], [], {}
@@ -166,7 +167,7 @@ def test_force_hf_publishes_the_index_after_hiding_the_old_one(
 
 def test_failed_verify_keeps_the_replaced_file(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless import _convert
+    from torchless.convert import api as _convert
 
     dst = tmp_path / "tiny.safetensors"
     dst.write_bytes(b"the previous output")
@@ -273,7 +274,7 @@ def test_tmpfile_writes_leave_no_name_until_published(tmp_path: Path) -> None:
 def test_save_keeps_the_old_file_on_failure(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     np = pytest.importorskip("numpy")
-    from torchless import _safetensors
+    from torchless.write import safetensors as _safetensors
 
     path = tmp_path / "state.safetensors"
     torchless.save({"step": 1, "w": np.ones(4, dtype=np.float32)}, path)
@@ -306,7 +307,7 @@ def test_sigkill_mid_conversion(torch: ModuleType, tmp_path: Path, tmpfile: bool
         dst.write_bytes(b"the previous output")
     code = textwrap.dedent(f"""
         import sys, torchless
-        from torchless import _atomic
+        from torchless.write import atomic as _atomic
         _atomic.TMPFILE = {tmpfile!r}
         def progress(done, total):
             if done > (1 << 20):

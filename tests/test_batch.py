@@ -20,7 +20,7 @@ from types import ModuleType
 import pytest
 
 import torchless
-from torchless._batch import batch, expand
+from torchless.api.batch import batch, expand
 
 pytestmark = pytest.mark.torch
 
@@ -124,7 +124,7 @@ def test_dask_local_cluster_matches_serial(torch: ModuleType, tmp_path: Path) ->
 _KILLED_CHILD = textwrap.dedent("""
     import sys, time
     from concurrent.futures import ProcessPoolExecutor
-    from torchless._batch import batch
+    from torchless.api.batch import batch
     with ProcessPoolExecutor(2) as pool:
         batch([sys.argv[1]], "convert", pool, report=sys.argv[2])
 """)
@@ -165,7 +165,7 @@ def test_killed_run_resumes_without_redoing(torch: ModuleType, tmp_path: Path) -
 
 def test_cli_inspect_and_scan_many(torch: ModuleType, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from torchless._cli import main
+    from torchless.cli.main import main
 
     root = _mixed_dir(torch, tmp_path / "d")
     for jobs in ("1", "2"):

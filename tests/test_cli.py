@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from torchless._cli import main
+from torchless.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny.pt"
 

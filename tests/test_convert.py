@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 import torchless
-from torchless import _safetensors
-from torchless._cli import main
-from torchless._source import Source
+from torchless.cli.main import main
+from torchless.io.source import Source
+from torchless.model import chunks as _chunks
+from torchless.write import safetensors as _safetensors
 
 from .test_differential_torch import NUMPY_DTYPES, tg  # noqa: F401 (tg is a fixture)
 from .test_differential_zip_extra import big_endian  # noqa: F401 (a fixture)
@@ -183,7 +184,7 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     torch.save(saved, src)
     torchless.convert(src, tmp_path / "a.st")
     reference = (tmp_path / "a.st").read_bytes()
-    monkeypatch.setattr(_safetensors, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 64)
 
     def fail(*args: Any) -> int:
         raise OSError(errno.ENOSYS, "not here")

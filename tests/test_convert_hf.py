@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import torchless
-from torchless._cli import main
-from torchless._hf import output_name, parse_size
+from torchless.cli.main import main
+from torchless.convert.hf import output_name, parse_size
 
 pytestmark = pytest.mark.torch
 
@@ -392,7 +392,8 @@ def test_interrupted_run_leaves_nothing(torch: ModuleType, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C during the second shard, or a failing index write: no shard, no index, no
     temporary file is left; the index is only ever written after every shard."""
-    from torchless import _atomic, _hf
+    from torchless.convert import hf as _hf
+    from torchless.write import atomic as _atomic
 
     root = _hf_dir(torch, tmp_path / "m", [{"a": torch.zeros(64)}, {"b": torch.ones(64)}])
     before = set(os.listdir(root))

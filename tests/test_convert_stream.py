@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 import torchless
-from torchless import _safetensors, _tensor
-from torchless._errors import CheckpointError, ChecksumError
-from torchless._limits import Limits
-from torchless._source import Source
-from torchless._zip import ZipArchive
+from torchless.containers.ziparchive import ZipArchive
+from torchless.core.limits import Limits
+from torchless.errors import CheckpointError, ChecksumError
+from torchless.io.source import Source
+from torchless.model import chunks as _chunks
+from torchless.model import tensor as _tensor
 
 from .test_differential_torch import tg  # noqa: F401 (a fixture)
 
@@ -66,7 +67,7 @@ def _mixed(torch: ModuleType) -> dict[str, object]:
 def test_deflated_converts_like_stored(torch: ModuleType, tg: ModuleType,  # noqa: F811
                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # small inflate chunks, so that every tensor of some size takes several of them
-    monkeypatch.setattr(_safetensors, "INFLATE_CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(_chunks, "INFLATE_CHUNK_BYTES", 64 << 10)
     plain, packed = _pair(torch, tg, tmp_path, _mixed(torch))
     a = torchless.convert(plain, tmp_path / "a.safetensors")
     b = torchless.convert(packed, tmp_path / "b.safetensors")

@@ -38,7 +38,7 @@ from torchless import (
     UnsupportedError,
     UnsupportedOpcodeError,
 )
-from torchless._cli import main
+from torchless.cli.main import main
 
 from ._fuzz_inputs import (
     ZipMember,
@@ -466,8 +466,8 @@ def test_reading_after_close_is_an_error_not_garbage() -> None:
 def test_storage_shorter_than_declared_is_refused() -> None:
     """A loader that hands back fewer bytes than the storage declares is refused before any
     array views past them."""
-    from torchless._dtypes import DTYPES
-    from torchless._tensor import Storage
+    from torchless.core.dtypes import DTYPES
+    from torchless.model.tensor import Storage
 
     float32 = next(d for d in DTYPES if d.name == "float32")
     storage = Storage("0", float32, 16, lambda: b"\x00" * 8)

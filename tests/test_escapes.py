@@ -34,7 +34,7 @@ from torchless import (
     StorageError,
     UnsafePathError,
 )
-from torchless._cli import main
+from torchless.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "examples" / "tiny.pt"
@@ -219,7 +219,7 @@ def _assert_bug(e: BaseException, doing: str, path: Path | str | None = None) ->
 
 @pytest.fixture
 def broken_reader(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless import _torchzip
+    from torchless.containers import torchzip as _torchzip
 
     monkeypatch.setattr(_torchzip.TorchZip, "load", _boom)
 
@@ -235,7 +235,7 @@ def test_open_and_load_report_a_bug() -> None:
 
 
 def test_load_reports_a_bug_after_open(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless import _tensor
+    from torchless.model import tensor as _tensor
 
     monkeypatch.setattr(_tensor.Tensor, "numpy", _boom)
     with pytest.raises(InternalError) as info:
@@ -250,7 +250,7 @@ def test_usage_errors_and_os_errors_are_not_bugs(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(TypeError) as type_info:
         torchless.load(TINY, no_such_option=1)  # type: ignore[call-arg]
     assert not isinstance(type_info.value, CheckpointError)
-    from torchless import _torchzip
+    from torchless.containers import torchzip as _torchzip
 
     def io_error(*args: Any, **kwargs: Any) -> Any:
         raise OSError(5, "Input/output error")
@@ -271,7 +271,7 @@ def test_convert_reports_a_bug_and_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_convert_bug_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless import _safetensors
+    from torchless.write import safetensors as _safetensors
 
     monkeypatch.setattr(_safetensors, "_write_tensor", _boom)
     dst = tmp_path / "out.safetensors"
@@ -282,7 +282,7 @@ def test_convert_bug_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_verify_reports_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless import _convert
+    from torchless.convert import api as _convert
 
     dst = tmp_path / "out.safetensors"
     torchless.convert(TINY, dst)
@@ -294,7 +294,7 @@ def test_verify_reports_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_scan_reports_a_bug_as_error_never_clean(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from torchless import _scan
+    from torchless.scan import scanner as _scan
 
     monkeypatch.setattr(_scan._File, "run", _boom)
     report = torchless.scan(TINY)
@@ -311,7 +311,8 @@ def test_scan_reports_a_bug_as_error_never_clean(monkeypatch: pytest.MonkeyPatch
 
 def test_batch_reports_a_bug_as_failed_not_refused(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless import _scan, _torchzip
+    from torchless.containers import torchzip as _torchzip
+    from torchless.scan import scanner as _scan
 
     tiny = tmp_path / "tiny.pt"
     tiny.write_bytes(TINY.read_bytes())
@@ -358,7 +359,7 @@ def test_cli_reports_a_bug(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_cli_reports_its_own_bug(monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from torchless import _cli
+    from torchless.cli import main as _cli
 
     monkeypatch.setattr(_cli, "_inspect_text", _boom)
     _cli_bug(["inspect", str(TINY)], capsys, "running inspect")

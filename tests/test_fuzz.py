@@ -7,7 +7,7 @@ What is fuzzed, briefly enough for CI (a few hundred examples, well under a minu
   ``tests/_fuzz_inputs.py``), mutated by byte flips, truncations, insertions, deletions,
   splices of two seeds and interesting integers written over length and offset fields;
 * **the pickle VM**: random opcode streams drawn from the opcode table
-  (``torchless._pickle.opcodes``) with plausible arguments (and sometimes lying lengths),
+  (``torchless.pickle.opcodes``) with plausible arguments (and sometimes lying lengths),
   run by the VM alone with both resolvers, and as a file through ``torchless.open``, bare
   and as the ``data.pkl`` of a ZIP checkpoint.
 
@@ -41,11 +41,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchless
-from torchless._graph import finish, flatten
-from torchless._pickle.opcodes import OPCODES, Opcode
-from torchless._pickle.vm import run_pickle
-from torchless._rules import TorchResolver
-from torchless._tensor import MissingStorage
+from torchless.model.graph import finish, flatten
+from torchless.model.tensor import MissingStorage
+from torchless.pickle.machine import run_pickle
+from torchless.pickle.opcodes import OPCODES, Opcode
+from torchless.rules.resolver import TorchResolver
 
 from ._fuzz_inputs import (
     INTERESTING,

@@ -726,10 +726,10 @@ TORCHLESS_CODECS = {
 
 #: Calls of a file-named global that torchless makes on purpose: (callee, caller) -> why.
 ALLOWED_CALLS = {
-    ("argparse.Namespace.__init__", "torchless/_rules_stdlib.py:StdlibRules._r_namespace"):
+    ("argparse.Namespace.__init__", "torchless/rules/stdlib.py:StdlibRules._r_namespace"):
         "the argparse.Namespace rebuild rule (Lightning hparams) builds a real Namespace, a "
         "data container whose __init__ only sets attributes (seen for rce_fallback_bait)",
-    ("pathlib.Path.__new__", "torchless/_rules_stdlib.py:StdlibRules._r_path"):
+    ("pathlib.Path.__new__", "torchless/rules/stdlib.py:StdlibRules._r_path"):
         "the pathlib rebuild rule builds a path from checked str parts, which touches no file "
         "(seen for gadget_pathlib_touch_chain, whose getattr(path, 'touch') is then refused)",
 }

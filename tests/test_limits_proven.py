@@ -32,9 +32,9 @@ import pytest
 
 import torchless
 from torchless import LimitError, Limits
-from torchless._pickle.vm import run_pickle
-from torchless._source import Source
-from torchless._zip import ZipArchive
+from torchless.containers.ziparchive import ZipArchive
+from torchless.io.source import Source
+from torchless.pickle.machine import run_pickle
 
 from ._fuzz_inputs import (
     ZipMember,

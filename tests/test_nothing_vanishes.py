@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import torchless
-from torchless._tensor import TensorArray
+from torchless.model.tensor import TensorArray
 
 from .conftest import require
 
@@ -59,7 +59,7 @@ def _torch_load(torch: ModuleType, path: Path) -> Any:
 def _check_tensor(oc: ModuleType, ours: torchless.Tensor, theirs: Any, name: str) -> None:
     dtype, shape, data = oc.raw_bytes(theirs)
     assert (ours.dtype.name, ours.shape) == (dtype, shape), name
-    from torchless._safetensors import chunks
+    from torchless.model.chunks import chunks
 
     assert b"".join(bytes(c) for c in chunks(ours)) == data, name
 
@@ -172,7 +172,7 @@ def test_zoneinfo_datetime_and_nested_class_read(torch: ModuleType, oc: ModuleTy
 
 
 def test_a_zone_key_that_is_not_a_plain_name_stays_inert() -> None:
-    from torchless._rules_stdlib import system_zone
+    from torchless.rules.stdlib import system_zone
 
     assert system_zone("Europe/Berlin") is zoneinfo.ZoneInfo("Europe/Berlin")
     for key in ("../../etc/passwd", "/etc/localtime", "Europe/../../x", "", "a" * 300,

@@ -60,4 +60,4 @@ def test_typed_and_classified() -> None:
     python = re.search(r">=3\.(\d+)", PROJECT["requires-python"])
     assert python is not None
     assert f"Programming Language :: Python :: 3.{python.group(1)}" in classifiers
-    assert PROJECT["scripts"]["torchless"] == "torchless._cli:main"
+    assert PROJECT["scripts"]["torchless"] == "torchless.cli.main:main"

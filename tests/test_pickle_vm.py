@@ -29,11 +29,11 @@ from torchless import (
     UnsupportedError,
     UnsupportedOpcodeError,
 )
-from torchless._graph import finish
-from torchless._pickle.opcodes import OPCODES
-from torchless._pickle.vm import Resolver, run_pickle
-from torchless._rules import TorchResolver
-from torchless._values import Global, Opaque
+from torchless.model.graph import finish
+from torchless.pickle.machine import Resolver, run_pickle
+from torchless.pickle.opcodes import OPCODES
+from torchless.pickle.values import Global, Opaque
+from torchless.rules.resolver import TorchResolver
 
 
 def loads(data: bytes, limits: Limits | None = None) -> Any:
@@ -688,7 +688,7 @@ def test_string_escapes_read_as_c_without_a_warning(body: bytes, expected: bytes
 
 
 def test_scanner_reads_string_escapes_without_a_warning() -> None:
-    from torchless._scan_pickle import scan_stream
+    from torchless.scan.pickles import scan_stream
 
     data = b"S'\\q'\nS'\\400'\n\x93."  # STACK_GLOBAL on the two decoded strs
     scan = scan_stream(data)
@@ -785,7 +785,7 @@ def test_a_dag_sharing_one_object_a_million_times_is_walked_once() -> None:
     assert len(value) == 1_000_000 and all(v is value[0] for v in value[:10])
     tree = finish(value, lim)
     assert tree[999_999] is tree[0] == {"k": 1}
-    from torchless._graph import flatten
+    from torchless.model.graph import flatten
 
     assert flatten(tree, lim) == ({}, {})
 

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchless import CheckpointError, LimitError
-from torchless._pickle.vm import run_pickle
+from torchless.pickle.machine import run_pickle
 
 #: Opcodes that name or call code: never sent to pickle.loads, at any offset.
 CODE_BYTES = frozenset(b"ciobR\x81\x92\x93PQ\x82\x83\x84\x97")

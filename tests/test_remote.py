@@ -149,7 +149,7 @@ def test_s3_through_moto(torch: ModuleType, tmp_path: Path,
 
 def test_scan_and_inspect_cli_remote(torch: ModuleType, tmp_path: Path, served: RangeServer,
                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from torchless._cli import main
+    from torchless.cli.main import main
 
     torch.save({"w": torch.ones(3)}, tmp_path / "ok.pt")
     (tmp_path / "evil.pkl").write_bytes(

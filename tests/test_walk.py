@@ -1,4 +1,4 @@
-"""The one walker (torchless._walk) and the names flatten() builds from it: each row of the
+"""The one walker (torchless.model.walk) and the names flatten() builds from it: each row of the
 naming table in docs/formats.md, on hand-built graphs, with the names written out by hand."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from torchless._dtypes import by_torch_name
-from torchless._errors import LimitError
-from torchless._graph import finish, flatten
-from torchless._limits import Limits
-from torchless._tensor import Storage, Tensor, UnsupportedTensor
-from torchless._values import Global, Opaque
-from torchless._walk import children
+from torchless.core.dtypes import by_torch_name
+from torchless.core.limits import Limits
+from torchless.errors import LimitError
+from torchless.model.graph import finish, flatten
+from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
+from torchless.model.walk import children
+from torchless.pickle.values import Global, Opaque
 
 FLOAT32 = by_torch_name("float32")
 assert FLOAT32 is not None

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from ._batch import BatchResult, batch
-from ._checkpoint import Checkpoint, load, open
-from ._convert import ConversionReport, OpaqueObjectWarning, VerifyReport, convert, verify
-from ._dtypes import DType
-from ._errors import (
+from torchless.api.batch import BatchResult, batch
+from torchless.api.checkpoint import Checkpoint, load, open
+from torchless.convert.api import convert, verify
+from torchless.convert.common import (
+    ConversionReport,
+    OpaqueObjectWarning,
+    VerifyReport,
+)
+from torchless.core.dtypes import DType
+from torchless.core.limits import Limits
+from torchless.errors import (
     AmbiguousArchiveError,
     ArchiveFormatError,
     CheckpointError,
@@ -26,13 +32,13 @@ from ._errors import (
     UnsupportedError,
     UnsupportedOpcodeError,
 )
-from ._inert import TypeRegistry, register_type
-from ._limits import Limits
-from ._rules import GlobalRecord
-from ._scan import ScanReport, scan
-from ._store import save
-from ._tensor import Tensor, UnsupportedTensor
-from ._values import Global, Opaque
+from torchless.inert.schema import TypeRegistry, register_type
+from torchless.inert.store import save
+from torchless.model.tensor import Tensor, UnsupportedTensor
+from torchless.pickle.values import Global, Opaque
+from torchless.rules.resolver import GlobalRecord
+from torchless.scan.scanner import ScanReport, scan
+
 from ._version import __version__
 
 __all__ = [

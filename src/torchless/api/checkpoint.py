@@ -1,0 +1,283 @@
+"""The public entry points: :func:`open` a checkpoint lazily, :func:`load` it whole."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+import numpy as np
+
+from torchless.containers.base import Container, PlainPickle
+from torchless.containers.legacy import LegacyStream
+from torchless.containers.tar import TorchTar
+from torchless.containers.torchzip import TorchZip
+from torchless.core.limits import Limits
+from torchless.errors import (
+    CheckpointError,
+    InternalError,
+    LimitError,
+    UnsupportedError,
+    reports_bugs,
+)
+from torchless.inert.schema import TensorMode, TypeRegistry
+from torchless.io.detect import Layout, detect, looks_like_safetensors
+from torchless.io.remote import RemoteSource, is_remote
+from torchless.io.source import Source
+from torchless.model.graph import finish, flatten
+from torchless.model.interop import to_torch
+from torchless.model.tensor import Tensor, UnsupportedTensor, with_attrs
+from torchless.rules.resolver import GlobalRecord, TorchResolver
+
+__all__ = ["Checkpoint", "load", "open"]
+
+
+class Checkpoint:
+    """An opened checkpoint. Tensors are read only when asked for.
+
+    Attributes:
+        path: the file.
+        format: ``"zip"``, ``"torchscript"``, ``"legacy"``, ``"tar"`` or ``"pickle"``.
+        tree: the whole saved object, with :class:`Tensor` leaves, modules saved
+            whole replaced by their ``state_dict()``, and unknown objects as
+            :class:`Opaque` records.
+        tensors: every tensor by flat name (dict keys and sequence indices joined by '.').
+        unsupported: tensors torchless will not read (sparse, quantized …) by flat name,
+            with what kind they are.
+        opaque: the globals kept as inert records (class paths and offsets).
+        info: container details (archive prefix, format version, byte order …).
+    """
+
+    def __init__(self, path: str, source: Source, layout: str, tree: Any,
+                 tensors: dict[str, Tensor], unsupported: dict[str, UnsupportedTensor],
+                 globals_: list[GlobalRecord], info: dict[str, Any]) -> None:
+        self.path = path
+        self._source = source
+        self.format = layout
+        self.tree = tree
+        self.tensors: Mapping[str, Tensor] = MappingProxyType(tensors)
+        self.unsupported: Mapping[str, str] = MappingProxyType(
+            {k: v.kind for k, v in unsupported.items()})
+        self.globals: tuple[GlobalRecord, ...] = tuple(globals_)
+        self.opaque: tuple[GlobalRecord, ...] = tuple(g for g in globals_ if g.verdict == "opaque")
+        self.info = MappingProxyType(info)
+
+    def numpy(self, name: str) -> np.ndarray[Any, Any]:
+        """One tensor as a read-only ndarray."""
+        if name in self.unsupported:
+            raise UnsupportedError(f"{self.unsupported[name]} tensors are not supported",
+                                   path=self.path, member=name)
+        try:
+            tensor = self.tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r} in {self.path}") from None
+        try:
+            return tensor.numpy()
+        except CheckpointError as e:
+            raise e.add_context(path=self.path, member=name) from None
+
+    def close(self) -> None:
+        """Release the file. Arrays already returned stay valid."""
+        self._source.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<Checkpoint {self.path!r} format={self.format} "
+                f"tensors={len(self.tensors)}>")
+
+
+def open(
+    path: str | os.PathLike[str],
+    *,
+    limits: Limits | None = None,
+    strict: bool = False,
+    allow_globals: Iterable[str] = (),
+    root_name: str = "",
+    verify_crc: bool = False,
+) -> Checkpoint:
+    """Open a torch checkpoint without torch and without running pickle code.
+
+    Reads only the container directory and the object pickle; tensor bytes
+    stay in the file until :meth:`Tensor.numpy` is called.
+
+    Args:
+        path: the checkpoint file (its format is sniffed from its bytes); or a URL
+            (``https://…`` by range requests, ``s3://``, ``hf://`` … through fsspec) or an
+            open file object, read by ranges as needed (:mod:`torchless.io.remote`).
+        limits: resource bounds (see :class:`Limits`).
+        strict: refuse every global outside torchless's rebuild rules.
+        allow_globals: exact ``"module.name"`` strings to keep as inert records
+            even though the policy would refuse them (for files you trust).
+        root_name: the name of the tensor when the whole file is one bare tensor.
+        verify_crc: check each storage's CRC-32 when it is first read.
+
+    Raises:
+        CheckpointError: (a subclass of it) for anything wrong with the file.
+    """
+    lim = limits if limits is not None else Limits()
+    remote = is_remote(path)
+    spath = path if remote else os.fspath(path)
+    label = spath if isinstance(spath, str) else "<file object>"
+    try:
+        return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc)
+    except CheckpointError as e:
+        raise e.add_context(path=label) from None
+    except RecursionError as e:
+        raise LimitError("max_depth", lim.max_depth, -1, "recursion", path=label) from e
+    except MemoryError as e:
+        raise LimitError("memory", 0, 0, "out of memory", path=label) from e
+    except OSError as e:  # the system failed us (an I/O error …), not the file's content
+        raise CheckpointError(f"cannot read: {e.strerror or e}", path=label) from e
+    except Exception as e:  # a bug of ours: reported as one, never as a refusal
+        raise InternalError.wrap(e, "reading", label) from e
+
+
+def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
+          verify_crc: bool) -> Checkpoint:
+    source = RemoteSource(path) if is_remote(path) else Source(path)
+    path = source.path
+    try:
+        layout = detect(source)
+        container: Container
+        if layout is Layout.ZIP:
+            container = TorchZip(source, limits, verify_crc=verify_crc)
+        elif layout is Layout.LEGACY:
+            container = LegacyStream(source, limits)
+        elif layout is Layout.TAR:
+            container = TorchTar(source, limits)
+        else:
+            container = PlainPickle(source, limits)
+        resolver = TorchResolver(limits, container.persistent_load, strict=strict, allow=allow)
+        raw = container.load(resolver)
+        tree = finish(raw, limits, container.module_hook())
+        tensors, unsupported = flatten(tree, limits, root_name)
+        info: dict[str, Any] = {"layout": layout.value, **container.describe(resolver)}
+        info["era"] = describe_era(container.format, info)
+        return Checkpoint(path, source, container.format, tree, tensors, unsupported,
+                          resolver.globals, info)
+    except BaseException:
+        source.close()
+        raise
+
+
+def describe_era(fmt: str, info: dict[str, Any]) -> str:
+    """Which torch versions write this layout, from what the file holds."""
+    if fmt == "tar":
+        return "TAR layout written by torch before 0.1.10"
+    if fmt == "legacy":
+        proto = info.get("pickle_protocol")
+        return ("legacy stream written by torch 0.1.10-1.5 (or later torch with "
+                "_use_new_zipfile_serialization=False)"
+                + (", from Python 2" if info.get("python2") else "")
+                + (", pickle protocol 0/1" if proto is None else f", pickle protocol {proto}"))
+    if fmt == "pickle":
+        return "plain pickle (no tensor storage container)"
+    records = set(info.get("records", ()))
+    if fmt == "torchscript":
+        return "TorchScript archive written by torch.jit.save (torch >= 1.0)"
+    extras = sorted(records & {".format_version", ".storage_alignment", ".data/serialization_id"})
+    tail = f"; also records {', '.join(extras)} (newer torch 2.x)" if extras else ""
+    if "byteorder" in records:
+        return "ZIP layout written by torch >= 2.1 (it has the byteorder record)" + tail
+    return "ZIP layout written by torch 1.6-2.0 (no byteorder record)" + tail
+
+
+@reports_bugs("loading")
+def load(
+    path: str | os.PathLike[str],
+    *,
+    tensors: TensorMode = "numpy",
+    types: TypeRegistry | None = None,
+    limits: Limits | None = None,
+    strict: bool = False,
+    allow_globals: Iterable[str] = (),
+    copy: bool = False,
+) -> Any:
+    """The whole saved object: of a torch checkpoint, or of a file :func:`torchless.save`
+    or :func:`torchless.convert` wrote (for another safetensors file, its tensors by name).
+
+    Args:
+        tensors: ``"numpy"`` (default): tensors become NumPy arrays, read-only views of the
+            file unless ``copy=True``. ``"torch"``: writable torch tensors, and
+            ``torch.nn.Parameter`` where one was saved (with ``requires_grad``); torch dtypes,
+            devices and sizes of inert files become torch objects. torchless never imports
+            torch: the program must have imported it.
+        types: the registry of the program's own classes for inert files (default: the one
+            :func:`torchless.register_type` fills).
+        limits: resource bounds, as for :func:`open`.
+        strict: as for :func:`open`.
+        allow_globals: as for :func:`open`.
+        copy: writable NumPy copies instead of read-only views of the file.
+
+    Raises :class:`UnsupportedError` if the file holds tensors torchless will not read.
+    """
+    if tensors not in ("numpy", "torch"):
+        raise ValueError("tensors must be 'numpy' or 'torch'")
+    spath: Any = path if is_remote(path) else os.fspath(path)
+    if not is_remote(spath) and _is_safetensors(spath):
+        from torchless.inert.store import load_safetensors
+
+        return load_safetensors(spath, tensors=tensors, types=types, limits=limits, copy=copy)
+    torch = None
+    if tensors == "torch":
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is None:
+            raise UnsupportedError("tensors='torch' needs torch imported by your program "
+                                   "(torchless never imports it): add `import torch` first",
+                                   hint="add `import torch` to your program before this "
+                                        "call, or use tensors='numpy'")
+    lim = limits if limits is not None else Limits()
+    ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals)
+    try:
+        if ckpt.unsupported:
+            name, kind = next(iter(ckpt.unsupported.items()))
+            raise UnsupportedError(
+                f"{kind} tensors are not supported", path=ckpt.path, member=name,
+                hint="torchless.load needs every tensor; torchless.open(FILE) reads the others "
+                     "(Checkpoint.tensors) and lists these in Checkpoint.unsupported")
+        cache: dict[int, Any] = {}
+
+        def leaf(t: Any) -> Any:
+            out = cache.get(id(t))
+            if out is None:
+                try:
+                    if torch is not None:
+                        out = to_torch(t, torch)
+                    else:
+                        out = t.numpy()
+                        if copy:
+                            out = np.array(out)
+                        out = with_attrs(out, t)
+                except CheckpointError as e:  # name the tensor
+                    name = next((k for k, v in ckpt.tensors.items() if v is t), None)
+                    raise e.add_context(member=name) from None
+                cache[id(t)] = out
+            return out
+
+        try:
+            return finish(ckpt.tree, lim, lambda o: None, leaf)
+        except CheckpointError as e:
+            raise e.add_context(path=ckpt.path) from None
+    finally:
+        ckpt.close()
+
+
+def _is_safetensors(path: str) -> bool:
+    """Whether the file starts like a safetensors file (its own reader checks the rest)."""
+    try:
+        with builtins.open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False  # open() reports it
+    return looks_like_safetensors(head + b" ", size)

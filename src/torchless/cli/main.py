@@ -1,0 +1,652 @@
+"""The ``torchless`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+import types
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from torchless._version import __version__
+from torchless.api import checkpoint as _checkpoint
+from torchless.convert.api import convert, verify
+from torchless.convert.common import ConversionReport, OpaqueObjectWarning, VerifyReport
+from torchless.core.limits import Limits
+from torchless.core.text import line_writer, printable
+from torchless.errors import CheckpointError, InternalError
+from torchless.model.graph import ModuleDict
+from torchless.model.tensor import Tensor, UnsupportedTensor
+from torchless.model.walk import children
+from torchless.pickle.values import Global, Opaque
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+__all__ = ["main"]
+
+_EXAMPLES = """\
+examples:
+  torchless inspect model.pt
+  torchless inspect model.pt --json | jq '.tensors[].name'
+  torchless inspect checkpoint.ckpt --strict
+  torchless convert model.pt                 # writes model.safetensors
+  torchless verify model.pt model.safetensors
+"""
+
+_CONVERT_EXAMPLES = """\
+examples:
+  torchless convert model.pt                      # writes model.safetensors beside it
+  torchless convert model.ckpt -o out.safetensors --key state_dict
+  torchless convert pytorch_model.bin --dedupe --verify --json
+  torchless convert ./my-model/                   # pytorch_model*.bin -> model*.safetensors
+  torchless convert ./my-model/ --max-shard-size 5GB -o ./out/
+  torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
+  torchless convert ./runs/ -j 4 --report run.jsonl  # a directory; re-runs skip done files
+  torchless convert ckpt.pt --weights-only          # tensors only, no object tree
+  torchless convert https://example.org/model.pt    # streamed by range requests
+"""
+
+_VERIFY_EXAMPLES = """\
+examples:
+  torchless verify model.pt model.safetensors
+  torchless verify model.ckpt out.safetensors --key state_dict --json
+  torchless verify ./my-model/ ./out/             # every shard, and the output index
+"""
+
+
+class _Bar:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        elapsed = now - self.start
+        if elapsed < 0.5 and not self.shown:
+            return
+        self.shown = True
+        frac = done / total if total else 1.0
+        speed = done / elapsed if elapsed > 0 else 0.0
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(f"\r[{bar:<30}] {_human(done)} / {_human(total)}  "
+                         f"{_human(int(speed))}/s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _verify_json(r: VerifyReport) -> dict[str, Any]:
+    return {"src": r.src, "dst": r.dst, "ok": r.ok, "matched": list(r.matched),
+            "mismatched": dict(r.mismatched), "missing": list(r.missing),
+            "extra": list(r.extra), "skipped": list(r.skipped), "aliases": dict(r.aliases)}
+
+
+def _verify_text(r: VerifyReport, out: Any) -> None:
+    w = line_writer(out)
+    for name in r.matched:
+        w(f"  ok        {name}{' -> ' + r.aliases[name] if name in r.aliases else ''}\n")
+    for name, why in r.mismatched.items():
+        w(f"  MISMATCH  {name}: {why}\n")
+    for name in r.missing:
+        w(f"  MISSING   {name}\n")
+    for name in r.extra:
+        w(f"  EXTRA     {name}\n")
+    for name in r.skipped:
+        w(f"  skipped   {name} (no safetensors dtype)\n")
+    verdict = "identical" if r.ok else "DIFFERENT"
+    w(f"{r.src} vs {r.dst}: {verdict} ({len(r.matched)} tensors match, "
+      f"{len(r.mismatched)} differ, {len(r.missing)} missing, {len(r.extra)} extra)\n")
+
+
+def _report_json(report: ConversionReport) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "src": report.src, "dst": report.dst, "ok": True, "tensors": report.tensors,
+        "bytes": report.bytes, "files": list(report.files), "skipped": list(report.skipped),
+        "aliases": dict(report.aliases), "opaque": list(report.opaque),
+        "seconds": round(report.seconds, 3)}
+    if report.verified is not None:
+        doc["verify"] = _verify_json(report.verified)
+    return doc
+
+
+def _report_text(report: ConversionReport, out: Any) -> None:
+    w = line_writer(out)
+    w(f"{report.dst}: {report.tensors} tensors, {_human(report.bytes)} "
+      f"in {report.seconds:.2f} s\n")
+    if len(report.files) > 1:
+        for path in report.files:
+            w(f"  wrote {path}\n")
+    for name in report.skipped:
+        w(f"  skipped (safetensors cannot hold it): {name}\n")
+    for removed, kept in report.aliases.items():
+        w(f"  alias recorded in __metadata__: {removed} -> {kept}\n")
+    if report.opaque:
+        w(f"  kept as inert records (torchless.Opaque): {', '.join(report.opaque)}\n")
+    if report.verified is not None:
+        w(f"  verified: {len(report.verified.matched)} tensors identical\n")
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
+            "skip_unsupported": args.skip_unsupported, "verify": args.verify,
+            "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
+            "limits": _limits(args), "allow_globals": tuple(args.allow_global)}
+
+
+def _limit(text: str) -> tuple[str, int]:
+    """``--limit NAME=N``: one field of :class:`Limits`."""
+    name, sep, value = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not name.startswith("max_"):
+        name = "max_" + name
+    fields = Limits.__dataclass_fields__
+    if not sep or name not in fields:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=N with NAME one of {', '.join(sorted(fields))}, not {text!r}")
+    try:
+        n = int(value.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: {value!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{name}: must not be negative")
+    return name, n
+
+
+def _add_allow_global(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
+                        help="for a file you trust: keep this refused global as an inert "
+                             "record, never called (repeatable)")
+
+
+def _add_limit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit", action="append", default=[], type=_limit, metavar="NAME=N",
+        help="raise (or lower) a resource limit for a file you trust, e.g. --limit "
+             "max_tensors=2000000 (repeatable; NAME: a field of torchless.Limits)")
+
+
+def _limits(args: argparse.Namespace) -> Limits | None:
+    return Limits(**dict(args.limit)) if args.limit else None
+
+
+def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionReport:
+    """convert(), with the opaque-object warning left to the report (printed by us)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OpaqueObjectWarning)
+        return convert(src, dst, **options)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    if _is_batch(args.src):
+        return _run_batch(args)
+    bar = _Bar() if sys.stderr.isatty() else None
+    try:
+        report = _quiet_convert(args.src[0], args.output, progress=bar, **_options(args))
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        json.dump(_report_json(report), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        _report_text(report, sys.stdout)
+    return 0
+
+
+def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
+    """``-j N``: a pool of N worker processes, or None (this process) for N = 1."""
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(max_workers=jobs)
+    return contextlib.nullcontext()
+
+
+def _is_batch(sources: Sequence[str]) -> bool:
+    """Several sources, or a directory that is not a Hugging Face model directory."""
+    from torchless.convert.hf import is_model_dir
+
+    return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s) for s in sources)
+
+
+def _checkpoint_files(paths: Sequence[str]) -> list[str]:
+    """The files named and those found under the directories named, walked once. Directories
+    given to convert or inspect must hold a checkpoint: an empty walk is a mistaken path far
+    more often than a finished job."""
+    from torchless.api.batch import CHECKPOINT_SUFFIXES, expand
+
+    files = expand(paths)
+    if not files:
+        raise CheckpointError(
+            f"no checkpoint files under {', '.join(paths)} (looked for "
+            f"{', '.join('*' + x for x in CHECKPOINT_SUFFIXES)}, hidden files left out)",
+            hint="check the path, or name the files themselves: a file named on the command "
+                 "line is read whatever its name")
+    return files
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    """Many sources (directories walked), each to its default output; a failure does not
+    stop the others; outputs already there and verified are skipped."""
+    from torchless.api.batch import BatchResult, batch
+
+    files = _checkpoint_files(args.src)
+    options = _options(args)
+    options["resume"] = not args.force
+
+    def show(result: BatchResult) -> None:
+        _batch_line(_batch_doc(result), args.json)
+
+    with _workers(args.jobs) as pool:
+        results = batch(files, "convert", pool, report=args.report, on_result=show,
+                        **options)
+    if args.json:
+        json.dump([_batch_doc(r) for r in results], sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    failed = [r for r in results if not r.ok]
+    if not args.json:
+        skipped = sum(r.status == "skipped" for r in results)
+        sys.stdout.write(f"{len(results) - len(failed) - skipped} converted, {skipped} "
+                         f"already done, {len(failed)} failed\n")
+    return 1 if failed else 0
+
+
+def _batch_doc(result: Any) -> dict[str, Any]:
+    return {"src": result.path, "ok": result.ok, "status": result.status,
+            "dst": result.output, "error": result.error,
+            **({"hint": result.hint} if result.error is not None else {}),
+            "seconds": round(result.seconds, 3), **result.detail}
+
+
+def _batch_line(doc: dict[str, Any], as_json: bool) -> None:
+    if not doc["ok"]:
+        _print_error(doc["error"], doc.get("hint"))
+    elif not as_json and doc["status"] == "skipped":
+        line_writer(sys.stdout)(f"{doc['dst']}: already converted (verified)\n")
+    elif not as_json:
+        line_writer(sys.stdout)(f"{doc['dst']}: {doc['tensors']} tensors, "
+                                f"{_human(doc['bytes'])} in {doc['seconds']:.2f} s\n")
+
+
+def _run_inspect_many(args: argparse.Namespace) -> int:
+    """A summary per file (directories walked), in worker processes with -j."""
+    from torchless.api.batch import BatchResult, batch
+
+    def show(r: BatchResult) -> None:
+        if args.json:
+            sys.stdout.write(r.to_json() + "\n")
+        elif r.ok:
+            d = r.detail
+            line_writer(sys.stdout)(f"{r.path}: {d['format']}, {d['tensors']} tensors, "
+                                    f"{_human(d['bytes'])}"
+                                    + (f", {len(d['opaque_globals'])} opaque classes"
+                                       if d["opaque_globals"] else "") + "\n")
+        else:
+            _print_error(r.error, r.hint)
+
+    files = _checkpoint_files(args.file)
+    options = {"strict": args.strict, "allow_globals": tuple(args.allow_global),
+               "limits": _limits(args)}
+    with _workers(args.jobs) as pool:
+        results = batch(files, "inspect", pool, on_result=show, **options)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
+                             allow_globals=args.allow_global)
+    if args.json:
+        json.dump(_verify_json(report), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        _verify_text(report, sys.stdout)
+    return 0 if report.ok else 1
+
+
+def _run_scan(args: argparse.Namespace) -> int:
+    """Exit 0 clean, 1 dangerous or anomalous, 2 unreadable (never raises for a file)."""
+    from torchless.scan.scanner import format_table, scan_paths
+
+    with _workers(args.jobs) as pool:
+        report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),
+                            executor=pool)
+    if args.json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        sys.stdout.write(format_table(report, verbose=args.verbose))
+    return report.exit_code
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _describe_format(ckpt: _checkpoint.Checkpoint) -> str:
+    info = ckpt.info
+    parts = [ckpt.format, str(info.get("era", ""))]
+    if ckpt.format in ("zip", "torchscript"):
+        parts.append(f"archive version {info.get('version')}, prefix {info.get('prefix')!r}")
+    if "byteorder" in info:
+        parts.append(f"{info['byteorder']}-endian")
+    return "; ".join(p for p in parts if p)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    if isinstance(value, Opaque):
+        text = f"<{value.class_path}>"
+    elif isinstance(value, Global):
+        text = f"<global {value.path}>"
+    elif isinstance(value, (str, int, float, bool, type(None), bytes, list, tuple)):
+        text = repr(value)
+    else:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
+    """(flat name, value) for values that are not tensors, in walk order (the walker's names),
+    each container expanded once (a second path to it shows as a shared reference)."""
+    seen: set[int] = set()
+    stack: list[tuple[str, Any]] = [("", tree)]
+    count = 0
+    while stack and count < limit:
+        name, obj = stack.pop()
+        if isinstance(obj, (Tensor, UnsupportedTensor, ModuleDict)):
+            continue
+        if isinstance(obj, (list, tuple)) and len(obj) <= 16 and all(
+                isinstance(v, (str, int, float, bool, type(None))) for v in obj):
+            yield name or "<root>", obj
+            count += 1
+            continue
+        if isinstance(obj, _EXPANDED):
+            if id(obj) in seen:
+                yield name, "<shared reference>"
+                count += 1
+                continue
+            seen.add(id(obj))
+            kids = [(f"{name}.{n}" if name and n else name or n, c)
+                    for n, c in children(obj) if n is not None]
+            if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
+                yield name, f"{type(obj).__name__}({len(vars(obj))} fields)"
+                count += 1
+            elif not kids:
+                yield name or "<root>", obj
+                count += 1
+            stack.extend(reversed(kids))
+            continue
+        yield name or "<root>", obj
+        count += 1
+
+
+_EXPANDED = (dict, list, tuple, collections.deque, argparse.Namespace, types.SimpleNamespace)
+
+
+def _shared_keys(ckpt: _checkpoint.Checkpoint) -> set[str]:
+    users = collections.Counter(id(t.storage) for t in ckpt.tensors.values())
+    return {n for n, t in ckpt.tensors.items() if users[id(t.storage)] > 1}
+
+
+def _inspect_json(ckpt: _checkpoint.Checkpoint) -> dict[str, Any]:
+    shared = _shared_keys(ckpt)
+    totals: dict[str, dict[str, int]] = {}
+    tensors = []
+    for name, t in ckpt.tensors.items():
+        tot = totals.setdefault(t.dtype.name, {"count": 0, "bytes": 0})
+        tot["count"] += 1
+        tot["bytes"] += t.nbytes
+        tensors.append({
+            "name": name, "dtype": t.dtype.name, "shape": list(t.shape),
+            "stride": list(t.stride), "storage_offset": t.storage_offset, "nbytes": t.nbytes,
+            "contiguous": t.is_contiguous(), "shared_storage": name in shared,
+            "parameter": t.is_parameter, "requires_grad": t.requires_grad,
+        })
+    return {
+        "path": ckpt.path, "format": ckpt.format, "description": _describe_format(ckpt),
+        "info": dict(ckpt.info), "tensor_count": len(tensors),
+        "total_bytes": sum(t["nbytes"] for t in tensors), "tensors": tensors,
+        "totals_by_dtype": totals, "unsupported": dict(ckpt.unsupported),
+        "opaque_globals": sorted({g.module + "." + g.name for g in ckpt.opaque}),
+        "values": {k: _short(v, 200) for k, v in _values(ckpt.tree, 200)},
+    }
+
+
+def _inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
+    data = _inspect_json(ckpt)
+    w = line_writer(out)
+    w(f"{ckpt.path}\n")
+    w(f"  format: {data['description']}\n")
+    w(f"  tensors: {data['tensor_count']}, {_human(data['total_bytes'])}\n")
+    rows = data["tensors"]
+    if rows:
+        name_w = min(60, max(len(r["name"]) for r in rows))
+        w(f"\n  {'name':<{name_w}}  {'dtype':<14} {'shape':<20} {'size':>10}  notes\n")
+        for r in rows[:max_rows]:
+            notes = []
+            if not r["contiguous"]:
+                notes.append("strided")
+            if r["shared_storage"]:
+                notes.append("shared")
+            if r["parameter"]:
+                notes.append("param")
+            shape = "x".join(map(str, r["shape"])) or "scalar"
+            w(f"  {r['name']:<{name_w}}  {r['dtype']:<14} {shape:<20} "
+              f"{_human(r['nbytes']):>10}  {' '.join(notes)}\n")
+        if len(rows) > max_rows:
+            w(f"  ... {len(rows) - max_rows} more (use --all or --json)\n")
+        w("\n  by dtype:\n")
+        for dt, tot in sorted(data["totals_by_dtype"].items()):
+            w(f"    {dt:<14} {tot['count']:>6} tensors  {_human(tot['bytes']):>10}\n")
+    if data["unsupported"]:
+        w("\n  unsupported tensors (not readable):\n")
+        for name, kind in data["unsupported"].items():
+            w(f"    {name}: {kind}\n")
+    values = list(_values(ckpt.tree, 40))
+    if values:
+        w("\n  other values:\n")
+        for name, value in values:
+            w(f"    {name}: {_short(value)}\n")
+    if data["opaque_globals"]:
+        w("\n  kept as inert records (never imported or called):\n")
+        for g in data["opaque_globals"]:
+            w(f"    {g}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchless",
+        description="Read PyTorch checkpoints without PyTorch and without running pickle code.",
+        epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"torchless {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ins = sub.add_parser(
+        "inspect", help="show what a checkpoint holds",
+        description="Show a checkpoint's format, tensors (name, dtype, shape, size), totals "
+                    "by dtype, other values and the globals kept as inert records.",
+        epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n"
+               "  torchless inspect https://example.org/model.pt   # a few range requests\n"
+               "  torchless inspect ./checkpoints/ -j 4            # one line per file\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ins.add_argument("file", nargs="+",
+                     help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …) or URL; several "
+                          "files or directories give one summary line (or JSON line) each")
+    ins.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                     help="with several files: inspect them in N worker processes")
+    ins.add_argument("--json", action="store_true", help="print a JSON document")
+    ins.add_argument("--all", action="store_true", help="list every tensor (default: 100)")
+    ins.add_argument("--strict", action="store_true",
+                     help="refuse every global outside the rebuild rules")
+    _add_limit(ins)
+    _add_allow_global(ins)
+    conv = sub.add_parser(
+        "convert", help="write a checkpoint's tensors as a safetensors file",
+        description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
+                    "contiguous and little-endian, written atomically (temporary file, fsync, "
+                    "rename). Shared tensors are written once per name unless --dedupe.",
+        epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    conv.add_argument("src", nargs="+",
+                      help="checkpoint file, Hugging Face model directory or *.bin.index.json "
+                           "(several: each to its default output)")
+    conv.add_argument("-o", "--output", metavar="DST",
+                      help="output file, or output directory for a model directory (default: "
+                           "SRC with the suffix .safetensors / SRC's directory); one SRC only")
+    conv.add_argument("--max-shard-size", metavar="SIZE",
+                      help="split the output into shards of at most SIZE tensor bytes "
+                           "(5GB = 5*10^9, 500MB, 1GiB = 2^30, or bytes) with an index")
+    conv.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                      help="convert several SRC in N worker processes (default 1)")
+    conv.add_argument("--report", metavar="FILE",
+                      help="with several SRC: append one JSON line per file to FILE")
+    conv.add_argument("--key", metavar="K",
+                      help="convert only the subtree under this dotted key (e.g. state_dict)")
+    conv.add_argument("--force", action="store_true", help="replace an existing DST")
+    conv.add_argument("--dedupe", action="store_true",
+                      help="write identical aliases once; record the others in __metadata__")
+    conv.add_argument("--skip-unsupported", action="store_true",
+                      help="leave out tensors safetensors cannot hold (complex128 …)")
+    conv.add_argument("--verify", action="store_true",
+                      help="re-read both files afterwards and compare every tensor")
+    conv.add_argument("--weights-only", action="store_true",
+                      help="write the tensors only, not the rest of the object (epochs, "
+                           "optimizer state, configs …) as an inert tree")
+    _add_limit(conv)
+    _add_allow_global(conv)
+    conv.add_argument("--json", action="store_true", help="print a JSON summary")
+    ver = sub.add_parser(
+        "verify", help="compare a checkpoint with a safetensors file",
+        description="Compare every tensor of a torch checkpoint with a safetensors file by "
+                    "dtype, shape and bytes. Exit 0 only on an exact match. SRC may be a "
+                    "model directory or a *.bin.index.json, DST a directory or a "
+                    "*.safetensors.index.json with its shards.",
+        epilog=_VERIFY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json")
+    ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
+    ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
+    _add_limit(ver)
+    _add_allow_global(ver)
+    ver.add_argument("--json", action="store_true", help="print a JSON report")
+    sc = sub.add_parser(
+        "scan", help="list every global and container trick in files, without running them",
+        description="Scan checkpoints (files or directories, recursively; layout found from "
+                    "the content) for globals that would run code and for container "
+                    "anomalies that make scanners and torch see different files. Every pickle "
+                    "is walked, not only data.pkl. Exit 0 clean, 1 dangerous or anomalous, "
+                    "2 unreadable.",
+        epilog="examples:\n  torchless scan model.pt\n  torchless scan ./models/ --json\n"
+               "  torchless scan model.ckpt --strict   # unknown classes count as dangerous\n"
+               "  torchless scan ./hub-cache/ -j 4     # in 4 worker processes\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
+    sc.add_argument("--json", action="store_true", help="print a JSON report")
+    sc.add_argument("--strict", action="store_true",
+                    help="count every global outside the rebuild rules as dangerous")
+    _add_limit(sc)
+    sc.add_argument("-v", "--verbose", action="store_true",
+                    help="list every global (not only dangerous ones) and skipped files")
+    sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                    help="scan files in N worker processes (default 1)")
+    return p
+
+
+def _print_error(error: str | None, hint: str | None) -> None:
+    # one line each, whatever names from the file hold
+    for label, text in (("error", error), ("hint", hint)):
+        if text:
+            sys.stderr.write(f"torchless: {label}: {printable(text)}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # names in a file may hold anything, lone surrogates included: printed escaped, never
+    # a crash of the printing
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "convert":
+        if _is_batch(args.src) and args.output is not None:
+            parser.error("-o/--output takes a single SRC; several SRC (or a directory of "
+                         "checkpoints) go to their default outputs")
+        if not _is_batch(args.src) and args.report is not None:
+            parser.error("--report writes one line per file for several SRC or a directory "
+                         "of checkpoints; with one SRC, --json prints its summary")
+    if vars(args).get("jobs", 1) < 1:
+        parser.error("-j/--jobs must be at least 1")
+    try:
+        if args.command == "inspect" and (len(args.file) > 1 or os.path.isdir(args.file[0])):
+            return _run_inspect_many(args)
+        if args.command == "inspect":
+            ckpt = _checkpoint.open(args.file[0], strict=args.strict,
+                                    allow_globals=args.allow_global, limits=_limits(args))
+            with ckpt:
+                if args.json:
+                    json.dump(_inspect_json(ckpt), sys.stdout, indent=1)
+                    sys.stdout.write("\n")
+                else:
+                    _inspect_text(ckpt, sys.stdout, 10**9 if args.all else 100)
+        elif args.command == "convert":
+            return _run_convert(args)
+        elif args.command == "verify":
+            return _run_verify(args)
+        elif args.command == "scan":
+            return _run_scan(args)
+        return 0
+    except InternalError as e:
+        _print_bug(e)
+        return 1
+    except CheckpointError as e:
+        _print_error(str(e), e.hint)
+        return 1
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except OSError as e:  # a file of ours (the --report file)
+        where = f"{e.filename}: " if e.filename else ""
+        _print_error(f"{where}{e.strerror or e}",
+                     "check that the path exists, is not a directory and that you may write "
+                     "there")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("torchless: interrupted\n")
+        return 130
+    except Exception as e:  # a bug in the command itself
+        bug = InternalError.wrap(e, f"running {args.command}")
+        bug.__cause__ = e
+        _print_bug(bug)
+        return 1
+
+
+def _print_bug(e: InternalError) -> None:
+    """The traceback a bug report needs, then the error and hint lines as for any error."""
+    import traceback
+
+    cause = e.__cause__ if e.__cause__ is not None else e
+    for line in "".join(traceback.format_exception(cause)).splitlines():
+        sys.stderr.write(printable(line) + "\n")
+    _print_error(str(e), e.hint)
+
+
+

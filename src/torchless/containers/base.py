@@ -1,0 +1,71 @@
+"""What every container reader provides, and the plain-pickle reader (the simplest one).
+
+A container turns a file into (object pickle, storages): ``load(resolver)`` runs the
+object pickle with the resolver, calling back ``persistent_load`` for each storage it
+names; ``format`` and ``describe()`` say what the file is; ``module_hook`` tells the
+finishing walk how to recognise modules saved whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torchless.core.limits import Limits
+from torchless.errors import PickleError
+from torchless.io.source import Source
+from torchless.model.graph import ModuleHook, module_state_dict
+from torchless.model.tensor import MissingStorage
+from torchless.pickle.machine import run_pickle
+from torchless.rules.resolver import TorchResolver
+
+__all__ = ["Container", "PlainPickle"]
+
+
+class Container(Protocol):
+    @property
+    def format(self) -> str: ...
+
+    def load(self, resolver: TorchResolver) -> Any: ...
+
+    def persistent_load(self, pid: Any, offset: int) -> Any: ...
+
+    def describe(self, resolver: TorchResolver) -> dict[str, Any]: ...
+
+    def module_hook(self) -> ModuleHook: ...
+
+
+class PlainPickle:
+    """A pickle with no container: configs, ``training_args.bin``, a lone ``data.pkl``.
+
+    Persistent ids have no storage to point at: tensors built on them are listed as
+    unsupported (data-less) by name instead of failing the whole file.
+    """
+
+    format = "pickle"
+
+    def __init__(self, source: Source, limits: Limits) -> None:
+        self.source = source
+        self.limits = limits
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        return MissingStorage(pid)
+
+    def load(self, resolver: TorchResolver) -> Any:
+        src = self.source
+        value, end = run_pickle(src.raw, resolver, self.limits)
+        if end != src.size:
+            raise PickleError(f"{src.size - end} bytes after the pickle's STOP opcode "
+                              "(never interpreted)", offset=end,
+                              hint="a plain pickle checkpoint is one pickle; more data after "
+                                   "it is a legacy torch file with a damaged magic number, "
+                                   "or a second pickle hidden from readers that stop at the "
+                                   "first: get the file again and do not torch.load it")
+        return value
+
+    def describe(self, resolver: TorchResolver) -> dict[str, Any]:
+        raw = self.source.raw
+        return {"pickle_protocol": raw[1] if self.source.size > 1 and raw[0] == 0x80 else None,
+                "python2": resolver.python2_strings}
+
+    def module_hook(self) -> ModuleHook:
+        return module_state_dict

@@ -1,0 +1,250 @@
+"""The torch ZIP layout (``torch.save`` since 1.6, and ``torch.jit.save``).
+
+::
+
+    <prefix>/data.pkl            the object pickle; storages are persistent ids
+                                 ("storage", <Name>Storage | UntypedStorage, key, location, numel)
+    <prefix>/data/<key>          raw bytes of each storage (numel x itemsize)
+    <prefix>/version             format version (also <prefix>/.data/version)
+    <prefix>/byteorder           "little" or "big" (missing = little)
+    <prefix>/constants.pkl       TorchScript only, with code/ (class definitions as text)
+
+Every member lives under one prefix, taken from the first entry as torch does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchless.containers.ziparchive import ZipArchive
+from torchless.core.limits import Limits
+from torchless.errors import (
+    AmbiguousArchiveError,
+    ArchiveFormatError,
+    CheckpointError,
+    LimitError,
+    PickleError,
+    StorageError,
+    UnsafePathError,
+    UnsupportedError,
+    type_phrase,
+)
+from torchless.io.source import Source
+from torchless.model.graph import ModuleDict, ModuleHook, module_state_dict
+from torchless.model.tensor import Storage, storage_record
+from torchless.pickle.machine import run_pickle
+from torchless.pickle.values import Global, Opaque
+from torchless.rules.resolver import TorchResolver
+
+__all__ = ["TorchZip"]
+
+#: Highest ``version`` record torch 2.x writes is single-digit; anything far beyond
+#: is a file from the future or a lie.
+MAX_FORMAT_VERSION = 64
+_KEY = re.compile(r"[A-Za-z0-9_]+\Z")
+_CLASS = re.compile(r"^class (\w+)\((\w+(?:\.\w+)*)\):", re.M)
+_LIST = re.compile(r"^  (__parameters__|__buffers__) = \[(.*?)\]", re.M)
+
+
+@dataclass
+class _ScriptClass:
+    is_module: bool
+    parameters: list[str] = field(default_factory=list)
+    buffers: list[str] = field(default_factory=list)
+
+
+class TorchZip:
+    """Reads one torch ZIP checkpoint: the object pickle and its storages."""
+
+    def __init__(self, source: Source, limits: Limits, *, verify_crc: bool = False) -> None:
+        self.source = source
+        self.limits = limits
+        self.verify_crc = verify_crc
+        self.archive = ZipArchive(source, limits)
+        entries = list(self.archive.entries)
+        if not entries:
+            raise ArchiveFormatError("the ZIP archive has no members")
+        first = entries[0]
+        if "/" not in first:
+            raise ArchiveFormatError(
+                f"archive member {first!r} is not in a subdirectory (torch requires one)")
+        self.prefix = first.split("/", 1)[0] + "/"
+        for name in entries:
+            if not name.startswith(self.prefix):
+                raise AmbiguousArchiveError(
+                    f"archive member {name!r} lies outside the prefix {self.prefix!r} "
+                    "(several checkpoints in one archive)")
+        # torch.save(..., compute_crc32=False) writes CRC 0 everywhere: then no CRC is known.
+        self.has_crc = any(e.crc for e in self.archive.entries.values() if e.size)
+        self.is_torchscript = self._has("constants.pkl")
+        if not self._has("data.pkl"):
+            raise ArchiveFormatError(f"no {self.prefix}data.pkl in the archive")
+        self.version = self._version()
+        self.byteorder = self._byteorder()
+        self._storages: dict[str, Storage] = {}
+
+    @property
+    def format(self) -> str:
+        return "torchscript" if self.is_torchscript else "zip"
+
+    def describe(self, resolver: TorchResolver) -> dict[str, Any]:
+        n = len(self.prefix)
+        records = sorted(name[n:] for name in self.archive.entries
+                         if not name[n:].startswith(("data/", "code/", "constants/")))
+        return {"prefix": self.prefix.rstrip("/"), "version": self.version,
+                "byteorder": self.byteorder, "crc": self.has_crc, "records": records}
+
+    def _has(self, record: str) -> bool:
+        return self.prefix + record in self.archive.entries
+
+    def record(self, record: str) -> bytes:
+        """A small record's bytes, CRC-checked."""
+        return bytes(self.archive.data(self.prefix + record, check_crc=self.has_crc))
+
+    def _version(self) -> int | None:
+        for record in (".data/version", "version"):
+            if self._has(record):
+                text = self.record(record).strip()
+                if not text.isdigit():
+                    raise ArchiveFormatError(f"{record} record is not an integer: {text[:20]!r}")
+                version = int(text)
+                if version > MAX_FORMAT_VERSION:
+                    raise UnsupportedError(
+                        f"archive format version {version} is newer than any torch writes",
+                        hint="a newer torchless may read it (pip install -U torchless); if "
+                             "not, please report the file")
+                return version
+        raise ArchiveFormatError("no version record in the archive (torch requires one)")
+
+    def _byteorder(self) -> str:
+        if not self._has("byteorder"):
+            return "little"
+        value = self.record("byteorder")
+        if value not in (b"little", b"big"):
+            raise ArchiveFormatError(f"byteorder record is {value[:20]!r}, not little or big")
+        return value.decode()
+
+    # ---- the object -----------------------------------------------------------------
+
+    def load(self, resolver: TorchResolver) -> Any:
+        name = self.prefix + "data.pkl"
+        declared = self.archive.entries[name].size
+        if declared > self.limits.max_pickle_bytes:
+            raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
+        data = self.archive.data(name, check_crc=self.has_crc)
+        try:
+            value, end = run_pickle(data, resolver, self.limits)
+        except CheckpointError as e:
+            if e.offset is not None:  # it counts from the start of data.pkl
+                e.add_context(member=name)
+            raise
+        if end != len(data):
+            raise PickleError(f"{len(data) - end} bytes after the pickle's STOP opcode",
+                              member=name, offset=end)
+        return value
+
+    def persistent_load(self, pid: Any, offset: int) -> Storage:
+        if not isinstance(pid, tuple):
+            raise StorageError(f"persistent id is {type_phrase(pid)}, not a tuple")
+        if len(pid) != 5:
+            raise StorageError(f"persistent id has {len(pid)} fields, expected 5")
+        tag, storage_type, key, location, numel = pid
+        if isinstance(tag, bytes):
+            tag = tag.decode("ascii", "replace")
+        if tag != "storage":
+            raise StorageError(f"persistent id tag is {tag!r}, expected 'storage'")
+        if type(key) is not str:  # torch forms the record name from it: str only
+            raise StorageError(f"storage key is {type_phrase(key)}, not a str")
+        if not _KEY.match(key):
+            raise UnsafePathError(f"storage key {key[:60]!r} is not a plain record name")
+        storage_type, key, location, numel = storage_record(storage_type, key, location, numel)
+        dtype = storage_type.dtype
+        nbytes = numel * dtype.itemsize
+        known = self._storages.get(key)
+        if known is not None and nbytes == known.nbytes == 0 and known.dtype != dtype:
+            known = None  # torch re-reads an empty storage for each use, in that use's dtype
+        if known is not None:
+            if known.dtype != dtype or known.nbytes != nbytes:
+                raise StorageError(
+                    f"storage {key!r} is used as {known.dtype!r} x {known.nbytes} bytes and as "
+                    f"{dtype!r} x {nbytes} bytes")
+            return known
+        name = f"{self.prefix}data/{key}"
+        entry = self.archive.entries.get(name)
+        if entry is None:
+            raise StorageError(f"storage {key!r} has no record {name!r} in the archive")
+        if entry.size != nbytes:
+            raise StorageError(
+                f"storage {key!r} declares {numel} x {dtype.itemsize} = {nbytes} bytes, "
+                f"its record holds {entry.size}")
+        check = self.verify_crc and self.has_crc
+        archive = self.archive  # not self: the loader must not keep the storage table alive
+        # a deflated or remote storage can also be read block by block (converting, in
+        # bounded memory)
+        stream: Callable[[int], Iterator[memoryview | bytes]] | None = (
+            (lambda chunk: archive.iter_member(name, chunk, check_crc=check))
+            if archive.is_deflated(name) or archive.source.remote else None)
+        storage = Storage(key, dtype, nbytes,
+                          lambda: archive.data(name, check_crc=check),
+                          location=location, byteorder=self.byteorder, stream=stream)
+        self._storages[key] = storage
+        return storage
+
+    # ---- TorchScript ----------------------------------------------------------------
+
+    def script_classes(self) -> dict[str, _ScriptClass]:
+        """Class definitions of a TorchScript archive, read as text (never run)."""
+        classes: dict[str, _ScriptClass] = {}
+        code_prefix = self.prefix + "code/"
+        for name, entry in self.archive.entries.items():
+            if not name.startswith(code_prefix) or not name.endswith(".py"):
+                continue
+            if entry.size > self.limits.max_pickle_bytes:
+                continue
+            text = bytes(self.archive.data(name, check_crc=self.has_crc)).decode(
+                "utf-8", "replace")
+            module = name[len(code_prefix):-3].replace("/", ".")
+            blocks = list(_CLASS.finditer(text))
+            for i, m in enumerate(blocks):
+                body = text[m.end():blocks[i + 1].start() if i + 1 < len(blocks) else len(text)]
+                cls = _ScriptClass(is_module=m.group(2).split(".")[-1] == "Module")
+                for lm in _LIST.finditer(body):
+                    names = re.findall(r'"([^"]*)"', lm.group(2))
+                    if lm.group(1) == "__parameters__":
+                        cls.parameters = names
+                    else:
+                        cls.buffers = names
+                classes[f"{module}.{m.group(1)}"] = cls
+        return classes
+
+    def module_hook(self) -> ModuleHook:
+        """How modules are recognised: by their pickled __dict__, or by TorchScript class."""
+        if not self.is_torchscript:
+            return module_state_dict
+        classes = self.script_classes()
+
+        def hook(obj: Opaque) -> ModuleDict | None:
+            c = obj.callable
+            if not isinstance(c, Global) or not isinstance(obj.state, dict):
+                return module_state_dict(obj)
+            info = classes.get(c.path)
+            if info is None or not info.is_module:
+                return None
+            out = ModuleDict()
+            state = obj.state
+            for k, v in state.items():
+                if k in info.parameters and v is not None:
+                    out[k] = v
+            for k, v in state.items():
+                if k in info.buffers and v is not None:
+                    out[k] = v
+            for k, v in state.items():
+                if isinstance(v, ModuleDict):
+                    for sub, t in v.items():
+                        out[f"{k}.{sub}"] = t
+            return out
+
+        return hook

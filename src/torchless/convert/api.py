@@ -1,0 +1,206 @@
+"""``convert()`` and ``verify()``: one checkpoint file to safetensors (an inert file with its
+whole object, or a flat weights file), or a model directory through :mod:`.hf`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
+
+from torchless.api import checkpoint as _checkpoint
+from torchless.convert import hf as _hf
+from torchless.convert.common import (
+    ConversionReport,
+    VerifyReport,
+    compare,
+    compare_tree,
+    default_dst,
+    prepare,
+    safetensors_data,
+    select,
+    store_tree,
+    summary,
+    verify_unpublished,
+    write_output,
+)
+from torchless.core.limits import Limits
+from torchless.errors import (
+    CheckpointError,
+    ConversionError,
+    InternalError,
+    reports_bugs,
+)
+from torchless.inert import schema as _inert
+from torchless.io.remote import is_remote
+from torchless.write import atomic as _atomic
+from torchless.write.safetensors import (
+    plan,
+)
+
+__all__ = ["convert", "verify"]
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None = None,
+    *,
+    key: str | None = None,
+    force: bool = False,
+    dedupe: bool = False,
+    skip_unsupported: bool = False,
+    verify: bool = False,
+    limits: Limits | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_shard_size: int | str | None = None,
+    tree: bool = True,
+    allow_globals: Iterable[str] = (),
+) -> ConversionReport:
+    """Convert a torch checkpoint to a safetensors file, exactly and atomically.
+
+    The output also holds the rest of the saved object (epochs, optimizer and scheduler
+    state, RNG states, configs …) as an inert tree in ``__metadata__``
+    (``docs/inert-format.md``), so :func:`torchless.load` of it returns the whole original
+    structure; objects torchless does not rebuild are kept as :class:`Opaque` records and
+    listed in an :class:`OpaqueObjectWarning`. Hugging Face layouts and sharded outputs hold
+    the weights only.
+
+    SRC may also be a Hugging Face model directory (``pytorch_model.bin`` or shards with a
+    ``*.bin.index.json``) or such an index file; DST is then an output directory (default:
+    SRC's directory) and the outputs follow transformers' naming (see :mod:`torchless.convert.hf`).
+
+    Args:
+        src: the checkpoint (any layout torchless reads).
+        dst: the output; default SRC with its suffix replaced by ``.safetensors``.
+        key: convert only the subtree under this dotted key (e.g. ``"state_dict"``).
+        force: replace an existing DST.
+        dedupe: write identical aliases once, recording the others in ``__metadata__``.
+        skip_unsupported: leave out tensors safetensors cannot hold instead of refusing.
+        verify: re-read both files afterwards and compare every tensor.
+        limits: resource bounds for reading SRC.
+        progress: ``progress(bytes_done, bytes_total)`` while writing.
+        max_shard_size: split the output into shards of at most this many tensor bytes
+            (an int, or ``"5GB"``, ``"500MB"``, ``"1GiB"``: GB = 10**9, GiB = 2**30), named
+            ``<stem>-0000K-of-0000N.safetensors`` with ``<stem>.safetensors.index.json``.
+        tree: store the object tree beside the tensors (``False``: tensors only).
+        allow_globals: ``module.name`` globals the policy would refuse, kept as inert
+            records for a file you trust (as in :func:`torchless.open`); never called.
+
+    Raises:
+        ConversionError: the output cannot be written as asked, or ``verify`` failed (no
+            file of this run is left; an existing DST is as it was).
+        InternalError: a bug in torchless (not a verdict on SRC).
+        CheckpointError: SRC cannot be read.
+    """
+    if is_remote(src):
+        if not isinstance(src, str):
+            raise ConversionError("convert reads remote files by URL; for an open file "
+                                  "object use torchless.open and save its tensors")
+        if dst is None:
+            dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
+    spath = os.fspath(src)
+    try:
+        local_dir = not is_remote(spath) and os.path.isdir(spath)
+        if local_dir or spath.endswith(".index.json") or max_shard_size is not None:
+            return _hf.convert_layout(
+                spath, None if dst is None else os.fspath(dst), key=key, force=force,
+                dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
+                limits=limits, progress=progress, max_shard_size=max_shard_size,
+                allow_globals=allow_globals)
+        dpath = os.fspath(dst) if dst is not None else default_dst(spath)
+        return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, limits,
+                        progress, tree, tuple(allow_globals))
+    except CheckpointError:
+        raise
+    except MemoryError as e:
+        raise ConversionError("out of memory while converting", path=spath,
+                              hint="close other programs or convert on a machine with more "
+                                   "memory") from e
+    except Exception as e:  # a bug of ours: reported as one, never as a refusal
+        raise InternalError.wrap(e, "converting", spath) from e
+
+def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
+             skip_unsupported: bool, verify: bool, limits: Limits | None,
+             progress: Callable[[int, int], None] | None, tree: bool,
+             allow_globals: tuple[str, ...]) -> ConversionReport:
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(_atomic.Output(dpath, force=force))
+        with _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
+            try:
+                if os.path.exists(dpath) and os.path.samefile(spath, dpath):
+                    raise ConversionError("the output path is the source file", path=dpath,
+                                          hint="give another output path with -o / dst")
+            except OSError:
+                pass
+            written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
+            opaque = store_tree(ckpt, key, written, bad, aliases, metadata, limits
+                                 ) if tree else ()
+            try:
+                header, planned = plan(written, metadata)
+            except CheckpointError as e:
+                raise e.add_context(path=spath) from None
+            total = len(header) + sum(p.tensor.nbytes for p in planned)
+            nbytes = write_output(ckpt, out, header, planned, progress=progress, before=0,
+                                  total=total)
+        checked = None
+        if verify:  # before publishing: a failure leaves an existing DST as it was
+            checked = verify_unpublished(spath, [out], lambda paths: _verify(
+                spath, paths[0], key=key, limits=limits, skip_unsupported=skip_unsupported,
+                allow_globals=allow_globals))
+            if not checked.ok:
+                raise ConversionError(f"verification failed: {summary(checked)}; nothing "
+                                      "was written", path=dpath,
+                                      hint="the source changed while it was converted, or "
+                                           "this is a bug in torchless: run again, and "
+                                           "report it if it persists")
+        _atomic.commit([out], force=force)
+    return ConversionReport(spath, dpath, len(planned), nbytes, tuple(sorted(bad)),
+                            MappingProxyType(aliases), time.monotonic() - started, checked,
+                            (dpath,), opaque)
+
+@reports_bugs("verifying")
+def verify(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    key: str | None = None,
+    limits: Limits | None = None,
+    skip_unsupported: bool = True,
+    allow_globals: Iterable[str] = (),
+) -> VerifyReport:
+    """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
+
+    SRC may also be a Hugging Face model directory or a ``*.bin.index.json`` with its shards,
+    and DST a directory holding one ``*.safetensors`` file or a ``*.safetensors.index.json``,
+    or such an index: every tensor must then be in exactly one output shard, the one the
+    output index names.
+
+    DST is read with torchless's own header parser (the data section must be tiled exactly).
+    Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
+    Tensors of SRC that safetensors cannot hold are listed as skipped (or as missing when
+    ``skip_unsupported=False``). ``allow_globals`` is as for :func:`torchless.open`."""
+    spath, dpath = os.fspath(src), os.fspath(dst)
+    allow_globals = tuple(allow_globals)
+    if any(os.path.isdir(p) or p.endswith(".index.json") for p in (spath, dpath)):
+
+        return _hf.verify_layout(spath, dpath, key=key, limits=limits,
+                                 skip_unsupported=skip_unsupported,
+                                 allow_globals=allow_globals)
+    with safetensors_data(dpath, limits) as (header, data), \
+            _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
+        tensors, unsupported = select(ckpt, key)
+        result = compare(tensors, list(unsupported), header, data, skip_unsupported)
+        matched, mismatched, missing, extra, skipped, aliases = result
+        if _inert.TREE_KEY in header.metadata:
+            arrays = compare_tree(ckpt, key, tensors, header, data, aliases, limits,
+                                   mismatched)
+            matched += [n for n in arrays if n not in mismatched]
+            extra = [n for n in extra if n not in arrays]
+    return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
+                        tuple(missing), tuple(extra), tuple(skipped), MappingProxyType(aliases))
+
+
+_verify = verify  # convert's ``verify`` flag shadows the function inside convert

@@ -1,0 +1,390 @@
+"""What converting one checkpoint and converting a model directory share: the reports,
+choosing and naming the tensors, writing and comparing a safetensors file (the entry points,
+``convert`` and ``verify``, are :mod:`.api`; directories are :mod:`.hf`).
+
+Names are the flat names of :attr:`Checkpoint.tensors`. Shared storage is written once per
+name by default. With ``dedupe=True``, names that are the *same* view (one storage, offset,
+shape, stride and dtype) keep one copy under the first name in sorted order, and every other
+name is recorded in ``__metadata__`` as ``removed name -> kept name``: the convention of
+``safetensors.torch.save_model`` / ``_remove_duplicate_names`` (and the Hugging Face convert
+script), which ``safetensors.torch.load_model`` reads back. A name that cannot be recorded that
+way (``format``, ``source``) is written with its own bytes: no name is ever dropped silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from torchless.api import checkpoint as _checkpoint
+from torchless.core.limits import Limits
+from torchless.errors import (
+    CheckpointError,
+    ConversionError,
+)
+from torchless.inert import encode as _inert_write
+from torchless.inert import schema as _inert
+from torchless.io.source import Source
+from torchless.model import graph as _graph
+from torchless.model.chunks import chunks
+from torchless.model.tensor import Tensor
+from torchless.model.walk import children
+from torchless.write import atomic as _atomic
+from torchless.write.safetensors import (
+    Planned,
+    Progress,
+    SafetensorsHeader,
+    read_header,
+    write_into,
+)
+
+__all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "compare", "compare_tree",
+           "default_dst", "prepare", "safetensors_data", "select", "store_tree", "summary",
+           "verify_unpublished", "write_output"]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Every tensor of SRC compared with DST by dtype, shape and bytes.
+
+    ``matched``: names equal in both. ``mismatched``: name -> what differs. ``missing``:
+    names of SRC absent from DST. ``extra``: names only in DST. ``skipped``: SRC names with no
+    safetensors dtype, not expected in DST. ``aliases``: SRC names found through DST's
+    ``__metadata__`` (removed -> kept)."""
+
+    src: str
+    dst: str
+    matched: tuple[str, ...]
+    mismatched: Mapping[str, str]
+    missing: tuple[str, ...]
+    extra: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mismatched or self.missing or self.extra)
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What :func:`convert` wrote."""
+
+    src: str
+    dst: str
+    tensors: int
+    bytes: int
+    skipped: tuple[str, ...]
+    aliases: Mapping[str, str]
+    seconds: float
+    verified: VerifyReport | None = None
+    #: every file written, in the order written (shards first, an index last)
+    files: tuple[str, ...] = ()
+    #: class paths of objects kept as inert records in the stored object tree
+    opaque: tuple[str, ...] = ()
+
+
+class OpaqueObjectWarning(UserWarning):
+    """A converted checkpoint holds objects torchless keeps as inert records (their class
+    path and state): :func:`torchless.load` returns them as :class:`torchless.Opaque`."""
+
+
+def default_dst(src: str) -> str:
+    """SRC with its suffix replaced by ``.safetensors`` (appended when it has none); for a
+    URL, that name in the current directory."""
+    root, ext = os.path.splitext(src)
+    return (root if ext else src) + ".safetensors"
+
+
+def select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Tensor],
+                                                                    dict[str, str]]:
+    """The tensors (and unsupported tensors) under ``key``, named relative to it."""
+    if key is None:
+        return dict(ckpt.tensors), dict(ckpt.unsupported)
+    prefix = key + "."
+
+    def pick(names: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in names.items():
+            if name == key:
+                out[key.rsplit(".", 1)[-1]] = value
+            elif name.startswith(prefix):
+                out[name[len(prefix):]] = value
+        return out
+
+    tensors, unsupported = pick(ckpt.tensors), pick(ckpt.unsupported)
+    if not tensors and not unsupported:
+        keys = [n for n, _ in children(ckpt.tree) if n] or sorted(
+            {n.split(".", 1)[0] for n in ckpt.tensors})
+        shown = ", ".join(repr(k) for k in keys[:50]) + (" …" if len(keys) > 50 else "")
+        raise ConversionError(f"no tensors under key {key!r}; the top-level keys are: "
+                              f"{shown or '(none)'}", path=ckpt.path,
+                              hint="pass one of those keys (dotted for deeper ones: "
+                                   "state_dict.encoder), or no key; `torchless inspect "
+                                   "FILE` lists every tensor name")
+    return tensors, unsupported
+
+
+def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
+    """removed name -> kept name, for names that are the very same view of one storage."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, t in tensors.items():
+        ident = (id(t.storage), t.storage_offset, t.shape, t.stride, t.dtype.name)
+        groups.setdefault(ident, []).append(name)
+    out: dict[str, str] = {}
+    for names in groups.values():
+        if len(names) > 1:
+            kept, *rest = sorted(names)
+            for name in rest:
+                if name not in reserved:
+                    out[name] = kept
+    return out
+
+
+def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tensor],
+                                                                          int | None]]:
+    """A descriptor of the very file ``source`` maps, and where a tensor's bytes lie in it."""
+    if source.remote or not source.size:
+        return None, lambda t: None
+    base = source.buffer
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None, lambda t: None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != source.identity or st.st_size != source.size:
+        os.close(fd)
+        return None, lambda t: None
+    base_addr = np.frombuffer(base, dtype=np.uint8).ctypes.data
+
+    def offset(t: Tensor) -> int | None:
+        buf = t.storage.buffer()
+        if not isinstance(buf, memoryview) or buf.obj is not base.obj or not len(buf):
+            return None
+        where = int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) - base_addr
+        return where if 0 <= where and where + len(buf) <= source.size else None
+
+    return fd, offset
+
+
+def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
+            skip_unsupported: bool) -> tuple[dict[str, Tensor], dict[str, str],
+                                             dict[str, str], dict[str, str]]:
+    """What one checkpoint contributes: (tensors to write, ``__metadata__``, refused name ->
+    why, removed alias -> kept name)."""
+    spath = ckpt.path
+    tensors, unsupported = select(ckpt, key)
+    bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
+           if t.dtype.safetensors is None}
+    bad.update({n: f"{kind} tensor" for n, kind in unsupported.items()})
+    if bad and not skip_unsupported:
+        listed = ", ".join(f"{n} ({why})" for n, why in list(bad.items())[:20])
+        more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise ConversionError(
+            f"safetensors cannot hold {len(bad)} tensor(s): {listed}{more} "
+            "(skip them with skip_unsupported=True / --skip-unsupported)", path=spath,
+            hint="add --skip-unsupported (skip_unsupported=True) to write the other tensors; "
+                 "the report lists what was left out")
+    tensors = {n: t for n, t in tensors.items() if n not in bad}
+    metadata = {"format": "pt", "source": os.path.basename(spath)}
+    aliases = _aliases(tensors, {*metadata, _inert.FORMAT_KEY, _inert.TREE_KEY}
+                       ) if dedupe else {}
+    for removed, kept in aliases.items():
+        metadata[removed] = kept
+    written = {n: t for n, t in tensors.items() if n not in aliases}
+    return written, metadata, bad, aliases
+
+
+def verify_unpublished(spath: str, outputs: list[_atomic.Output],
+                       check: Callable[[list[str]], VerifyReport]) -> VerifyReport:
+    """``check`` run on the files written but not yet published (through paths that open
+    them), its report and errors naming the outputs' own paths."""
+    readable = {o.path: o.dst for o in outputs}
+    try:
+        report = check(list(readable))
+    except CheckpointError as e:
+        if e.path in readable:
+            e.path = readable[e.path]
+        raise
+    return dataclasses.replace(report, dst=readable.get(report.dst, report.dst))
+
+
+def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None,
+                  tensors: Mapping[str, Tensor], bad: Mapping[str, str],
+                  aliases: Mapping[str, str], reserved: set[str],
+                  limits: Limits | None) -> tuple[_inert_write.Encoder, str]:
+    """The encoder and tree text of SRC's object (or the subtree under ``key``), its tensors
+    named by their entries (aliases by the kept name), as convert writes them."""
+    root = ckpt.tree
+    if key is not None:
+        root = _graph.find(ckpt.tree, key)
+        if root is _graph.MISSING:  # pragma: no cover - select found tensors under it
+            raise ConversionError(f"no value under key {key!r}", path=ckpt.path)
+    names: dict[int, str] = {}
+    skipped: dict[int, str] = {}
+    for name, t in tensors.items():
+        if name in bad:
+            skipped.setdefault(id(t), bad[name])
+        else:
+            names.setdefault(id(t), aliases.get(name, name))
+    encoder = _inert_write.Encoder(limits=limits, names=names, skipped=skipped,
+                                   reserved={*tensors, *reserved})
+    try:
+        return encoder, encoder.encode(root)
+    except CheckpointError as e:
+        raise e.add_context(path=ckpt.path) from None
+
+
+def store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str, Tensor],
+                bad: dict[str, str], aliases: dict[str, str], metadata: dict[str, str],
+                limits: Limits | None) -> tuple[str, ...]:
+    """Put the whole object (or the subtree under ``key``) in ``metadata`` as an inert tree
+    whose tensors are the entries written; warn about objects kept as opaque records."""
+    tensors, _ = select(ckpt, key)
+    encoder, metadata[_inert.TREE_KEY] = _tree_encoder(ckpt, key, tensors, bad, aliases,
+                                                       set(metadata), limits)
+    metadata[_inert.FORMAT_KEY] = _inert.VERSION
+    # NumPy arrays pickled in the checkpoint (RNG states …) are entries of their own
+    written.update(encoder.tensors)
+    opaque = tuple(sorted(encoder.opaque))
+    if opaque:
+        shown = ", ".join(opaque[:10]) + (f" and {len(opaque) - 10} more" if len(opaque) > 10
+                                          else "")
+        warnings.warn(f"{ckpt.path}: {sum(encoder.opaque.values())} object(s) kept as inert "
+                      f"records (torchless.Opaque) in the stored tree: {shown}",
+                      OpaqueObjectWarning, stacklevel=4)
+    return opaque
+
+
+def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: bytes,
+                 planned: list[Planned], *,
+                 progress: Callable[[int, int], None] | None, before: int, total: int) -> int:
+    """Write one safetensors file from ``ckpt`` into ``out`` (published later), copying
+    byte ranges of its file.
+
+    ``progress(done, total)`` counts ``before`` bytes already written by earlier files."""
+    report: Progress | None = None
+    if progress is not None:
+        callback = progress
+
+        def report(done: int) -> None:
+            callback(before + done, total)
+
+    src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)
+    try:
+        return write_into(out, header, planned, src_fd=src_fd, file_offset=file_offset,
+                          progress=report, release=ckpt._source.release)
+    except CheckpointError as e:  # writing DST, or reading SRC (a damaged member …)
+        raise e.add_context(path=out.dst if isinstance(e, ConversionError) else ckpt.path
+                            ) from None
+    finally:
+        if src_fd is not None:
+            os.close(src_fd)
+
+
+@contextlib.contextmanager
+def safetensors_data(path: str, limits: Limits | None = None
+                     ) -> Iterator[tuple[SafetensorsHeader, memoryview]]:
+    """A safetensors file's checked header and its data section (a view of the file map)."""
+    with Source(path) as out:
+        try:
+            header = read_header(out.buffer, (limits or Limits()).max_depth)
+        except CheckpointError as e:
+            raise e.add_context(path=path) from None
+        yield header, out.buffer[header.data_start:]
+
+
+def summary(r: VerifyReport) -> str:
+    parts = [f"{n}: {why}" for n, why in list(r.mismatched.items())[:5]]
+    if r.missing:
+        parts.append(f"missing {', '.join(r.missing[:5])}")
+    if r.extra:
+        parts.append(f"unexpected {', '.join(r.extra[:5])}")
+    return "; ".join(parts)
+
+
+def _same_bytes(t: Tensor, data: memoryview) -> bool:
+    pos = 0
+    for block in chunks(t):
+        n = len(block)
+        if data[pos:pos + n] != block:
+            return False
+        pos += n
+    return pos == len(data)
+
+
+def compare_tree(ckpt: _checkpoint.Checkpoint, key: str | None, tensors: Mapping[str, Tensor],
+                  header: SafetensorsHeader, data: memoryview, aliases: Mapping[str, str],
+                  limits: Limits | None, mismatched: dict[str, str]) -> list[str]:
+    """Check DST's object tree: SRC's object encoded as convert does must give the same
+    text, and the entries it adds (NumPy arrays of the object) the same bytes. Records
+    differences in ``mismatched``; returns the names of those entries."""
+    bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
+           if t.dtype.safetensors is None and n not in header.entries}
+    reserved = {n for n in header.metadata if n not in (_inert.TREE_KEY, _inert.FORMAT_KEY)}
+    encoder, text = _tree_encoder(ckpt, key, tensors, bad, aliases, reserved, limits)
+    if text != header.metadata[_inert.TREE_KEY]:
+        mismatched["(object tree)"] = "the stored tree differs from the source's object"
+    for name, t in encoder.tensors.items():
+        entry = header.entries.get(name)
+        if entry is None:
+            mismatched[name] = "missing (an array of the object tree)"
+        elif entry[0] != t.dtype.safetensors or entry[1] != t.shape:
+            mismatched[name] = f"{entry[0]} {list(entry[1])} != {t.dtype.safetensors} " \
+                               f"{list(t.shape)}"
+        elif not _same_bytes(t, data[entry[2]:entry[3]]):
+            mismatched[name] = "bytes differ"
+    return list(encoder.tensors)
+
+
+Compared = tuple[list[str], dict[str, str], list[str], list[str], list[str], dict[str, str]]
+
+
+def compare(tensors: Mapping[str, Tensor], unsupported: list[str],
+            header: SafetensorsHeader, data: memoryview,
+            skip_unsupported: bool) -> Compared:
+    """(matched, mismatched, missing, extra, skipped, aliases) of ``tensors`` against one
+    safetensors file's header and data section."""
+    matched: list[str] = []
+    mismatched: dict[str, str] = {}
+    missing: list[str] = []
+    skipped: list[str] = []
+    aliases: dict[str, str] = {}
+    seen: set[str] = set()
+    for name in unsupported:
+        (skipped if skip_unsupported else missing).append(name)
+    for name, t in tensors.items():
+        target = name
+        if name not in header.entries and header.metadata.get(name) in header.entries:
+            target = header.metadata[name]
+            aliases[name] = target
+        entry = header.entries.get(target)
+        if t.dtype.safetensors is None:
+            if entry is None:
+                (skipped if skip_unsupported else missing).append(name)
+                continue
+        if entry is None:
+            missing.append(name)
+            continue
+        seen.add(target)
+        dtype, shape, begin, end = entry
+        if dtype != t.dtype.safetensors:
+            mismatched[name] = f"dtype {dtype} != {t.dtype.safetensors}"
+        elif shape != t.shape:
+            mismatched[name] = f"shape {list(shape)} != {list(t.shape)}"
+        elif not _same_bytes(t, data[begin:end]):
+            mismatched[name] = "bytes differ"
+        else:
+            matched.append(name)
+    extra = [n for n in header.entries if n not in seen]
+    return matched, mismatched, missing, extra, skipped, aliases
+
+

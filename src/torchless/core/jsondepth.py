@@ -1,0 +1,58 @@
+"""JSON from a file, with its nesting bounded before it is parsed.
+
+``json.loads`` recurses once per nested array or object, so ten thousand ``[`` raise
+``RecursionError`` (or exhaust the C stack) instead of a parse error. :func:`loads` first
+measures the nesting in linear time, without recursion: complete strings are cut out with
+one regular expression (whatever brackets they hold are not structure), everything but
+brackets is dropped, and the deepest prefix count of ``[{`` minus ``]}`` is taken in
+fixed-size NumPy blocks. Text after an unterminated string is not structure either: the
+parser stops there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from torchless.errors import LimitError
+
+__all__ = ["loads", "nesting"]
+
+# the unrolled form: linear, no backtracking between its alternatives
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r'[^\[\]{}"]+')
+#: Brackets counted per NumPy block (bounds the memory the count takes).
+_BLOCK = 1 << 20
+
+
+def nesting(text: str) -> int:
+    """The deepest nesting of arrays and objects in ``text`` (0 for a scalar)."""
+    structure = _NOT_BRACKET.sub("", _STRING.sub("", text)).split('"', 1)[0]
+    raw = structure.encode("ascii")
+    deepest = level = 0
+    for start in range(0, len(raw), _BLOCK):
+        block = np.frombuffer(raw, dtype=np.uint8, count=min(_BLOCK, len(raw) - start),
+                              offset=start)
+        opens = (block == ord("[")) | (block == ord("{"))
+        steps = np.where(opens, 1, -1).astype(np.int64)
+        levels = np.cumsum(steps) + level
+        deepest = max(deepest, int(levels.max()))
+        level = int(levels[-1])
+    return deepest
+
+
+def loads(text: str, *, max_depth: int, what: str, **options: Any) -> Any:
+    """``json.loads(text, **options)``, refusing nesting deeper than ``max_depth`` with a
+    :class:`LimitError` before parsing. Invalid JSON raises ``ValueError`` as ``json`` does."""
+    depth = nesting(text)
+    if depth > max_depth:
+        raise LimitError("max_depth", max_depth, depth, f"nesting of {what}")
+    try:
+        return json.loads(text, **options)
+    except RecursionError:  # a max_depth raised beyond what the parser's stack allows
+        raise LimitError("max_depth", max_depth, depth,
+                         f"nesting of {what}, deeper than Python's JSON parser can go"
+                         ) from None

@@ -1,0 +1,506 @@
+"""The writing half of the inert format (``docs/inert-format.md``): an object graph to a
+JSON tree and the tensors it references."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import copyreg
+import datetime
+import json
+import math
+import pathlib
+import struct
+import types
+import zoneinfo
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from torchless.core import dtypes as _dtypes
+from torchless.core.dtypes import DType, StorageType
+from torchless.core.limits import Limits
+from torchless.errors import ConversionError, LimitError
+from torchless.inert.schema import (
+    _DESCR,
+    _FACTORIES,
+    _ML_DTYPES,
+    _SAFE_INT,
+    _TYPED_ARRAYS,
+    _UINT8,
+    TypeRegistry,
+    _torch,
+    default_types,
+)
+from torchless.model.graph import ModuleDict
+from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
+from torchless.model.walk import children
+from torchless.pickle.values import NOTSET, Global, Opaque
+from torchless.rules.stdlib import system_zone
+
+__all__ = ["Encoder"]
+
+
+def _b64(data: bytes | bytearray | memoryview) -> str:
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def _float(x: float) -> Any:
+    if math.isfinite(x):
+        return x
+    if math.isinf(x):
+        return {"$float": "inf" if x > 0 else "-inf"}
+    bits = struct.pack(">d", x)
+    return {"$float": "nan" if bits == b"\x7f\xf8" + bytes(6) else "nan:" + bits.hex()}
+
+
+def _descr(dt: np.dtype[Any]) -> str:
+    for name, known in _ML_DTYPES.items():
+        if dt == known:
+            return name
+    s: str = dt.str
+    if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
+        raise ConversionError(f"cannot store NumPy dtype {dt} (object or structured)")
+    m = _DESCR.fullmatch(s)
+    if m is None or dt.itemsize == 0:
+        raise ConversionError(f"cannot store NumPy dtype {dt}")
+    return s
+
+
+class Encoder:
+    """One object graph to a JSON tree and the tensors it references.
+
+    ``names`` gives tensors of a checkpoint (by id) the safetensors names they are written
+    under, ``skipped`` the reason for those deliberately left out; any other tensor or array
+    gets a name from its path in the object."""
+
+    def __init__(self, *, types: TypeRegistry | None = None, limits: Limits | None = None,
+                 names: Mapping[int, str] | None = None,
+                 skipped: Mapping[int, str] | None = None,
+                 reserved: Iterable[str] = ()) -> None:
+        self.types = types if types is not None else default_types
+        self.limits = limits if limits is not None else Limits()
+        self.names = dict(names or {})
+        self.skipped = dict(skipped or {})
+        self.reserved = set(reserved)           # names taken by entries written beside
+        self.tensors: dict[str, Tensor] = {}
+        self.opaque: dict[str, int] = {}        # class path -> count, for warnings
+        self._counts: dict[int, int] = {}
+        self._ids: dict[int, int] = {}
+        self._active: set[int] = set()
+        self._lowered: dict[int, Any] = {}      # registered state / Opaque record, by id
+        self._next_id = 0
+        self._keep: list[Any] = []              # objects made while encoding, kept alive
+        self._torch = _torch()
+
+    def encode(self, root: Any) -> str:
+        """The tree as JSON text."""
+        self._count(root)
+        tree = self._value(root, "", 0)
+        return json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+    # -- what a value is ------------------------------------------------------------------
+
+    def _atom(self, obj: Any, path: str) -> Any:
+        """The node of a value without identity, or ``_NOT_ATOM``."""
+        if obj is None or obj is True or obj is False or type(obj) is str:
+            return obj
+        if type(obj) is int:
+            if -_SAFE_INT <= obj <= _SAFE_INT:
+                return obj
+            if obj.bit_length() > 14_000:  # more than 4,215 decimal digits: maybe too many
+                text = _digits(obj, self.limits.max_int_digits, path)
+            else:
+                text = str(obj)
+            return {"$int": text}
+        if type(obj) is float:
+            return _float(obj)
+        if type(obj) is bytes:
+            return {"$bytes": _b64(obj)}
+        if type(obj) is complex:
+            return {"$complex": [_float(obj.real), _float(obj.imag)]}
+        if isinstance(obj, DType):
+            return {"$dtype": obj.name}
+        if isinstance(obj, StorageType):
+            return {"$global": ["torch", obj.name]}
+        if isinstance(obj, Global):
+            return {"$global": [obj.module, obj.name]}
+        if isinstance(obj, UnsupportedTensor):
+            return {"$unsupported": {"kind": obj.kind}}
+        if isinstance(obj, slice):
+            parts = [obj.start, obj.stop, obj.step]
+            if not all(p is None or type(p) is int for p in parts):
+                raise ConversionError(f"{path or 'the object'}: cannot store a slice of "
+                                      "non-integers")
+            return {"$slice": parts}
+        if type(obj) is range:
+            return {"$range": [obj.start, obj.stop, obj.step]}
+        if type(obj) is datetime.datetime:
+            return {"$datetime": _iso(obj)}
+        if type(obj) is datetime.date:
+            return {"$date": obj.isoformat()}
+        if type(obj) is datetime.time:
+            return {"$time": _iso(obj)}
+        if type(obj) is datetime.timedelta:
+            return {"$timedelta": [obj.days, obj.seconds, obj.microseconds]}
+        if isinstance(obj, pathlib.PurePath) and type(obj).__module__ == "pathlib":
+            text = str(obj)
+            again = type(obj)(text)
+            if again != obj or str(again) != text:  # e.g. PureWindowsPath("//:/") on 3.11
+                raise ConversionError(f"{path or 'the object'}: cannot store the path "
+                                      f"{obj!r}: pathlib reads its text {text!r} back as "
+                                      f"{again!r}")
+            return {"$path": [type(obj).__name__, text]}
+        if isinstance(obj, np.generic):
+            return {"$npscalar": {"dtype": _descr(obj.dtype),
+                                  "data": _b64(np.asarray(obj).tobytes())}}
+        if isinstance(obj, np.dtype):
+            return {"$npdtype": _descr(obj)}
+        t = self._torch
+        if t is not None:
+            if isinstance(obj, t.dtype):
+                return {"$dtype": str(obj).removeprefix("torch.")}
+            if isinstance(obj, t.device):
+                return {"$device": str(obj)}
+            if isinstance(obj, t.Size):
+                return {"$size": list(obj)}
+        if type(obj) in (tuple, frozenset) and not obj:
+            return {"$tuple" if type(obj) is tuple else "$frozenset": []}
+        return _NOT_ATOM
+
+    def _is_tensor(self, obj: Any) -> bool:
+        t = self._torch
+        return isinstance(obj, Tensor) or (t is not None and isinstance(obj, t.Tensor))
+
+    def _lower(self, obj: Any, path: str) -> Any:
+        """For an object of a registered type its encoded state, for an object of a class
+        this format does not know an :class:`Opaque` record; cached, so both passes agree."""
+        k = id(obj)
+        if k in self._lowered:
+            return self._lowered[k]
+        entry = self.types.by_type(type(obj))
+        lowered = entry.encode(obj) if entry is not None else self._reduce(obj, path)
+        self._lowered[k] = lowered
+        self._keep.append(lowered)
+        return lowered
+
+    def _structural(self, obj: Any) -> bool:
+        """Containers, tensors and arrays this format writes itself."""
+        return type(obj) in _CONTAINER_TYPES or isinstance(obj, (Opaque, np.ndarray)) or (
+            self._is_tensor(obj))
+
+    # -- pass 1: how often each object is reached -----------------------------------------
+
+    def _count(self, root: Any) -> None:
+        stack: list[tuple[Any, str]] = [(root, "")]
+        while stack:
+            obj, path = stack.pop()
+            if self._atom(obj, path) is not _NOT_ATOM:
+                continue
+            k = id(obj)
+            n = self._counts.get(k, 0)
+            self._counts[k] = n + 1
+            if n:
+                continue
+            self._keep.append(obj)
+            if self._structural(obj):
+                stack.extend((c, path) for _, c in children(obj))
+            elif self.types.by_type(type(obj)) is not None:
+                stack.append((self._lower(obj, path), path))
+            elif not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+                stack.extend((c, path) for _, c in children(self._lower(obj, path)))
+
+    # -- pass 2: the tree -----------------------------------------------------------------
+
+    def _value(self, obj: Any, path: str, depth: int) -> Any:
+        if depth > self.limits.max_depth:
+            raise LimitError("max_depth", self.limits.max_depth, depth,
+                             "nested values in the object to save")
+        atom = self._atom(obj, path)
+        if atom is not _NOT_ATOM:
+            return atom
+        k = id(obj)
+        if k in self._ids:
+            return {"$ref": self._ids[k]}
+        if k in self._active:
+            raise ConversionError(f"{path or 'the object'} contains itself through a "
+                                  f"{type(obj).__name__}, which cannot be rebuilt")
+        shared = self._counts.get(k, 0) > 1
+        node_id = None
+        if shared:
+            node_id = self._next_id
+            self._next_id += 1
+        if shared and type(obj) not in (tuple, frozenset):  # mutable: defined before children
+            assert node_id is not None
+            self._ids[k] = node_id
+        self._active.add(k)
+        try:
+            node = self._node(obj, path, depth + 1, shared)
+        finally:
+            self._active.discard(k)
+        if shared:
+            assert node_id is not None and isinstance(node, dict)
+            self._ids[k] = node_id
+            node = {"$id": node_id, **node}
+        return node
+
+    def _pairs(self, items: Any, path: str, d: int) -> list[list[Any]]:
+        return [[self._value(k, path, d), self._value(v, _join(path, k), d)]
+                for k, v in items]
+
+    def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
+        if self._is_tensor(obj):
+            return {"$tensor": self._tensor(obj, path, d)}
+        if isinstance(obj, np.ndarray):
+            return self._array(obj, path, d)
+        if isinstance(obj, Opaque):
+            return {"$opaque": self._opaque(obj, path, d)}
+        kind = type(obj)
+        if kind not in _CONTAINER_TYPES:
+            entry = self.types.by_type(kind)
+            if entry is not None:
+                return {"$obj": {"type": entry.name,
+                                 "state": self._value(self._lower(obj, path), path, d)}}
+            if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+                return {"$global": list(_global_name(obj, path or "the object"))}
+            return {"$opaque": self._opaque(self._lower(obj, path), path, d)}
+        if kind is list:
+            items = [self._value(v, _join(path, i), d) for i, v in enumerate(obj)]
+            return {"$list": items} if shared else items
+        if kind is tuple:
+            return {"$tuple": [self._value(v, _join(path, i), d) for i, v in enumerate(obj)]}
+        if kind is dict:
+            if not shared and all(type(k) is str and not k.startswith("$") for k in obj):
+                return {k: self._value(v, _join(path, k), d) for k, v in obj.items()}
+            return {"$dict": self._pairs(obj.items(), path, d)}
+        if kind is collections.OrderedDict or kind is ModuleDict:
+            body: dict[str, Any] = {"items": self._pairs(obj.items(), path, d)}
+            attrs = {str(k): self._value(v, path, d) for k, v in vars(obj).items()}
+            if attrs:
+                body["attrs"] = attrs
+            return {"$module" if kind is ModuleDict else "$odict": body}
+        if kind is collections.defaultdict:
+            factory = obj.default_factory
+            if factory is not None and factory not in _FACTORIES:
+                raise ConversionError(f"{path or 'the object'}: cannot store a defaultdict "
+                                      f"whose default_factory is {factory!r}")
+            return {"$defaultdict": {"factory": None if factory is None else _FACTORIES[factory],
+                                     "items": self._pairs(obj.items(), path, d)}}
+        if kind is collections.Counter:
+            return {"$counter": self._pairs(obj.items(), path, d)}
+        if kind is collections.deque:
+            return {"$deque": {"items": [self._value(v, _join(path, i), d)
+                                         for i, v in enumerate(obj)], "maxlen": obj.maxlen}}
+        if kind is set or kind is frozenset:
+            return {"$set" if kind is set else "$frozenset": [self._value(v, path, d)
+                                                              for v in obj]}
+        if kind is bytearray:
+            return {"$bytearray": _b64(obj)}
+        tag = "$namespace" if kind is argparse.Namespace else "$simplenamespace"
+        return {tag: {str(k): self._value(v, _join(path, k), d) for k, v in vars(obj).items()}}
+
+    def _opaque(self, obj: Opaque, path: str, d: int) -> dict[str, Any]:
+        self.opaque[obj.class_path] = self.opaque.get(obj.class_path, 0) + 1
+        body: dict[str, Any] = {
+            "callable": self._value(obj.callable, path, d),
+            "args": [self._value(v, path, d) for v in obj.args],
+            "kwargs": None if obj.kwargs is None else self._pairs(obj.kwargs.items(), path, d),
+            "newobj": obj.newobj,
+            "items": [self._value(v, _join(path, i), d) for i, v in enumerate(obj.items)],
+            "dict_items": self._pairs(obj.dict_items, path, d)}
+        if obj.state is not NOTSET:
+            body["state"] = self._value(obj.state, path, d)
+        return body
+
+    def _reduce(self, obj: Any, path: str) -> Opaque:
+        """An object of a class this format does not know, as pickle would describe it (the
+        program's own live object, so asking it is safe): an :class:`Opaque` record."""
+        where = path or "the object"
+        try:
+            rv = obj.__reduce_ex__(4)
+        except Exception as e:
+            raise ConversionError(f"{where}: cannot store a {type(obj).__qualname__} "
+                                  f"({type(e).__name__}: {e})") from None
+        if isinstance(rv, str):  # a module-level singleton
+            module = _attr(obj, "module") or type(obj).__module__
+            return Opaque(Global(module, rv))
+        if not isinstance(rv, tuple) or not 2 <= len(rv) <= 6:
+            raise ConversionError(f"{where}: cannot store a {type(obj).__qualname__}")
+        func, args, *rest = rv
+        state, listitems, dictitems = [*rest, None, None, None][:3]
+        if func is copyreg.__newobj__:  # type: ignore[attr-defined]
+            record = Opaque(Global(*_global_name(args[0], where)), tuple(args[1:]),
+                            newobj=True)
+        elif func is copyreg.__newobj_ex__:  # type: ignore[attr-defined]
+            cls, a, kw = args
+            record = Opaque(Global(*_global_name(cls, where)), tuple(a), dict(kw), newobj=True)
+        else:
+            record = Opaque(Global(*_global_name(func, where)), tuple(args))
+        if state is not None:
+            record.state = state
+        if listitems is not None:
+            record.items = list(listitems)
+        if dictitems is not None:
+            record.dict_items = list(dictitems)
+        return record
+
+    def _name(self, path: str) -> str:
+        base = path or "tensor"
+        name, n = base, 1
+        while name in self.tensors or name in self.reserved or name == "__metadata__":
+            n += 1
+            name = f"{base}~{n}"
+        return name
+
+    def _tensor(self, obj: Any, path: str, d: int) -> dict[str, Any]:
+        if not isinstance(obj, Tensor):
+            return self._torch_tensor(obj, path)
+        body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)}
+        if obj.requires_grad:
+            body["requires_grad"] = True
+        if obj.is_parameter:
+            body["parameter"] = True
+        if obj.is_storage:
+            body["storage"] = True
+        if obj.storage.location != "cpu":
+            body["device"] = obj.storage.location
+        if obj.attrs:
+            body["attrs"] = {k: self._value(v, _join(path, k), d) for k, v in obj.attrs.items()}
+        name = self.names.get(id(obj))
+        if name is None:
+            if id(obj) in self.skipped:
+                return {"skipped": self.skipped[id(obj)], **body}
+            name = self._name(path)
+            if obj.dtype.safetensors is None:  # its bytes, as U8
+                from torchless.model.chunks import chunks
+
+                raw = np.frombuffer(b"".join(bytes(c) for c in chunks(obj)), np.uint8)
+                self.tensors[name] = _memory_tensor(name, raw, _UINT8, (raw.size,))
+                body["raw"] = True
+            else:
+                self.tensors[name] = obj
+        return {"name": name, **body}
+
+    def _torch_tensor(self, obj: Any, path: str) -> dict[str, Any]:
+        torch = self._torch
+        dtype = _dtypes.by_torch_name(str(obj.dtype).removeprefix("torch."))
+        where = path or "the object"
+        if dtype is None:
+            raise ConversionError(f"{where}: cannot store a tensor of {obj.dtype}")
+        if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta" or (
+                obj.is_nested):
+            raise ConversionError(f"{where}: cannot store a {obj.layout} / quantized / nested "
+                                  "/ meta tensor")
+        body: dict[str, Any] = {"dtype": dtype.name, "shape": list(obj.shape)}
+        if obj.requires_grad:
+            body["requires_grad"] = True
+        if isinstance(obj, torch.nn.Parameter):
+            body["parameter"] = True
+        if obj.device.type != "cpu":
+            body["device"] = str(obj.device)
+        flat = obj.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
+        raw = flat.reshape(-1).view(torch.uint8).numpy() if flat.numel() else np.empty(
+            0, np.uint8)
+        self._keep.append(flat)
+        name = self._name(path)
+        if dtype.safetensors is None:
+            self.tensors[name] = _memory_tensor(name, raw, _UINT8, (raw.size,))
+            body["raw"] = True
+        else:
+            self.tensors[name] = _memory_tensor(name, raw, dtype, tuple(obj.shape))
+        return {"name": name, **body}
+
+    def _array(self, obj: np.ndarray[Any, Any], path: str, d: int) -> dict[str, Any]:
+        where = path or "the object"
+        if obj.dtype.hasobject:
+            if obj.dtype.fields is not None or obj.dtype != np.dtype(object):
+                raise ConversionError(f"{where}: cannot store a structured array with object "
+                                      "fields")
+            return {"$objarray": {"shape": list(obj.shape),
+                                  "items": [self._value(v, path, d) for v in
+                                            obj.ravel(order="C")]}}
+        descr = _descr(obj.dtype)
+        body: dict[str, Any] = {"descr": descr, "shape": list(obj.shape)}
+        if obj.ndim > 1 and obj.flags.f_contiguous and not obj.flags.c_contiguous:
+            body["fortran"] = True
+        data = np.ascontiguousarray(obj).reshape(-1).view(np.uint8) if obj.size else np.empty(
+            0, np.uint8)
+        self._keep.append(data)
+        typed = _TYPED_ARRAYS.get(descr)
+        name = self._name(path)
+        if typed is not None:
+            dtype = _dtypes.by_torch_name(typed)
+            assert dtype is not None
+            self.tensors[name] = _memory_tensor(name, data, dtype, tuple(obj.shape))
+        else:
+            self.tensors[name] = _memory_tensor(name, data, _UINT8, (data.size,))
+        return {"$ndarray": {"name": name, **body}}
+
+
+_NOT_ATOM: Any = object()
+_CONTAINER_TYPES: frozenset[type] = frozenset({list, tuple, dict, set, frozenset, bytearray,
+                              collections.OrderedDict, ModuleDict, collections.defaultdict,
+                              collections.Counter, collections.deque, argparse.Namespace,
+                              types.SimpleNamespace})
+
+
+def _memory_tensor(name: str, raw: np.ndarray[Any, Any], dtype: DType,
+                   shape: tuple[int, ...]) -> Tensor:
+    """A contiguous tensor over bytes in memory; dtypes safetensors cannot name go as U8."""
+    buf = memoryview(raw.data).cast("B") if raw.size else memoryview(b"")
+    storage = Storage(name, dtype, len(buf), lambda: buf)
+    stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return Tensor(storage, dtype, shape, stride, 0)
+
+
+def _join(path: str, key: Any) -> str:
+    k = key if type(key) is str else str(key) if type(key) in (int, bool) or key is None else (
+        repr(key))
+    return f"{path}.{k}" if path else k
+
+
+def _iso(obj: datetime.datetime | datetime.time) -> str:
+    zone = ""
+    tz = obj.tzinfo
+    if isinstance(obj, datetime.datetime) and type(tz) is zoneinfo.ZoneInfo \
+            and tz.key is not None and system_zone(tz.key) is tz:
+        zone = f";zone={tz.key}"
+    elif tz is not None and type(tz) is not datetime.timezone:
+        raise ConversionError(f"cannot store a time zone of type {type(tz).__name__} "
+                              "(only fixed UTC offsets and IANA zones by name)")
+    text = obj.isoformat()
+    return text + (";fold=1" if obj.fold else "") + zone
+
+
+def _digits(value: int, limit: int, path: str) -> str:
+    try:
+        text = str(value)
+    except ValueError:  # Python's own int-to-str guard
+        text = ""
+    if not text or len(text.lstrip("-")) > limit:
+        raise ConversionError(f"{path or 'the object'}: an integer of more than {limit} "
+                              "digits (Limits.max_int_digits)")
+    return text
+
+
+def _attr(obj: Any, which: str) -> Any:
+    """``obj.__module__`` / ``__qualname__`` / ``__name__`` of a live object, or None."""
+    try:
+        if which == "module":
+            return obj.__module__
+        return obj.__qualname__ if which == "qualname" else obj.__name__
+    except AttributeError:
+        return None
+
+
+def _global_name(obj: Any, where: str) -> tuple[str, str]:
+    module = _attr(obj, "module")
+    qual = _attr(obj, "qualname") or _attr(obj, "name")
+    if not isinstance(module, str) or not isinstance(qual, str) or "<" in qual:
+        raise ConversionError(f"{where}: cannot store {obj!r}: it has no importable name "
+                              "(a lambda or a local class or function)")
+    return module, qual
+
+

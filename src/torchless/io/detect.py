@@ -1,0 +1,129 @@
+"""Which layout a file has, from its first bytes (never from its name)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from torchless.errors import AmbiguousArchiveError, NotACheckpointError, TruncatedInputError
+from torchless.io.source import Source
+
+__all__ = ["LEGACY_MAGIC", "Layout", "detect"]
+
+#: The magic number torch's legacy stream starts with (as a pickled int).
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LEGACY_BINARY = b"\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
+_LEGACY_TEXT = b"L" + str(LEGACY_MAGIC).encode() + b"L\n"
+
+
+class Layout(str, Enum):
+    """A container layout torch has written."""
+
+    ZIP = "zip"
+    LEGACY = "legacy"
+    TAR = "tar"
+    PICKLE = "pickle"
+
+
+_OTHER_FORMATS: tuple[tuple[int, bytes, str], ...] = (
+    (0, b"GGUF", "a GGUF model file (llama.cpp), not a torch checkpoint"),
+    (0, b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras .h5?), not a torch checkpoint"),
+    (0, b"\x93NUMPY", "a NumPy .npy array file, not a torch checkpoint"),
+    (0, b"\x1f\x8b", "a gzip-compressed file; decompress it first if it holds a checkpoint"),
+    (0, b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive, not a torch checkpoint"),
+    (0, b"BZh", "a bzip2-compressed file, not a torch checkpoint"),
+    (0, b"\xfd7zXZ\x00", "an xz-compressed file, not a torch checkpoint"),
+    (0, b"\x28\xb5\x2f\xfd", "a zstd-compressed file, not a torch checkpoint"),
+    (0, b"\x89PNG\r\n\x1a\n", "a PNG image, not a torch checkpoint"),
+    (0, b"\xff\xd8\xff", "a JPEG image, not a torch checkpoint"),
+    (0, b"version https://git-lfs", "a Git LFS pointer file: the real checkpoint was never "
+                                    "downloaded (run `git lfs pull`)"),
+    (0, b"Rar!", "a RAR archive, not a torch checkpoint"),
+    (0, b"PK\x05\x06", "an empty ZIP archive (no members), not a torch checkpoint"),
+)
+
+
+def looks_like_safetensors(head: bytes, size: int) -> bool:
+    if len(head) < 10:
+        return False
+    n = int.from_bytes(head[:8], "little")
+    return 2 <= n <= size - 8 and head[8:9] == b"{"
+
+
+def _looks_like_text(head: bytes) -> str | None:
+    stripped = head.lstrip().lower()
+    if stripped.startswith((b"<!doctype html", b"<html", b"<?xml", b"<head", b"<body")):
+        return ("an HTML/XML page (a download that returned an error or login page?), "
+                "not a torch checkpoint")
+    if stripped.startswith((b"{", b"[")) and b"\x00" not in head:
+        return "a JSON text file, not a torch checkpoint"
+    return None
+
+
+def _has_zip_tail(source: Source) -> bool:
+    """True if a ZIP end-of-directory record ends exactly at the end of the file."""
+    size = source.size
+    lo = max(0, size - 22 - 0xFFFF)
+    tail = source.read(lo, size - lo, "file tail")
+    i = len(tail)
+    while True:
+        i = tail.rfind(b"PK\x05\x06", 0, i)
+        if i < 0:
+            return False
+        if i + 22 <= len(tail) and i + 22 + int.from_bytes(tail[i + 20:i + 22], "little") \
+                == len(tail):
+            return True
+
+
+def detect(source: Source) -> Layout:
+    """Sniff the layout of ``source``; raise NotACheckpointError saying what it is otherwise.
+
+    A file that starts as one layout but ends as a ZIP archive is refused: torch
+    and a ZIP reader would each see a different checkpoint in it.
+    """
+    layout = _detect(source)
+    if layout is not Layout.ZIP and _has_zip_tail(source):
+        raise AmbiguousArchiveError(
+            f"the file starts as a {layout.value} checkpoint but ends with a ZIP archive "
+            "(a polyglot: different readers would load different content)")
+    return layout
+
+
+def _detect(source: Source) -> Layout:
+    size = source.size
+    if size == 0:
+        raise TruncatedInputError("the file is empty")
+    head = source.read(0, min(size, 512), "file header")
+    if head.startswith(b"PK\x03\x04"):
+        return Layout.ZIP
+    if head.startswith(b"\x80") and len(head) >= 2 and head[1] >= 2:
+        body = head[2:]
+        if body[:1] == b"\x95":  # protocol 4+ opens with a FRAME
+            body = body[9:]
+        if body.startswith(_LEGACY_BINARY):
+            return Layout.LEGACY
+    if head.startswith(_LEGACY_TEXT):
+        return Layout.LEGACY
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return Layout.TAR
+    for offset, magic, what in _OTHER_FORMATS:
+        if head[offset:offset + len(magic)] == magic:
+            raise NotACheckpointError(f"this is {what}")
+    if looks_like_safetensors(head, size):
+        raise NotACheckpointError(
+            "this is a safetensors file, not a torch checkpoint; read it with "
+            "torchless.load() or the safetensors package")
+    text = _looks_like_text(head)
+    if text:
+        raise NotACheckpointError(f"this is {text}")
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
+        return Layout.PICKLE
+    if head[:1] in b"(]}cNIJKLMFSTUVXG\x8a" and head[:1] != b"":
+        return Layout.PICKLE
+    if head[:1] == b"\x08" and b"onnx" in head.lower():
+        raise NotACheckpointError("this looks like an ONNX model, not a torch checkpoint")
+    if _has_zip_tail(source):
+        raise AmbiguousArchiveError(
+            "a ZIP archive with other data before it (torch needs the archive at offset 0)")
+    raise NotACheckpointError(
+        f"unrecognised file (starts with {head[:8].hex()}): not a ZIP, legacy, TAR or "
+        "pickle torch checkpoint")

@@ -1,0 +1,121 @@
+"""An input file as a read-only memory map with bounds-checked slices."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from collections.abc import Iterator
+from types import TracebackType
+
+from torchless.errors import CheckpointError, FormatError, TruncatedInputError
+
+__all__ = ["Source"]
+
+
+class Source:
+    """A read-only view of one file's bytes.
+
+    ``view(offset, n)`` returns a zero-copy memoryview after checking that the
+    range lies inside the file; nothing ever reads past the end.
+    """
+
+    #: Whether the bytes come from elsewhere by ranges (:mod:`torchless.io.remote`).
+    remote = False
+
+    _closed = False
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except OSError as e:
+            raise CheckpointError(f"cannot open: {e.strerror or e}", path=self.path,
+                                  hint="check the path (relative paths start from the "
+                                       "current directory) and that you may read the file"
+                                  ) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FormatError("not a regular file", path=self.path,
+                                  hint="pass a checkpoint file (a pipe or device cannot be "
+                                       "read by ranges: copy it to a file first)")
+            self.size = st.st_size
+            self.identity = (st.st_dev, st.st_ino)  # lets a writer copy from the same file
+            self._mmap: mmap.mmap | None = None
+            if self.size:
+                self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                self._view = memoryview(self._mmap)
+            else:
+                self._view = memoryview(b"")
+        except OSError as e:
+            raise CheckpointError(f"cannot map: {e.strerror or e}", path=self.path) from None
+        finally:
+            os.close(fd)
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole file."""
+        return self._view
+
+    @property
+    def raw(self) -> mmap.mmap | bytes:
+        """The whole file as an object with find() and slicing (for the pickle VM)."""
+        return self._mmap if self._mmap is not None else b""
+
+    def view(self, offset: int, n: int, what: str = "data") -> memoryview:
+        if self._closed:
+            raise CheckpointError(
+                "the checkpoint is closed: its tensors can no longer be read", path=self.path,
+                hint="read tensors (numpy(), to_torch()) inside the `with torchless.open(...)` "
+                     "block, or copy what you need (np.array(t.numpy())) before it ends")
+        if offset < 0 or n < 0:
+            raise FormatError(f"{what}: negative offset or length", offset=offset)
+        if offset + n > self.size:
+            raise TruncatedInputError(
+                f"{what}: expected {n} bytes at offset {offset}, "
+                f"file has {max(0, self.size - offset)}",
+                offset=offset,
+            )
+        return self._view[offset : offset + n]
+
+    def release(self, offset: int, n: int) -> None:
+        """Hand back the whole pages of ``[offset, offset + n)`` of the map: the process's
+        resident set shrinks, the page cache keeps them, and a later read faults them back
+        in from the file unchanged (the map is shared and read-only)."""
+        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        begin = -(-offset // page) * page
+        end = min(offset + n, self.size) // page * page
+        if end > begin:
+            try:
+                self._mmap.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+            except (OSError, ValueError):  # pragma: no cover - advice only
+                pass
+
+    def blocks(self, offset: int, n: int, chunk: int) -> Iterator[memoryview | bytes]:
+        """Bytes ``[offset, offset + n)`` in blocks of at most ``chunk`` bytes."""
+        view = self.view(offset, n)
+        for i in range(0, n, chunk):
+            yield view[i:i + chunk]
+
+    def read(self, offset: int, n: int, what: str = "data") -> bytes:
+        return bytes(self.view(offset, n, what))
+
+    def close(self) -> None:
+        """Drop our reference; arrays still viewing the map keep it alive until they go."""
+        self._mmap = None
+        self._view = memoryview(b"")
+        self._closed = True
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,296 @@
+"""Walks over the object graph a pickle produced: finishing it and naming its tensors.
+
+The graph is a DAG in general (the memo shares objects) and may hold cycles (objects that
+point back at their parents), so every walk here is iterative (deep nesting cannot overflow
+the stack), visits each object once (a value shared a million times costs one visit), and
+never follows an edge round a cycle. What a node's children are is :mod:`._walk`'s alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from torchless.core.limits import Limits
+from torchless.errors import LimitError
+from torchless.model.chunks import detached
+from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
+from torchless.model.walk import LEAVES, children, depth_first, is_node
+from torchless.pickle.known import Pending
+from torchless.pickle.values import NOTSET, Opaque
+
+__all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
+
+
+class ModuleDict(collections.OrderedDict[str, Any]):
+    """The ``state_dict()`` of a module saved whole; stands where the module was."""
+
+
+ModuleHook = Callable[[Opaque], "ModuleDict | None"]
+
+
+def module_state_dict(obj: Opaque) -> ModuleDict | None:
+    """``nn.Module.state_dict()`` of a module saved whole, from its pickled ``__dict__``.
+
+    Parameters, then persistent buffers, then each child's entries under
+    ``child.``; ``None`` entries are skipped, as torch does. Children were
+    already turned into ModuleDicts (the walk is post-order).
+    """
+    state = obj.state
+    if not isinstance(state, dict):
+        return None
+    params, buffers, modules = (state.get(k) for k in ("_parameters", "_buffers", "_modules"))
+    if not (isinstance(params, dict) and isinstance(buffers, dict) and isinstance(modules, dict)):
+        return None
+    non_persistent = state.get("_non_persistent_buffers_set") or ()
+    if not isinstance(non_persistent, (set, frozenset, list, tuple)):
+        non_persistent = ()
+    out = ModuleDict()
+    for name, value in params.items():
+        if value is not None:
+            out[str(name)] = value
+    for name, value in buffers.items():
+        if value is not None and name not in non_persistent:
+            out[str(name)] = value
+    for name, child in modules.items():
+        if isinstance(child, ModuleDict):
+            for key, value in child.items():
+                out[f"{name}.{key}"] = value
+    return out
+
+
+def finish(
+    root: Any,
+    limits: Limits,
+    module_hook: ModuleHook = module_state_dict,
+    leaf: Callable[[Any], Any] | None = None,
+) -> Any:
+    """Resolve pending NumPy values, replace saved modules by their state dicts, turn storages
+    held as values into 1-D tensors, and check depth. Mutable containers are updated in place;
+    cycles are kept (a reference back into a cycle is patched once its target is finished).
+
+    With ``leaf``, every tensor leaf is replaced by ``leaf(tensor)``."""
+    done: dict[int, Any] = {}
+    as_leaf: dict[int, Any] = {}
+    back: list[tuple[Any, Any]] = []
+
+    def new(v: Any) -> Any:
+        if is_node(v):
+            v = done.get(id(v), v)
+        if isinstance(v, (Storage, MissingStorage)):
+            known = as_leaf.get(id(v))
+            if known is None:
+                known = as_leaf[id(v)] = (Tensor.of_storage(v) if isinstance(v, Storage)
+                                          else DATALESS)
+            v = known
+        if leaf is not None and isinstance(v, LEAVES):
+            v = leaf(v)
+        return v
+
+    alive: list[Any] = []  # every original stays alive, so that no id in done is reused
+
+    def post(node: Any) -> None:
+        alive.append(node)
+        done[id(node)] = _rebuild(node, new, module_hook)
+
+    depth_first(root, limits, post, lambda parent, _, child: back.append((parent, child)))
+    for parent, child in back:
+        target = done.get(id(child), child)
+        if target is not child:
+            _rebuild(done.get(id(parent), parent), new, None)
+    return new(root)
+
+
+def _hashable(new: Callable[[Any], Any], v: Any) -> Any:
+    """``new(v)`` where it can stand in a set or as a dict key; a tensor whose leaf cannot
+    (a NumPy array) stays a tensor, detached from the file."""
+    out = new(v)
+    if out is v:
+        return v
+    try:
+        hash(out)
+    except TypeError:
+        return detached(v) if isinstance(v, Tensor) else v
+    return out
+
+
+def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None) -> Any:
+    if isinstance(obj, Pending):
+        return new(obj.resolved())
+    if isinstance(obj, list):
+        for i, v in enumerate(obj):
+            obj[i] = new(v)
+        return obj
+    if isinstance(obj, dict):
+        _rebuild_dict(obj, new)
+        if type(obj) is not dict and hasattr(obj, "__dict__"):
+            _rebuild_attrs(vars(obj), new)
+        return obj
+    if isinstance(obj, tuple):
+        items = tuple(new(v) for v in obj)
+        return obj if all(a is b for a, b in zip(items, obj, strict=True)) else items
+    if isinstance(obj, (set, frozenset)):
+        members = [_hashable(new, v) for v in obj]
+        if all(a is b for a, b in zip(members, obj, strict=True)):
+            return obj
+        if isinstance(obj, frozenset):
+            return frozenset(members)
+        obj.clear()
+        obj.update(members)
+        return obj
+    if isinstance(obj, collections.deque):
+        values = [new(v) for v in obj]
+        obj.clear()
+        obj.extend(values)
+        return obj
+    if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
+        _rebuild_attrs(vars(obj), new)
+        return obj
+    if isinstance(obj, Tensor):
+        if obj.attrs:
+            _rebuild_attrs(obj.attrs, new)
+        return obj
+    if isinstance(obj, np.ndarray):
+        for index in np.ndindex(obj.shape):
+            obj[index] = new(obj[index])
+        return obj
+    assert isinstance(obj, Opaque)
+    obj.callable = new(obj.callable)
+    obj.args = tuple(new(v) for v in obj.args)
+    if obj.kwargs:
+        obj.kwargs = {k: new(v) for k, v in obj.kwargs.items()}
+    if obj.state is not NOTSET:
+        obj.state = new(obj.state)
+    obj.items = [new(v) for v in obj.items]
+    obj.dict_items = [(_hashable(new, k), new(v)) for k, v in obj.dict_items]
+    module = module_hook(obj) if module_hook is not None else None
+    return obj if module is None else module
+
+
+def _rebuild_attrs(attrs: dict[str, Any], new: Callable[[Any], Any]) -> None:
+    for k, v in attrs.items():
+        nv = new(v)
+        if nv is not v:
+            attrs[k] = nv
+
+
+def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any]) -> None:
+    keys_change = False
+    for k, v in obj.items():
+        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage))) \
+                and _hashable(new, k) is not k:
+            keys_change = True
+            break
+        nv = new(v)
+        if nv is not v:
+            obj[k] = nv  # replacing a value keeps the order and the iteration valid
+    if keys_change:
+        items = [(_hashable(new, k), new(v)) for k, v in obj.items()]
+        obj.clear()
+        obj.update(items)
+
+
+def _tensor_counts(root: Any, limits: Limits, cut: dict[int, set[int]]) -> dict[int, int]:
+    """Tensor names below each node, counted once per node (post-order, memoised).
+
+    A DAG that reaches one tensor by 2^30 paths is refused here, in time linear in its
+    size, before any name is built."""
+    counts: dict[int, int] = {}
+    chars: dict[int, int] = {}  # characters of the names below, relative to the node
+
+    def post(node: Any) -> None:
+        n = size = 0
+        skip = cut.get(id(node), ())
+        for pos, (name, c) in enumerate(children(node)):
+            if name is None or pos in skip:
+                continue
+            if isinstance(c, LEAVES):
+                n += 1
+                size += len(name)
+            below = counts.get(id(c), 0) if is_node(c) else 0
+            if below:
+                n += below
+                size += below * (len(name) + 1 if name else 0) + chars[id(c)]
+        if n > limits.max_tensors:
+            raise LimitError("max_tensors", limits.max_tensors, n,
+                             "tensor names, aliases included")
+        if size > limits.max_name_bytes:
+            raise LimitError("max_name_bytes", limits.max_name_bytes, size,
+                             "characters of the flat tensor names")
+        counts[id(node)] = n
+        chars[id(node)] = size
+
+    depth_first(root, limits, post,
+                lambda parent, pos, _: cut.setdefault(id(parent), set()).add(pos))
+    return counts
+
+
+def flatten(
+    root: Any, limits: Limits, root_name: str = ""
+) -> tuple[dict[str, Tensor], dict[str, UnsupportedTensor]]:
+    """Name every tensor by its path: keys, indices and attributes joined with '.'
+    (:mod:`._walk` gives each segment). A path never goes round a cycle; two different
+    paths that spell the same name get ``~2``, ``~3`` … after it, in walk order."""
+    tensors: dict[str, Tensor] = {}
+    unsupported: dict[str, UnsupportedTensor] = {}
+    cut: dict[int, set[int]] = {}
+    counts = _tensor_counts(root, limits, cut)
+    count = 0
+    stack: list[tuple[str, Any]] = [(root_name, root)]
+    while stack:
+        full, obj = stack.pop()
+        if isinstance(obj, LEAVES):
+            count += 1
+            if count > limits.max_tensors:
+                raise LimitError("max_tensors", limits.max_tensors, count,
+                                 "tensor names, aliases included")
+            name = full
+            n = 1
+            while name in tensors or name in unsupported:
+                n += 1
+                name = f"{full}~{n}"
+            if isinstance(obj, Tensor):
+                tensors[name] = obj
+            elif isinstance(obj, UnsupportedTensor):
+                unsupported[name] = obj
+        if not is_node(obj) or not counts.get(id(obj)):
+            continue
+        skip = cut.get(id(obj), ())
+        kids = [(f"{full}.{name}" if full and name else full or name, child)
+                for pos, (name, child) in enumerate(children(obj))
+                if name is not None and pos not in skip
+                and (isinstance(child, LEAVES) or (is_node(child) and counts.get(id(child))))]
+        stack.extend(reversed(kids))
+    return tensors, unsupported
+
+
+_MISSING: Any = object()
+
+
+def find(root: Any, name: str) -> Any:
+    """The value whose flat name (as :func:`flatten` names things) is ``name``, or
+    ``MISSING``. Only children whose names lead towards ``name`` are visited."""
+    stack: list[tuple[str, Any]] = [("", root)]
+    seen: set[int] = set()
+    while stack:
+        full, obj = stack.pop()
+        if full == name and full:
+            return obj
+        if not is_node(obj) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        for child_name, child in children(obj):
+            if child_name is None:
+                continue
+            path = f"{full}.{child_name}" if full and child_name else full or child_name
+            if not path or name == path or name.startswith(path + "."):
+                stack.append((path, child))
+    return _MISSING
+
+
+MISSING = _MISSING

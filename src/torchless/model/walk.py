@@ -1,0 +1,249 @@
+"""The one walker: every place a loaded object can hold a value, and the name each place gives.
+
+Every traversal of a loaded object (finishing it, naming its tensors, finding one by name,
+showing its values, encoding it in the inert format) asks :func:`children`, so they all see
+the same graph. A place that no walk knew of was, each time, a tensor that silently vanished.
+
+Flat names join the segments :func:`children` gives with ``"."`` (``docs/formats.md``):
+
+- dict and its subclasses: the key (``str`` as is; ``int``, ``float``, ``bool``, ``None`` as
+  ``str()``; ``bytes`` decoded UTF-8 with backslash escapes; other scalars ``repr()``). A key
+  that is not plain data (a tensor, an object) names its entry by position ``i``: the key is
+  ``i.0``, the value ``i.1``. Attributes of a dict subclass (an OrderedDict's ``_metadata``)
+  by attribute name.
+- list, tuple, deque, an object ndarray: the index.
+- set and frozenset: the index in a canonical order (:func:`_canonical`), so that names do
+  not depend on hash order.
+- argparse.Namespace, types.SimpleNamespace, a tensor's Python attributes: the attribute.
+- an :class:`Opaque` record, as pickle described the object: a tuple subclass made by
+  ``NEWOBJ`` with no state (a namedtuple, ``PackedSequence``) and a ``torch.return_types``
+  struct sequence are sequences (``p.0``); otherwise the keys of a dict state, of both dicts
+  of a ``(dict, slots)`` state, the indices of a list or tuple state, ``state`` for any other
+  state, ``args.i`` for constructor arguments, ``kwargs.k`` for keyword arguments,
+  the index for APPENDed items and the key for SETITEMs; ``callable`` for a call made on the
+  result of another call.
+
+A reference that is part of the graph but names nothing of its own (the class an object
+names, a plain dict key) comes with the name ``None``: walks that count or finish every
+object still see it. A reference named ``""`` adds no segment: the names inside it are the
+parent's own (an object's state dict, whose keys are the object's attribute names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from torchless.core.limits import Limits
+from torchless.errors import LimitError
+from torchless.model.tensor import Tensor, UnsupportedTensor
+from torchless.pickle.known import Pending
+from torchless.pickle.values import NOTSET, Global, Opaque
+
+__all__ = ["LEAVES", "NODES", "children", "depth_first", "is_node", "key_text", "plain_key"]
+
+#: Values that hold other values.
+NODES: tuple[type, ...] = (dict, list, tuple, set, frozenset, collections.deque,
+                           argparse.Namespace, types.SimpleNamespace, Opaque, Pending, Tensor,
+                           np.ndarray)
+#: Values that are tensors for naming (a Tensor is both: its attributes are children).
+LEAVES: tuple[type, ...] = (Tensor, UnsupportedTensor)
+
+_SCALARS = (str, int, float, bool, bytes, complex, type(None))
+
+
+_EXACT_NODES = frozenset({dict, list, tuple, set, frozenset, Opaque, collections.OrderedDict})
+
+
+def is_node(obj: Any) -> bool:
+    """Whether ``obj`` holds other values: containers, records, a tensor with Python
+    attributes, an object ndarray."""
+    kind = type(obj)
+    if kind in _EXACT_NODES:
+        return True
+    if kind is Tensor:
+        return bool(obj.attrs)
+    if isinstance(obj, np.ndarray):
+        return obj.dtype.hasobject and obj.dtype.fields is None
+    return isinstance(obj, NODES)
+
+
+def plain_key(key: Any) -> bool:
+    """Whether a dict key is plain data (scalars, and tuples or frozensets of them), which
+    names its value; any other key names its entry by position."""
+    stack = [key]
+    while stack:
+        k = stack.pop()
+        if isinstance(k, (tuple, frozenset)):
+            stack.extend(k)
+        elif not isinstance(k, _SCALARS) or isinstance(k, Global):
+            return False
+    return True
+
+
+def key_text(key: Any) -> str:
+    """The name segment of a plain dict key."""
+    if type(key) is str:
+        return key
+    if type(key) is int or type(key) is bool or key is None or type(key) is float:
+        return str(key)
+    if isinstance(key, bytes):
+        return key.decode("utf-8", "backslashreplace")
+    try:
+        return repr(key)
+    except ValueError:  # an int too long for str(): the VM bounds them, but not every caller
+        return f"<int of {key.bit_length()} bits>"
+
+
+def _items(pairs: Any) -> Iterator[tuple[str | None, Any]]:
+    for i, (k, v) in enumerate(pairs):
+        if type(k) is str:  # nearly every key: no node to walk, the name is the key
+            yield k, v
+        elif plain_key(k):
+            yield None, k
+            yield key_text(k), v
+        else:
+            yield f"{i}.0", k
+            yield f"{i}.1", v
+
+
+def _attrs(obj: Any) -> Iterator[tuple[str | None, Any]]:
+    for k, v in vars(obj).items():
+        yield (k if type(k) is str else key_text(k)), v
+
+
+def _canonical(members: Any) -> list[Any]:
+    """A set's members in an order that does not depend on hashes: plain values first by
+    type and value, then tensors by storage and geometry, then other objects by class.
+    (Members that compare equal by this key keep the set's order.)"""
+    def order(v: Any) -> tuple[Any, ...]:
+        if isinstance(v, Tensor):
+            return (1, v.storage.key, v.storage_offset, v.shape, v.stride, v.dtype.name)
+        if isinstance(v, Opaque):
+            return (2, v.class_path, "")
+        if isinstance(v, (str, bytes)):
+            return (0, type(v).__name__, v)
+        if type(v) in (int, float, bool):
+            return (0, "number", float(v) if abs(v) < 2**53 else 0.0)
+        return (3, type(v).__name__, "")
+
+    try:
+        return sorted(members, key=order)
+    except TypeError:  # str against bytes never meets (type names differ); defensive
+        return list(members)
+
+
+def _state(state: Any) -> Iterator[tuple[str | None, Any]]:
+    if isinstance(state, (dict, list, tuple)) and not _is_slots_pair(state):
+        yield "", state  # its keys or indices name the object's values directly
+    elif isinstance(state, tuple):
+        if state[0]:
+            yield "", state[0]
+        yield "", state[1]
+    else:
+        yield "state", state
+
+
+def _is_slots_pair(state: Any) -> bool:
+    """``(__dict__ or None, {slot: value})``: what copyreg pickles for an object with
+    ``__slots__``; both dicts name the object's attributes."""
+    return (type(state) is tuple and len(state) == 2 and isinstance(state[1], dict)
+            and (state[0] is None or isinstance(state[0], dict)))
+
+
+def _is_sequence_record(obj: Opaque) -> bool:
+    """A namedtuple-like record: ``cls.__new__(cls, *fields)`` and nothing else."""
+    return (obj.newobj and obj.state is NOTSET and not obj.items and not obj.dict_items
+            and not obj.kwargs)
+
+
+def _opaque(obj: Opaque) -> Iterator[tuple[str | None, Any]]:
+    c = obj.callable
+    yield ("callable" if isinstance(c, Opaque) else None), c
+    args = obj.args
+    if (isinstance(c, Global) and c.module == "torch.return_types" and args
+            and isinstance(args[0], (tuple, list))):
+        yield "", args[0]
+        for i, v in enumerate(args[1:], 1):
+            yield f"args.{i}", v
+    elif _is_sequence_record(obj):
+        for i, v in enumerate(args):
+            yield str(i), v
+    else:
+        for i, v in enumerate(args):
+            yield f"args.{i}", v
+    if obj.kwargs:
+        for k, v in obj.kwargs.items():
+            yield None, k
+            yield f"kwargs.{key_text(k) if plain_key(k) else '?'}", v
+    if obj.state is not NOTSET:
+        yield from _state(obj.state)
+    for i, v in enumerate(obj.items):
+        yield str(i), v
+    yield from _items(obj.dict_items)
+
+
+def children(obj: Any) -> Iterator[tuple[str | None, Any]]:
+    """Every reference ``obj`` holds, in a fixed order, each with its name segment (None for
+    a reference that names nothing of its own: a plain dict key, the class an object names).
+    Values that are not :func:`nodes <is_node>` have none."""
+    if isinstance(obj, dict):
+        yield from _items(obj.items())
+        if type(obj) is not dict and hasattr(obj, "__dict__"):
+            yield from _attrs(obj)
+    elif isinstance(obj, (list, tuple, collections.deque)):
+        for i, v in enumerate(obj):
+            yield str(i), v
+    elif isinstance(obj, (set, frozenset)):
+        for i, v in enumerate(_canonical(obj)):
+            yield str(i), v
+    elif isinstance(obj, Opaque):
+        yield from _opaque(obj)
+    elif isinstance(obj, Tensor):
+        if obj.attrs:
+            yield from _items(obj.attrs.items())
+    elif isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
+        yield from _attrs(obj)
+    elif isinstance(obj, Pending):
+        yield None, obj.resolved()  # the same value each time it is asked
+    elif isinstance(obj, np.ndarray) and obj.dtype.hasobject and obj.dtype.fields is None:
+        for i, v in enumerate(obj.ravel(order="C")):
+            yield str(i), v
+
+
+def depth_first(root: Any, limits: Limits, post: Callable[[Any], None],
+                back: Callable[[Any, int, Any], None] | None = None) -> None:
+    """Walk the nodes reachable from ``root`` depth-first in child order, each once, calling
+    ``post(node)`` after its children. An edge to a node still being walked (one that
+    closes a cycle: Hydra's configs point every node back at its parent) is not followed;
+    ``back(parent, position, child)`` is told of it. Iterative: deep nesting cannot overflow
+    the stack; paths longer than ``limits.max_depth`` are refused."""
+    if not is_node(root):
+        return
+    state: dict[int, bool] = {id(root): False}  # False while being walked, True when done
+    stack: list[tuple[Any, Iterator[tuple[int, tuple[str | None, Any]]]]] = [
+        (root, enumerate(children(root)))]
+    while stack:
+        node, it = stack[-1]
+        for pos, (_, child) in it:
+            if not is_node(child):
+                continue
+            seen = state.get(id(child))
+            if seen is None:
+                if len(stack) > limits.max_depth:
+                    raise LimitError("max_depth", limits.max_depth, len(stack) + 1,
+                                     "nested containers")
+                state[id(child)] = False
+                stack.append((child, enumerate(children(child))))
+                break
+            if not seen and back is not None:
+                back(node, pos, child)
+        else:
+            stack.pop()
+            state[id(node)] = True
+            post(node)

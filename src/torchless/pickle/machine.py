@@ -1,0 +1,966 @@
+"""A pickle interpreter that never imports or calls anything.
+
+It decodes every opcode of protocols 0-5 into plain Python data (dict, list,
+tuple, set, frozenset, str, bytes, bytearray, int, float, bool, None) and
+hands everything that would touch code to a :class:`Resolver`: names
+(``GLOBAL``/``STACK_GLOBAL``/``INST``/``EXT*``), calls (``REDUCE``,
+``NEWOBJ``, ``NEWOBJ_EX``, ``INST``/``OBJ``), ``BUILD``, persistent ids, and
+``APPEND``/``SETITEM``/``ADDITEMS`` on objects that are not plain containers.
+The default resolver turns them into inert :class:`~torchless.pickle.values.Global`
+and :class:`~torchless.pickle.values.Opaque` records.
+
+Limits are checked as the stream runs: every declared length against the
+bytes actually present (before anything is allocated), opcode count, memo
+size, values on the stack, MARK depth, container length and tuple nesting, of
+tuples built by opcodes and by the resolver alike (a deeply nested tuple would
+otherwise overflow the C stack when hashed as a dict key).
+
+Only our own errors leave :meth:`Machine.run`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import gc
+import math
+import mmap
+import re
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from torchless.core.limits import Limits
+from torchless.errors import (
+    CheckpointError,
+    LimitError,
+    PickleError,
+    TruncatedInputError,
+    UnsupportedError,
+    UnsupportedOpcodeError,
+    type_phrase,
+)
+from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES
+from torchless.pickle.values import Global, Opaque
+
+__all__ = ["Machine", "Resolver", "run_pickle", "unescape_string"]
+
+_C_SPACE = frozenset(b" \t\n\v\f\r")
+_DIGITS = {8: frozenset(b"01234567"), 10: frozenset(b"0123456789"),
+           16: frozenset(b"0123456789abcdefABCDEF")}
+_C_LONG_MIN, _C_LONG_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _strtol0(s: bytes) -> tuple[int, int]:
+    """C's ``strtol(s, &end, 0)``: (value, index of end); end 0 when nothing converts. The
+    caller checks the value against the C long range (ERANGE)."""
+    i, n = 0, len(s)
+    while i < n and s[i] in _C_SPACE:
+        i += 1
+    negative = i < n and s[i] == 0x2D
+    if i < n and s[i] in b"+-":
+        i += 1
+    base = 10
+    if i < n and s[i] == 0x30:  # '0': octal, or hex when 0x is followed by a hex digit
+        if i + 2 < n and s[i + 1] in b"xX" and s[i + 2] in _DIGITS[16]:
+            base, i = 16, i + 2
+        else:
+            base = 8
+    start = i
+    digits = _DIGITS[base]
+    while i < n and s[i] in digits:
+        i += 1
+    if i == start:
+        return 0, 0
+    value = int(s[start:i], base)
+    return (-value if negative else value), i
+
+
+def c_load_int(s: bytes) -> int:
+    """The INT opcode's text (without its newline) as CPython 3.10-3.13's ``load_int``
+    reads it: ``strtol`` in base 0 when it converts the whole text to a C long, and a text
+    of two characters worth 0 or 1 is a bool (``01``, ``00``, also ``+1``, `` 1``, ``-0``);
+    otherwise ``PyLong_FromString(s, NULL, 0)``, i.e. ``int(s, 0)``. ValueError as C's."""
+    if not s:
+        raise ValueError("empty INT argument")
+    value, end = _strtol0(s)
+    if end != len(s) or not _C_LONG_MIN <= value <= _C_LONG_MAX:
+        return int(s, 0)
+    if len(s) == 2 and value in (0, 1):
+        return bool(value)
+    return value
+
+
+def c_load_long(s: bytes) -> int:
+    """The LONG opcode's text (without its newline) as ``load_long`` reads it: one trailing
+    ``L`` dropped, then ``PyLong_FromString(s, NULL, 0)``."""
+    if not s:
+        raise ValueError("empty LONG argument")
+    return int(s[:-1] if s.endswith(b"L") else s, 0)
+# one way to match each digit: "[0-9]+\.?[0-9]*" backtracked quadratically on a long line
+_FLOAT_RE = re.compile(
+    rb"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
+    re.IGNORECASE,
+)
+_LOG2_10 = math.log2(10)
+_LOG10_2 = math.log10(2)
+
+
+@functools.lru_cache(maxsize=4)
+def _power_of_ten(k: int) -> int:
+    power: int = 10**k
+    return power
+
+
+# look the text codec up now, so that reading a file never triggers an import
+codecs.lookup("raw_unicode_escape")
+_ESCAPE_RE = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{2})|(.)|\Z)", re.DOTALL)
+_SIMPLE_ESCAPES = {b"\\": b"\\", b"'": b"'", b'"': b'"', b"b": b"\b", b"f": b"\f",
+                   b"t": b"\t", b"n": b"\n", b"r": b"\r", b"v": b"\v", b"a": b"\a",
+                   b"\n": b""}
+
+
+def unescape_string(raw: bytes) -> bytes:
+    """The bytes of a STRING argument (quotes removed), decoded as C's
+    ``PyBytes_DecodeEscape`` does: Python's bytes-literal escapes, an octal escape past
+    ``\\377`` keeps its low 8 bits, an unknown escape stays as written. Written out here
+    because ``codecs.escape_decode`` warns (DeprecationWarning, an error under -W error) on
+    those last two, and silencing a warning changes process-wide state.
+    Raises ValueError where C does: a malformed ``\\x`` escape or a trailing backslash."""
+    if b"\\" not in raw:
+        return raw
+
+    def one(m: re.Match[bytes]) -> bytes:
+        octal, hexa, other = m.groups()
+        if octal is not None:
+            return bytes((int(octal, 8) & 0xFF,))
+        if hexa is not None:
+            return bytes((int(hexa, 16),))
+        if other is None:
+            raise ValueError("trailing \\ in string")
+        if other == b"x":
+            raise ValueError(f"invalid \\x escape at byte {m.start()}")
+        return _SIMPLE_ESCAPES.get(other, b"\\" + other)
+
+    return _ESCAPE_RE.sub(one, raw)
+
+
+_unpack_int4 = struct.Struct("<i").unpack_from
+_unpack_uint2 = struct.Struct("<H").unpack_from
+_unpack_uint4 = struct.Struct("<I").unpack_from
+_unpack_uint8 = struct.Struct("<Q").unpack_from
+_unpack_float8 = struct.Struct(">d").unpack_from
+
+
+def _pause_collector() -> bool:
+    """Pause the cyclic garbage collector for one run, only where no one else can see it.
+
+    A run keeps every object it builds, so the collector's full passes (each over the whole
+    process heap) find nothing to free; with them, opening a checkpoint of 30,000 small
+    tensors costs 17-30 % more CPU. But ``gc.disable`` is process-wide: it is paused only
+    when this is the process's only Python thread (no other thread can allocate, or toggle
+    the collector, while the run holds it) and the collector is on; the caller re-enables it
+    after, so a nested run, which finds it off, leaves it to the outer one. With other
+    threads the collector is left alone. Returns whether it was paused.
+    """
+    if threading.active_count() != 1 or not gc.isenabled():
+        return False
+    gc.disable()
+    return True
+
+
+class _Mark:
+    """Sentinel for MARK on the stack-of-stacks; never escapes."""
+
+
+class Resolver:
+    """What the interpreter does with names, calls and updates of objects.
+
+    This default keeps everything inert. Subclasses (the torch rules) rebuild
+    what they know and may refuse what they must by raising a CheckpointError.
+    ``python2_strings`` is set when the stream holds Python 2 ``str`` opcodes.
+    """
+
+    python2_strings = False
+
+    def find_global(self, module: str, name: str, offset: int) -> Any:
+        return Global(module, name, offset)
+
+    def extension(self, code: int, offset: int) -> Any:
+        return Global("copyreg._extension_registry", str(code), offset)
+
+    def call(self, func: Any, args: Any, offset: int) -> Any:
+        """REDUCE, INST and OBJ: ``func(*args)``."""
+        return Opaque(func, args if isinstance(args, tuple) else (args,))
+
+    def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
+        """NEWOBJ and NEWOBJ_EX: ``cls.__new__(cls, *args, **kwargs)``."""
+        return Opaque(
+            cls,
+            args if isinstance(args, tuple) else (args,),
+            kwargs if isinstance(kwargs, dict) else None,
+            newobj=True,
+        )
+
+    def build(self, obj: Any, state: Any, offset: int) -> Any:
+        """BUILD: ``obj.__setstate__(state)``; returns what replaces obj on the stack."""
+        if isinstance(obj, Opaque):
+            if isinstance(obj.state, dict) and isinstance(state, dict):
+                obj.state = {**obj.state, **state}
+            else:
+                obj.state = state
+            return obj
+        raise PickleError(f"BUILD applied to {type_phrase(obj)}", offset=offset)
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        raise PickleError("persistent id found but this file has no storages", offset=offset)
+
+    def append(self, obj: Any, items: list[Any], offset: int) -> None:
+        """APPEND/APPENDS on something that is not a list."""
+        if isinstance(obj, Opaque):
+            obj.items.extend(items)
+            return
+        raise PickleError(f"APPEND applied to {type_phrase(obj)}", offset=offset)
+
+    def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
+        """SETITEM/SETITEMS on something that is not a dict."""
+        if isinstance(obj, Opaque):
+            obj.dict_items.extend(pairs)
+            return
+        raise PickleError(f"SETITEM applied to {type_phrase(obj)}", offset=offset)
+
+    def additems(self, obj: Any, items: list[Any], offset: int) -> None:
+        """ADDITEMS on something that is not a set."""
+        if isinstance(obj, Opaque):
+            obj.items.extend(items)
+            return
+        raise PickleError(f"ADDITEMS applied to {type_phrase(obj)}", offset=offset)
+
+
+class Machine:
+    """One run of the interpreter over one pickle stream."""
+
+    def __init__(
+        self,
+        data: bytes | bytearray | memoryview | mmap.mmap,
+        resolver: Resolver | None = None,
+        limits: Limits | None = None,
+        *,
+        encoding: str = "utf-8",
+    ) -> None:
+        # bytes and mmap both offer find() and slicing to bytes; anything else is copied
+        self.data: Any = data if isinstance(data, (bytes, mmap.mmap)) else bytes(data)
+        self.resolver = resolver if resolver is not None else Resolver()
+        self.limits = limits if limits is not None else Limits()
+        self.encoding = encoding
+        self.pos = 0
+        self.op_start = 0
+        self.frame_end = -1
+        self.limit = len(self.data)  # where reading must stop: end of data or of the frame
+        self.stack: list[Any] = []
+        self.metastack: list[list[Any]] = []
+        # values the current stack segment may still take: max_stack minus those below MARKs
+        self.room = self.limits.max_stack
+        self.memo: dict[int, Any] = {}
+        self.proto = 0
+        # id(tuple or frozenset) -> (object, nesting depth); immutables only, so exact.
+        self.depths: dict[int, tuple[Any, int]] = {}
+        self.dispatch: list[Callable[[], None] | None] = [None] * 256
+        for op in OPCODES:
+            self.dispatch[op.code] = getattr(self, "op_" + op.name)
+
+    # ---- running -------------------------------------------------------------------
+
+    def run(self, start: int = 0) -> tuple[Any, int]:
+        """Interpret one pickle starting at ``start``; return (value, offset after STOP)."""
+        paused = _pause_collector()
+        try:
+            return self._run(start)
+        except CheckpointError:
+            raise
+        except RecursionError as e:  # pragma: no cover - defensive
+            raise LimitError("max_depth", self.limits.max_depth, -1, "recursion") from e
+        except MemoryError as e:
+            raise LimitError("memory", 0, 0, "out of memory while unpickling",
+                             offset=self.op_start) from e
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError,
+                UnicodeError, struct.error) as e:
+            raise PickleError(f"malformed pickle: {type(e).__name__}: {e}",
+                              offset=self.op_start) from e
+        finally:
+            if paused:
+                gc.enable()
+            # drop the bound-method table and working state: no cycle outlives the run
+            self.dispatch = []
+            self.memo = {}
+            self.depths = {}
+            self.metastack = []
+
+    def _run(self, start: int) -> tuple[Any, int]:
+        self.pos = start
+        data = self.data
+        end = len(data)
+        dispatch = self.dispatch
+        max_ops = self.limits.max_opcodes
+        max_end = start + self.limits.max_pickle_bytes
+        count = 0
+        while True:
+            pos = self.pos
+            if pos == self.frame_end:
+                self.frame_end = -1
+                self.limit = end
+            if pos > max_end:
+                raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, pos - start,
+                                 offset=pos)
+            if pos >= end:
+                raise TruncatedInputError(
+                    "pickle ends without a STOP opcode", offset=pos)
+            code = data[pos]
+            self.op_start = pos
+            self.pos = pos + 1
+            count += 1
+            if count > max_ops:
+                raise LimitError("max_opcodes", max_ops, count, offset=pos)
+            handler = dispatch[code]
+            if handler is None:
+                raise UnsupportedOpcodeError(f"unknown opcode byte 0x{code:02x}", offset=pos)
+            if code == 0x2E:  # STOP
+                return self._stop(), self.pos
+            handler()
+
+    def _stop(self) -> Any:
+        if self.metastack:
+            raise PickleError("MARK still open at STOP", offset=self.op_start)
+        if len(self.stack) != 1:
+            raise PickleError(
+                f"STOP with {len(self.stack)} values on the stack (expected 1)",
+                offset=self.op_start)
+        return self.stack[0]
+
+    # ---- argument readers ----------------------------------------------------------
+
+    def _take(self, n: int) -> bytes:
+        pos = self.pos
+        stop = pos + n
+        if stop > self.limit:
+            self._overrun(n)
+        self.pos = stop
+        chunk: bytes = self.data[pos:stop]
+        return chunk
+
+    def _overrun(self, n: int) -> None:
+        left = len(self.data) - self.pos
+        if self.frame_end >= 0 and n <= left:
+            raise PickleError("opcode argument straddles the end of its FRAME",
+                              offset=self.op_start)
+        raise TruncatedInputError(f"expected {n} bytes, got {max(0, left)}",
+                                  offset=self.op_start)
+
+    def _line(self, decimal: bool = False) -> bytes:
+        """The text argument up to the newline; a ``decimal`` one is refused by its digit
+        count before it is copied."""
+        data = self.data
+        limit = self.frame_end if self.frame_end >= 0 else len(data)
+        nl = data.find(b"\n", self.pos, limit)
+        if nl < 0:
+            if self.frame_end >= 0 and data.find(b"\n", self.pos) >= 0:
+                raise PickleError("text argument straddles the end of its FRAME",
+                                  offset=self.op_start)
+            raise TruncatedInputError("text argument has no end of line", offset=self.op_start)
+        if decimal and nl - self.pos > self.limits.max_int_digits + 2:  # sign, 'L'
+            raise LimitError("max_int_digits", self.limits.max_int_digits, nl - self.pos,
+                             "characters of a decimal integer", offset=self.op_start)
+        if nl - self.pos > self.limits.max_str_bytes:
+            raise LimitError("max_str_bytes", self.limits.max_str_bytes, nl - self.pos,
+                             offset=self.op_start)
+        line: bytes = data[self.pos:nl]
+        self.pos = nl + 1
+        return line
+
+    def _sized(self, n: int) -> bytes:
+        """Read a length-prefixed payload after checking n against what is present."""
+        self._present(n)
+        if n > self.limits.max_str_bytes:
+            raise LimitError("max_str_bytes", self.limits.max_str_bytes, n,
+                             offset=self.op_start)
+        return self._take(n)
+
+    def _present(self, n: int) -> None:
+        """Refuse a declared length that is negative or runs past the data or its frame."""
+        if n < 0:
+            raise PickleError(f"negative length {n}", offset=self.op_start)
+        left = (self.frame_end if self.frame_end >= 0 else len(self.data)) - self.pos
+        if n > left:
+            if self.frame_end >= 0 and n <= len(self.data) - self.pos:
+                raise PickleError("opcode argument straddles the end of its FRAME",
+                                  offset=self.op_start)
+            raise TruncatedInputError(
+                f"declares {n} bytes but only {max(0, len(self.data) - self.pos)} remain",
+                offset=self.op_start)
+
+    def _uint1(self) -> int:
+        pos = self.pos
+        if pos >= self.limit:
+            self._overrun(1)
+        self.pos = pos + 1
+        value: int = self.data[pos]
+        return value
+
+    def _uint2(self) -> int:
+        return int(_unpack_uint2(self._take(2))[0])
+
+    def _int4(self) -> int:
+        return int(_unpack_int4(self._take(4))[0])
+
+    def _uint4(self) -> int:
+        return int(_unpack_uint4(self._take(4))[0])
+
+    def _uint8(self) -> int:
+        return int(_unpack_uint8(self._take(8))[0])
+
+    def _int_text(self, line: bytes, opcode: str) -> int:
+        """The value of an INT or LONG argument, as the C unpickler (what torch.load runs
+        on CPython 3.10-3.13) reads it: :func:`c_load_int` / :func:`c_load_long`. CPython 3.14
+        reads these opcodes in base 10 (python/cpython#126992): text only a hand-made pickle
+        holds (``I010``, ``I0x10``) then reads differently; plain decimal, which every
+        pickler writes, reads alike everywhere."""
+        if b"\0" in line:  # C stops reading at a NUL byte (python/cpython#126996)
+            raise PickleError(f"{opcode} argument contains a NUL byte", offset=self.op_start,
+                              hint="no pickler writes one: the file was made by hand")
+        body = line.strip().lstrip(b"+-").rstrip(b"L").replace(b"_", b"")
+        if body[:2].lower() not in (b"0x", b"0o", b"0b") and \
+                len(body) > self.limits.max_int_digits:  # decimal: counted before reading
+            raise LimitError("max_int_digits", self.limits.max_int_digits, len(body),
+                             f"decimal digits of {opcode} text", offset=self.op_start)
+        try:
+            value = c_load_int(line) if opcode == "INT" else c_load_long(line)
+        except ValueError:
+            raise PickleError(f"{opcode} argument {line[:40]!r} is not an integer",
+                              offset=self.op_start) from None
+        self._check_digits(value, f"decimal digits of {opcode} text")
+        return value
+
+    def _check_digits(self, value: int, what: str) -> None:
+        """Refuse an int of more than max_int_digits decimal digits (past 4,300 Python's own
+        int -> str refuses, so a later repr would crash), by its bit length, never by
+        converting it to str."""
+        limit = self.limits.max_int_digits
+        bits = value.bit_length()
+        bound = limit * _LOG2_10  # more than `limit` digits means at least this many bits
+        if bits > bound - 1 and (bits - 1 >= bound + 1 or abs(value) >= _power_of_ten(limit)):
+            raise LimitError("max_int_digits", limit,
+                             max(int((bits - 1) * _LOG10_2) + 1, limit + 1), what,
+                             offset=self.op_start)
+
+    def _memo_index(self, line: bytes) -> int:
+        """A GET/PUT index: C reads it with ``PyLong_FromString(s, NULL, 10)`` (blanks,
+        sign, ``_`` and leading zeros allowed), which is ``int(line, 10)``; a NUL byte, where
+        C would stop reading (python/cpython#126996), is refused."""
+        if b"\0" in line:
+            raise PickleError("memo index contains a NUL byte", offset=self.op_start)
+        try:
+            index = int(line, 10)
+        except ValueError:
+            raise PickleError(f"memo index {line[:40]!r} is not a decimal integer",
+                              offset=self.op_start) from None
+        if index > sys.maxsize:  # C stores indices as Py_ssize_t
+            raise PickleError(f"memo index {index} is too large", offset=self.op_start)
+        return index
+
+    def _text(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise PickleError(f"a str of {len(raw)} bytes is not UTF-8 ({e.reason} at its "
+                              f"byte {e.start})", offset=self.op_start) from None
+
+    def _py2_string(self, raw: bytes) -> Any:
+        """STRING/BINSTRING/SHORT_BINSTRING: a Python 2 str, decoded as torch.load does."""
+        self.resolver.python2_strings = True
+        if self.encoding == "bytes":
+            return raw
+        try:
+            return raw.decode(self.encoding)
+        except UnicodeDecodeError as e:
+            raise PickleError(
+                f"a Python 2 str of {len(raw)} bytes is not {self.encoding} text ({e.reason} "
+                f"at its byte {e.start})", offset=self.op_start,
+                hint="the file was pickled by Python 2 and holds binary data in a str (often "
+                     "a NumPy array); like torch.load by default, torchless reads such "
+                     "strings only as text and cannot read this file") from None
+
+    # ---- stack helpers -------------------------------------------------------------
+
+    def push(self, value: Any) -> None:
+        stack = self.stack
+        if len(stack) >= self.room:
+            self._stack_full()
+        stack.append(value)
+
+    def _stack_full(self) -> None:
+        raise LimitError("max_stack", self.limits.max_stack, self.limits.max_stack + 1,
+                         "values on the stack", offset=self.op_start)
+
+    def pop(self) -> Any:
+        if not self.stack:
+            raise PickleError("stack underflow", offset=self.op_start)
+        return self.stack.pop()
+
+    def top(self) -> Any:
+        if not self.stack:
+            raise PickleError("stack underflow", offset=self.op_start)
+        return self.stack[-1]
+
+    def pop_mark(self) -> list[Any]:
+        if not self.metastack:
+            raise PickleError("no MARK on the stack", offset=self.op_start)
+        items = self.stack
+        self.stack = self.metastack.pop()
+        self.room += len(self.stack)
+        return items
+
+    def _depth(self, value: Any) -> int:
+        """Nesting depth of a tuple or frozenset: only those deeper than 1 are recorded."""
+        entry = self.depths.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else 1
+
+    def _immutable(self, value: tuple[Any, ...] | frozenset[Any]) -> Any:
+        """Record the nesting depth of a new tuple/frozenset; refuse if too deep."""
+        depth = 0
+        for item in value:
+            if isinstance(item, (tuple, frozenset)):
+                d = self._depth(item)
+                if d > depth:
+                    depth = d
+        depth += 1
+        if depth > self.limits.max_depth:
+            raise LimitError("max_depth", self.limits.max_depth, depth, "nested tuples",
+                             offset=self.op_start)
+        if depth > 1:
+            self.depths[id(value)] = (value, depth)
+        return value
+
+    def _made(self, value: Any) -> Any:
+        """What the resolver built: a tuple or frozenset (``builtins.tuple`` called on a
+        list of tuples …) has its nesting checked like one built by the opcodes."""
+        if isinstance(value, (tuple, frozenset)):
+            return self._immutable(value)
+        return value
+
+    def _check_len(self, n: int) -> None:
+        if n > self.limits.max_container_len:
+            raise LimitError("max_container_len", self.limits.max_container_len, n,
+                             offset=self.op_start)
+
+    def _memo_put(self, index: int, value: Any) -> None:
+        if index not in self.memo and len(self.memo) >= self.limits.max_memo:
+            raise LimitError("max_memo", self.limits.max_memo, len(self.memo) + 1,
+                             offset=self.op_start)
+        self.memo[index] = value
+
+    def _memo_get(self, index: int) -> Any:
+        try:
+            return self.memo[index]
+        except KeyError:
+            raise PickleError(f"memo slot {index} read before it was written",
+                              offset=self.op_start) from None
+
+    # ---- opcodes: protocol and framing --------------------------------------------
+
+    def op_PROTO(self) -> None:
+        proto = self._uint1()
+        if proto > HIGHEST_PROTOCOL:
+            raise UnsupportedOpcodeError(f"unsupported pickle protocol {proto}",
+                                         offset=self.op_start)
+        self.proto = proto
+
+    def op_FRAME(self) -> None:
+        size = self._uint8()
+        if self.frame_end >= 0:
+            raise PickleError("FRAME begins before the previous frame ended",
+                              offset=self.op_start)
+        if size > len(self.data) - self.pos:
+            raise TruncatedInputError(
+                f"FRAME declares {size} bytes but only {len(self.data) - self.pos} remain",
+                offset=self.op_start)
+        if size > self.limits.max_pickle_bytes:
+            raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, size,
+                             offset=self.op_start)
+        self.frame_end = self.pos + size if size else -1
+        self.limit = self.frame_end if size else len(self.data)
+
+    def op_STOP(self) -> None:  # pragma: no cover - handled in the main loop
+        raise AssertionError
+
+    # ---- opcodes: scalars -----------------------------------------------------------
+
+    def op_NONE(self) -> None:
+        self.push(None)
+
+    def op_NEWTRUE(self) -> None:
+        self.push(True)
+
+    def op_NEWFALSE(self) -> None:
+        self.push(False)
+
+    def op_INT(self) -> None:
+        self.push(self._int_text(self._line(decimal=True), "INT"))
+
+    def op_BININT(self) -> None:
+        self.push(self._int4())
+
+    def op_BININT1(self) -> None:
+        self.push(self._uint1())
+
+    def op_BININT2(self) -> None:
+        self.push(self._uint2())
+
+    def op_LONG(self) -> None:
+        self.push(self._int_text(self._line(decimal=True), "LONG"))
+
+    def _long_bytes(self, n: int) -> None:
+        """LONG1/LONG4: refused past max_int_digits decimal digits, as INT and LONG text
+        are (past 4,300 digits Python's own int -> str refuses, so a later repr would
+        crash). A length longer than any value of that many digits needs is refused before
+        it is read (only a hand-made pickle pads a long); the value read is then bounded
+        exactly by its bit length, never by converting it to str."""
+        limit = self.limits.max_int_digits
+        if n > limit * _LOG2_10 / 8 + 2:
+            self._present(n)
+            raise LimitError("max_int_digits", limit, int((8 * n - 1) * _LOG10_2) + 1,
+                             f"a binary int of {n} bytes has room for that many digits",
+                             offset=self.op_start)
+        value = int.from_bytes(self._sized(n), "little", signed=True)
+        self._check_digits(value, "decimal digits of a binary int")
+        self.push(value)
+
+    def op_LONG1(self) -> None:
+        self._long_bytes(self._uint1())
+
+    def op_LONG4(self) -> None:
+        self._long_bytes(self._int4())
+
+    def op_FLOAT(self) -> None:
+        line = self._line()
+        if not _FLOAT_RE.match(line):
+            raise PickleError(f"not a float: {line[:40]!r}", offset=self.op_start)
+        value = float(line)
+        if math.isinf(value) and line.lstrip(b"+-")[:1] not in b"iI":
+            # C reads it with PyOS_string_to_double(..., OverflowError): no silent inf
+            raise PickleError(f"FLOAT {line[:40]!r} overflows a double", offset=self.op_start)
+        self.push(value)
+
+    def op_BINFLOAT(self) -> None:
+        self.push(float(_unpack_float8(self._take(8))[0]))
+
+    # ---- opcodes: strings and bytes ------------------------------------------------
+
+    def op_STRING(self) -> None:
+        line = self._line()
+        if len(line) < 2 or line[0] != line[-1] or line[0] not in b"\"'":
+            raise PickleError("STRING argument is not quoted", offset=self.op_start)
+        try:
+            raw = unescape_string(line[1:-1])
+        except ValueError as e:
+            raise PickleError(f"STRING argument: {e}", offset=self.op_start) from None
+        self.push(self._py2_string(raw))
+
+    def op_BINSTRING(self) -> None:
+        self.push(self._py2_string(self._sized(self._int4())))
+
+    def op_SHORT_BINSTRING(self) -> None:
+        self.push(self._py2_string(self._sized(self._uint1())))
+
+    def op_BINBYTES(self) -> None:
+        self.push(self._sized(self._uint4()))
+
+    def op_SHORT_BINBYTES(self) -> None:
+        self.push(self._sized(self._uint1()))
+
+    def op_BINBYTES8(self) -> None:
+        self.push(self._sized(self._uint8()))
+
+    def op_BYTEARRAY8(self) -> None:
+        self.push(bytearray(self._sized(self._uint8())))
+
+    def op_NEXT_BUFFER(self) -> None:
+        raise UnsupportedError("out-of-band pickle buffers (NEXT_BUFFER) are not supported",
+                               offset=self.op_start)
+
+    def op_READONLY_BUFFER(self) -> None:
+        raise UnsupportedError(
+            "out-of-band pickle buffers (READONLY_BUFFER) are not supported",
+            offset=self.op_start)
+
+    def op_UNICODE(self) -> None:
+        self.push(self._line().decode("raw-unicode-escape"))
+
+    def op_SHORT_BINUNICODE(self) -> None:
+        self.push(self._text(self._sized(self._uint1())))
+
+    def op_BINUNICODE(self) -> None:
+        self.push(self._text(self._sized(self._uint4())))
+
+    def op_BINUNICODE8(self) -> None:
+        self.push(self._text(self._sized(self._uint8())))
+
+    # ---- opcodes: containers -------------------------------------------------------
+
+    def op_EMPTY_LIST(self) -> None:
+        self.push([])
+
+    def op_EMPTY_TUPLE(self) -> None:
+        self.push(())
+
+    def op_EMPTY_DICT(self) -> None:
+        self.push({})
+
+    def op_EMPTY_SET(self) -> None:
+        self.push(set())
+
+    def op_LIST(self) -> None:
+        self.push(self.pop_mark())
+
+    def op_TUPLE(self) -> None:
+        self.push(self._immutable(tuple(self.pop_mark())))
+
+    def op_TUPLE1(self) -> None:
+        a = self.pop()
+        self.push(self._immutable((a,)))
+
+    def op_TUPLE2(self) -> None:
+        b = self.pop()
+        a = self.pop()
+        self.push(self._immutable((a, b)))
+
+    def op_TUPLE3(self) -> None:
+        c = self.pop()
+        b = self.pop()
+        a = self.pop()
+        self.push(self._immutable((a, b, c)))
+
+    def op_DICT(self) -> None:
+        items = self.pop_mark()
+        if len(items) % 2:
+            raise PickleError("DICT with an odd number of items", offset=self.op_start)
+        d: dict[Any, Any] = {}
+        self._setitems(d, items)
+        self.push(d)
+
+    def op_FROZENSET(self) -> None:
+        items = self.pop_mark()
+        try:
+            value = frozenset(items)
+        except TypeError as e:
+            raise PickleError(f"unhashable set element: {e}", offset=self.op_start) from None
+        self.push(self._immutable(value))
+
+    def op_APPEND(self) -> None:
+        item = self.pop()
+        self._append(self.top(), [item])
+
+    def op_APPENDS(self) -> None:
+        items = self.pop_mark()
+        self._append(self.top(), items)
+
+    def _append(self, target: Any, items: list[Any]) -> None:
+        if type(target) is list:
+            self._check_len(len(target) + len(items))
+            target.extend(items)
+        else:
+            self.resolver.append(target, items, self.op_start)
+
+    def op_SETITEM(self) -> None:
+        value = self.pop()
+        key = self.pop()
+        self._setitems(self.top(), [key, value])
+
+    def op_SETITEMS(self) -> None:
+        items = self.pop_mark()
+        if len(items) % 2:
+            raise PickleError("SETITEMS with an odd number of items", offset=self.op_start)
+        self._setitems(self.top(), items)
+
+    def _setitems(self, target: Any, items: list[Any]) -> None:
+        if isinstance(target, dict):
+            self._check_len(len(target) + len(items) // 2)
+            try:
+                for i in range(0, len(items), 2):
+                    target[items[i]] = items[i + 1]
+            except TypeError as e:
+                raise PickleError(f"unhashable dict key: {e}", offset=self.op_start) from None
+        else:
+            pairs = [(items[i], items[i + 1]) for i in range(0, len(items), 2)]
+            self.resolver.setitems(target, pairs, self.op_start)
+
+    def op_ADDITEMS(self) -> None:
+        items = self.pop_mark()
+        target = self.top()
+        if type(target) is set:
+            self._check_len(len(target) + len(items))
+            try:
+                target.update(items)
+            except TypeError as e:
+                raise PickleError(f"unhashable set element: {e}", offset=self.op_start) from None
+        else:
+            self.resolver.additems(target, items, self.op_start)
+
+    # ---- opcodes: stack manipulation -----------------------------------------------
+
+    def op_MARK(self) -> None:
+        if len(self.metastack) >= self.limits.max_depth:
+            raise LimitError("max_depth", self.limits.max_depth, len(self.metastack) + 1,
+                             "open MARKs", offset=self.op_start)
+        self.metastack.append(self.stack)
+        self.room -= len(self.stack)
+        self.stack = []
+
+    def op_POP(self) -> None:
+        if self.stack:
+            self.stack.pop()
+        else:
+            self.pop_mark()
+
+    def op_POP_MARK(self) -> None:
+        self.pop_mark()
+
+    def op_DUP(self) -> None:
+        self.push(self.top())
+
+    # ---- opcodes: memo ------------------------------------------------------------
+
+    def op_GET(self) -> None:
+        self.push(self._memo_get(self._memo_index(self._line(decimal=True))))
+
+    def op_BINGET(self) -> None:
+        self.push(self._memo_get(self._uint1()))
+
+    def op_LONG_BINGET(self) -> None:
+        self.push(self._memo_get(self._uint4()))
+
+    def op_PUT(self) -> None:
+        index = self._memo_index(self._line(decimal=True))
+        if index < 0:
+            raise PickleError("negative PUT index", offset=self.op_start)
+        self._memo_put(index, self.top())
+
+    def op_BINPUT(self) -> None:
+        index = self._uint1()
+        self._memo_put(index, self.top())
+
+    def op_LONG_BINPUT(self) -> None:
+        index = self._uint4()
+        self._memo_put(index, self.top())
+
+    def op_MEMOIZE(self) -> None:
+        self._memo_put(len(self.memo), self.top())
+
+    # ---- opcodes: names, calls and objects ----------------------------------------
+
+    def _global_pair(self, encoding: str) -> tuple[str, str]:
+        """GLOBAL's names are UTF-8, INST's ASCII (as both unpicklers decode them); an empty
+        one is refused, as C does."""
+        try:
+            module = self._line().decode(encoding)
+            name = self._line().decode(encoding)
+        except UnicodeDecodeError:
+            raise PickleError(f"global name is not {encoding} text",
+                              offset=self.op_start) from None
+        if not module or not name:
+            raise PickleError("global with an empty module or name", offset=self.op_start)
+        return module, name
+
+    def op_GLOBAL(self) -> None:
+        module, name = self._global_pair("utf-8")
+        self.push(self.resolver.find_global(module, name, self.op_start))
+
+    def op_STACK_GLOBAL(self) -> None:
+        name = self.pop()
+        module = self.pop()
+        if type(module) is not str or type(name) is not str:
+            raise PickleError("STACK_GLOBAL operands must be str", offset=self.op_start)
+        self.push(self.resolver.find_global(module, name, self.op_start))
+
+    def _ext(self, code: int) -> None:
+        if code <= 0:
+            raise PickleError("EXT code must be positive", offset=self.op_start)
+        self.push(self.resolver.extension(code, self.op_start))
+
+    def op_EXT1(self) -> None:
+        self._ext(self._uint1())
+
+    def op_EXT2(self) -> None:
+        self._ext(self._uint2())
+
+    def op_EXT4(self) -> None:
+        self._ext(self._int4())
+
+    def op_REDUCE(self) -> None:
+        args = self.pop()
+        func = self.pop()
+        if not isinstance(args, tuple):
+            raise PickleError("REDUCE arguments are not a tuple", offset=self.op_start)
+        if isinstance(func, (str, bytes, int, float, list, dict, tuple, type(None))):
+            raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
+                              offset=self.op_start)
+        self.push(self._made(self.resolver.call(func, args, self.op_start)))
+
+    def op_NEWOBJ(self) -> None:
+        args = self.pop()
+        cls = self.pop()
+        if not isinstance(args, tuple):
+            raise PickleError("NEWOBJ arguments are not a tuple", offset=self.op_start)
+        self.push(self._made(self.resolver.new_object(cls, args, None, self.op_start)))
+
+    def op_NEWOBJ_EX(self) -> None:
+        kwargs = self.pop()
+        args = self.pop()
+        cls = self.pop()
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise PickleError("NEWOBJ_EX operands must be a tuple and a dict",
+                              offset=self.op_start)
+        self.push(self._made(self.resolver.new_object(cls, args, kwargs, self.op_start)))
+
+    def op_INST(self) -> None:
+        module, name = self._global_pair("ascii")
+        cls = self.resolver.find_global(module, name, self.op_start)
+        args = tuple(self.pop_mark())
+        self.push(self._made(self.resolver.call(cls, args, self.op_start)))
+
+    def op_OBJ(self) -> None:
+        items = self.pop_mark()
+        if not items:
+            raise PickleError("OBJ without a class", offset=self.op_start)
+        cls = items[0]
+        self.push(self._made(self.resolver.call(cls, tuple(items[1:]), self.op_start)))
+
+    def op_BUILD(self) -> None:
+        state = self.pop()
+        obj = self.pop()
+        self.push(self._made(self.resolver.build(obj, state, self.op_start)))
+
+    def op_PERSID(self) -> None:
+        try:
+            pid = self._line().decode("ascii")
+        except UnicodeDecodeError:
+            raise PickleError("PERSID argument is not ASCII", offset=self.op_start) from None
+        self.push(self.resolver.persistent_load(pid, self.op_start))
+
+    def op_BINPERSID(self) -> None:
+        pid = self.pop()
+        self.push(self.resolver.persistent_load(pid, self.op_start))
+
+
+def run_pickle(
+    data: bytes | bytearray | memoryview | mmap.mmap,
+    resolver: Resolver | None = None,
+    limits: Limits | None = None,
+    *,
+    start: int = 0,
+    encoding: str = "utf-8",
+) -> tuple[Any, int]:
+    """Interpret the pickle at ``data[start:]``; return (value, offset after STOP)."""
+    lim = limits if limits is not None else Limits()
+    return Machine(data, resolver, lim, encoding=encoding).run(start)

@@ -1,0 +1,189 @@
+"""Rebuild rules for standard-library values: containers, datetimes, paths, namespaces.
+
+Each rule calls the real constructor only with plain data it has checked (no callable
+from the file is ever passed on), or keeps the call as an inert record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import pathlib
+import re
+import types
+import zoneinfo
+from collections.abc import Callable
+from typing import Any
+
+from torchless.core.limits import Limits
+from torchless.errors import PickleError
+from torchless.model.tensor import Tensor
+from torchless.pickle.known import Known
+from torchless.pickle.machine import Resolver
+from torchless.pickle.values import Global, Opaque
+
+__all__ = ["StdlibRules", "system_zone"]
+
+_CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
+_SCALAR_TYPES = (int, float, str, bool, complex, type(None))
+_DATETIME_CLASSES: dict[str, Callable[..., Any]] = {
+    "datetime": datetime.datetime, "date": datetime.date, "time": datetime.time,
+    "timedelta": datetime.timedelta, "timezone": datetime.timezone,
+}
+_PATH_CLASSES: dict[str, Callable[..., Any]] = {
+    "Path": pathlib.PurePosixPath, "PosixPath": pathlib.PurePosixPath,
+    "PurePath": pathlib.PurePosixPath, "PurePosixPath": pathlib.PurePosixPath,
+    "WindowsPath": pathlib.PureWindowsPath, "PureWindowsPath": pathlib.PureWindowsPath,
+}
+if os.name == "posix":
+    _PATH_CLASSES["Path"] = _PATH_CLASSES["PosixPath"] = pathlib.PosixPath
+
+
+_ZONE_KEY = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*\Z")
+
+
+def system_zone(key: str) -> datetime.tzinfo | None:
+    """``zoneinfo.ZoneInfo(key)`` when ``key`` is a plain zone name whose file this machine's
+    time zone database holds; None otherwise. ``ZoneInfo`` then reads only that file (for a
+    key it cannot find as a file it would import a ``tzdata`` module named after the key,
+    which a name from a file must never choose)."""
+    if len(key) > 255 or not _ZONE_KEY.match(key):
+        return None
+    for root in zoneinfo.TZPATH:
+        if os.path.isfile(os.path.join(root, key)):
+            try:
+                return zoneinfo.ZoneInfo(key)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+                return None
+    return None
+
+
+def _is_data(value: Any) -> bool:
+    return isinstance(value, (*_SCALAR_TYPES, bytes, bytearray, list, tuple, dict, set,
+                              frozenset))
+
+
+
+class StdlibRules(Resolver):
+    """``_r_<rule>`` methods for the stdlib entries of the rule table."""
+
+    limits: Limits
+
+    def _r_ordered_dict(self, f: Known, a: tuple[Any, ...]) -> Any:
+        od: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        if not a:
+            return od
+        if len(a) != 1 or not isinstance(a[0], (list, tuple, dict)):
+            raise PickleError("OrderedDict takes one sequence of pairs")
+        pairs = a[0].items() if isinstance(a[0], dict) else a[0]
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise PickleError("OrderedDict item is not a (key, value) pair")
+            od[pair[0]] = pair[1]
+        return od
+
+    def _r_defaultdict(self, f: Known, a: tuple[Any, ...]) -> Any:
+        factories: dict[str, Any] = {"list": list, "dict": dict, "set": set, "int": int,
+                                     "float": float, "str": str, "tuple": tuple}
+        factory = None
+        if a and isinstance(a[0], Known) and a[0].rule == "builtin":
+            factory = factories.get(a[0].name)
+        return collections.defaultdict(factory)
+
+    def _r_deque(self, f: Known, a: tuple[Any, ...]) -> Any:
+        items = a[0] if a else ()
+        maxlen = a[1] if len(a) > 1 else None
+        if not isinstance(items, (list, tuple)) or (maxlen is not None and (
+                type(maxlen) is not int or maxlen < 0)):
+            raise PickleError("deque takes a sequence and an optional maxlen")
+        return collections.deque(items, maxlen)
+
+    def _r_counter(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if a and not isinstance(a[0], dict):
+            raise PickleError("Counter takes a dict")
+        return collections.Counter(a[0] if a else {})
+
+    def _r_builtin(self, f: Known, a: tuple[Any, ...]) -> Any:
+        name = f.name
+        if not all(_is_data(x) or isinstance(x, (Tensor, Opaque, Global)) for x in a):
+            raise PickleError(f"builtins.{name} called with non-data arguments")
+        if name in ("set", "frozenset", "list", "tuple", "dict"):
+            if len(a) > 1 or (a and not isinstance(a[0], (list, tuple, set, frozenset, dict))):
+                raise PickleError(f"builtins.{name} takes one container")
+            ctor: Any = {"set": set, "frozenset": frozenset, "list": list, "tuple": tuple,
+                         "dict": dict}[name]
+            return ctor(*a)
+        if name in ("bytes", "bytearray"):
+            ctor = bytes if name == "bytes" else bytearray
+            if not a:
+                return ctor()
+            if len(a) == 2 and type(a[0]) is str and type(a[1]) is str and a[1].lower() in _CODECS:
+                return ctor(a[0], a[1])
+            if len(a) == 1 and isinstance(a[0], (bytes, bytearray)):
+                return ctor(a[0])
+            if len(a) == 1 and isinstance(a[0], list) and all(
+                    type(x) is int and 0 <= x < 256 for x in a[0]):
+                return ctor(a[0])
+            raise PickleError(f"builtins.{name} called with unsupported arguments")
+        if name in ("slice", "range"):
+            if not 1 <= len(a) <= 3 or not all(x is None or type(x) is int for x in a):
+                raise PickleError(f"builtins.{name} takes up to 3 ints")
+            return slice(*a) if name == "slice" else range(*a)
+        if name in ("complex", "int", "float", "str", "bool"):
+            if len(a) > 2 or not all(isinstance(x, (int, float, str)) for x in a):
+                raise PickleError(f"builtins.{name} takes scalars")
+            if name == "str":
+                if len(a) != 1 or type(a[0]) is not str:
+                    raise PickleError("builtins.str takes one str")
+                return a[0]
+            ctor = {"complex": complex, "int": int, "float": float, "bool": bool}[name]
+            return ctor(*a)
+        return Opaque(f, a)
+
+    def _r_reconstructor(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 3:
+            raise PickleError("copyreg._reconstructor takes 3 arguments")
+        cls, base, state = a
+        if isinstance(base, Known) and base.rule == "builtin" and base.name == "object" \
+                and state is None:
+            return self.new_object(cls, (), None, -1)
+        return Opaque(f, a)
+
+    def _r_newobj(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if not a:
+            raise PickleError("copyreg.__newobj__ needs a class")
+        return self.new_object(a[0], a[1:], None, -1)
+
+    def _r_newobj_ex(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 3 or not isinstance(a[1], tuple) or not isinstance(a[2], dict):
+            raise PickleError("copyreg.__newobj_ex__ takes (cls, args, kwargs)")
+        return self.new_object(a[0], a[1], a[2], -1)
+
+    def _r_codecs_encode(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if len(a) != 2 or type(a[0]) is not str or type(a[1]) is not str \
+                or a[1].lower() not in _CODECS:
+            raise PickleError("_codecs.encode takes a str and a known text encoding")
+        return a[0].encode(a[1])
+
+    def _r_datetime(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if not all(isinstance(x, (int, float, str, bytes, datetime.tzinfo, datetime.timedelta))
+                   or x is None for x in a):
+            raise PickleError(f"datetime.{f.name} called with non-data arguments")
+        return _DATETIME_CLASSES[f.name](*a)
+
+    def _r_namespace(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if a:
+            raise PickleError("argparse.Namespace takes no positional arguments")
+        return argparse.Namespace()
+
+    def _r_simple_namespace(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if a:
+            raise PickleError("types.SimpleNamespace takes no positional arguments")
+        return types.SimpleNamespace()
+
+    def _r_path(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if not all(type(x) is str for x in a):
+            raise PickleError(f"pathlib.{f.name} takes str parts")
+        return _PATH_CLASSES[f.name](*a)

@@ -1,0 +1,389 @@
+"""Every global a pickle stream names, found without running it (the scanner's pickle pass).
+
+Two passes over one stream, because a scanner must not stop where a reader stops:
+
+1. **Static walk.** Opcode by opcode with :mod:`._pickle.opcodes` (argument lengths checked
+   against the bytes present, nothing allocated by a declared length), from the first byte
+   to STOP or to the first byte that is not a decodable opcode. Every ``GLOBAL`` and ``INST``
+   names its global inline; ``EXT1/2/4`` name one through the loader's extension registry.
+   ``STACK_GLOBAL`` takes its operands from the stack: the walk follows string pushes and
+   memo puts/gets closely enough to name them when the two values just before it are
+   strings, and otherwise reports it unresolved (which the scanner calls dangerous).
+2. **Inert run.** The repo's interpreter (:class:`._pickle.vm.Machine`) with a resolver that
+   records each name and never refuses: it gives the exact operands of every
+   ``STACK_GLOBAL`` it reaches, memo tricks and decoys included. Where it breaks (malformed
+   data, a limit), the globals found before the break stay recorded and the walk of pass 1
+   still covers the rest of the stream.
+
+Nothing here imports, calls or unpickles anything.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchless.core.limits import Limits
+from torchless.errors import CheckpointError, LimitError
+from torchless.pickle.machine import Machine, Resolver, unescape_string
+from torchless.pickle.opcodes import Arg, by_code
+from torchless.pickle.values import Global, Opaque
+
+__all__ = ["FoundGlobal", "StreamScan", "scan_stream"]
+
+_STR_PUSH = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE",
+                       "BINUNICODE", "BINUNICODE8"})
+_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
+_GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+_FIXED = {Arg.NONE: 0, Arg.UINT1: 1, Arg.UINT2: 2, Arg.INT4: 4, Arg.UINT4: 4, Arg.UINT8: 8,
+          Arg.FLOAT8: 8}
+_PREFIXED = {Arg.LONG1: ("<B", 1), Arg.STRING1: ("<B", 1), Arg.BYTES1: ("<B", 1),
+             Arg.UNICODESTRING1: ("<B", 1), Arg.LONG4: ("<i", 4), Arg.STRING4: ("<i", 4),
+             Arg.BYTES4: ("<I", 4), Arg.UNICODESTRING4: ("<I", 4), Arg.BYTES8: ("<Q", 8),
+             Arg.UNICODESTRING8: ("<Q", 8), Arg.BYTEARRAY8: ("<Q", 8)}
+_LINES = {Arg.DECIMALNL_SHORT: 1, Arg.DECIMALNL_LONG: 1, Arg.FLOATNL: 1, Arg.STRINGNL: 1,
+          Arg.STRINGNL_NOESCAPE: 1, Arg.UNICODESTRINGNL: 1, Arg.STRINGNL_NOESCAPE_PAIR: 2}
+#: Bytes of one text line the walk accepts (a global name, a decimal) before calling it broken.
+_MAX_LINE = 1 << 20
+codecs.lookup("raw_unicode_escape")
+
+
+@dataclass(frozen=True)
+class FoundGlobal:
+    """One name a stream references: ``opcode`` at ``offset`` (from the stream's base)."""
+
+    module: str
+    name: str
+    offset: int
+    opcode: str
+    #: Why the name could not be read statically, if it could not ("" when it was).
+    unresolved: str = ""
+
+
+@dataclass
+class StreamScan:
+    """What one pickle stream holds, and where it went wrong."""
+
+    start: int
+    #: Offset after STOP, or where decoding gave up.
+    end: int
+    stopped: bool
+    globals: list[FoundGlobal] = field(default_factory=list)
+    #: (offset, message) of every place a reader would break or disagree.
+    problems: list[tuple[int, str]] = field(default_factory=list)
+    #: The inert value when the interpreter finished the stream, else None.
+    value: Any = None
+    #: Persistent ids the stream passed to BINPERSID (storages), in order.
+    pids: list[Any] = field(default_factory=list)
+    opcodes: int = 0
+    #: True when a Limits bound stopped the walk or the run before the end of the stream.
+    limited: bool = False
+
+
+class _Persistent:
+    """What a persistent id stands for in the inert run."""
+
+    def __init__(self, pid: Any) -> None:
+        self.pid = pid
+
+
+class _Recorder(Resolver):
+    """Records every name; refuses nothing; lets every update of an object pass."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.found: dict[int, FoundGlobal] = {}
+        self.pids: list[Any] = []
+
+    def find_global(self, module: str, name: str, offset: int) -> Any:
+        op = by_code(self.data[offset])
+        self.found[offset] = FoundGlobal(module, name, offset, op.name if op else "?")
+        return Global(module, name, offset)
+
+    def extension(self, code: int, offset: int) -> Any:
+        op = by_code(self.data[offset])
+        self.found[offset] = FoundGlobal("copyreg.extension", str(code), offset,
+                                         op.name if op else "EXT")
+        return Global("copyreg.extension", str(code), offset)
+
+    def build(self, obj: Any, state: Any, offset: int) -> Any:
+        return super().build(obj, state, offset) if isinstance(obj, Opaque) else obj
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        self.pids.append(pid)
+        return _Persistent(pid)
+
+    def append(self, obj: Any, items: list[Any], offset: int) -> None:
+        if isinstance(obj, Opaque):
+            super().append(obj, items, offset)
+
+    def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
+        if isinstance(obj, Opaque):
+            super().setitems(obj, pairs, offset)
+
+    def additems(self, obj: Any, items: list[Any], offset: int) -> None:
+        if isinstance(obj, Opaque):
+            super().additems(obj, items, offset)
+
+
+class _Machine(Machine):
+    """The interpreter, except that a STACK_GLOBAL on non-strings is recorded, not fatal."""
+
+    def op_STACK_GLOBAL(self) -> None:
+        name = self.pop()
+        module = self.pop()
+        if type(module) is str and type(name) is str:
+            self.push(self.resolver.find_global(module, name, self.op_start))
+            return
+        assert isinstance(self.resolver, _Recorder)
+        what = (f"operands are {type(module).__name__} and {type(name).__name__}, "
+                "not two strings")
+        self.resolver.found[self.op_start] = FoundGlobal(
+            _show(module), _show(name), self.op_start, "STACK_GLOBAL", what)
+        self.push(Global("?", "?", self.op_start))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Global):
+        return value.path
+    return value if isinstance(value, str) else f"<{type(value).__name__}>"
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _string_arg(name: str, raw: bytes) -> str | None:
+    """The str a string-pushing opcode leaves on the stack (as the stdlib decodes it)."""
+    try:
+        if name == "STRING":
+            quoted = raw.rstrip(b"\r")
+            if len(quoted) >= 2 and quoted[:1] == quoted[-1:] and quoted[:1] in b"'\"":
+                return unescape_string(quoted[1:-1]).decode("ascii")
+            return None
+        if name == "UNICODE":
+            return raw.decode("raw_unicode_escape")
+        if name in ("BINSTRING", "SHORT_BINSTRING"):
+            return raw.decode("ascii")
+        return raw.decode("utf-8", "surrogatepass")
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _table() -> list[tuple[str, int, int, str] | None]:
+    """Per opcode byte: (name, kind, n, struct format). kind 0: n fixed bytes; 1: an n-byte
+    length (``format``) then that many bytes; 2: n newline-terminated lines."""
+    table: list[tuple[str, int, int, str] | None] = [None] * 256
+    for code in range(256):
+        op = by_code(code)
+        if op is None:
+            continue
+        if op.arg in _FIXED:
+            table[code] = (op.name, 0, _FIXED[op.arg], "")
+        elif op.arg in _PREFIXED:
+            fmt, size = _PREFIXED[op.arg]
+            table[code] = (op.name, 1, size, fmt)
+        else:
+            table[code] = (op.name, 2, _LINES[op.arg], "")
+    return table
+
+
+_TABLE = _table()
+#: Runs of opcodes without an argument that neither name a global nor touch the memo.
+_IS_SIMPLE = [e is not None and e[1] == 0 and e[2] == 0 and
+              e[0] not in ("STACK_GLOBAL", "STOP", "MEMOIZE") for e in _TABLE]
+_SIMPLE_RUN = re.compile(b"[" + b"".join(
+    re.escape(bytes([code])) for code in range(256) if _IS_SIMPLE[code]) + b"]+")
+_MEMOIZE_RUN = re.compile(b"\x94+")
+
+
+def _static(data: Any, start: int, end: int, scan: StreamScan,
+            max_bytes: int) -> dict[int, FoundGlobal]:
+    """Pass 1; returns the globals by offset and fills ``scan.end``/``stopped``/problems."""
+    found: dict[int, FoundGlobal] = {}
+    memo: dict[int, str | None] = {}
+    unset = 0  # MEMOIZE slots filled with non-strings (not stored)
+    prev: str | None = None  # values of the last two value-producing opcodes
+    last: str | None = None
+    table = _TABLE
+    find = data.find
+    simple = _SIMPLE_RUN.match
+    is_simple = _IS_SIMPLE
+    memoize = _MEMOIZE_RUN.match
+    count = 0
+    pos = start
+    frame_end = -1
+    limit = start + max_bytes
+    while True:
+        if pos == frame_end:
+            frame_end = -1
+        if pos < end and is_simple[data[pos]]:
+            run = simple(data, pos, min(end, limit + 1))
+            if run is not None and run.end() - pos > 1:  # a run naming nothing: skip it
+                k = run.end() - pos
+                count += k
+                prev = last = None
+                if pos < frame_end <= run.end():
+                    frame_end = -1
+                pos = run.end()
+                continue
+        elif pos < end and data[pos] == 0x94 and last is None:
+            run = memoize(data, pos, min(end, limit + 1))
+            if run is not None:
+                count += run.end() - pos
+                unset += run.end() - pos
+                if pos < frame_end <= run.end():
+                    frame_end = -1
+                pos = run.end()
+                continue
+        if pos > limit:
+            scan.problems.append((pos, f"the stream is longer than max_pickle_bytes="
+                                       f"{max_bytes}; the rest was not walked"))
+            scan.limited = True
+            break
+        if pos >= end:
+            scan.problems.append((pos, "the stream ends without a STOP opcode"))
+            break
+        entry = table[data[pos]]
+        if entry is None:
+            scan.problems.append((pos, f"byte 0x{data[pos]:02x} is not a pickle opcode"))
+            break
+        name, kind, n, fmt = entry
+        at = pos + 1
+        args: tuple[bytes, ...] = ()
+        if kind == 0:
+            nxt = at + n
+            if nxt > end:
+                scan.problems.append((pos, f"{name} argument is cut short"))
+                break
+            if n:
+                args = (data[at:nxt],)
+        elif kind == 1:
+            if at + n > end:
+                scan.problems.append((pos, f"{name} argument is cut short"))
+                break
+            length = int(struct.unpack(fmt, data[at:at + n])[0])
+            nxt = at + n + length
+            if length < 0 or nxt > end:
+                scan.problems.append((pos, f"{name} declares {length} bytes, "
+                                           f"{max(0, end - at - n)} remain"))
+                break
+            args = (data[at + n:nxt],)
+        else:
+            lines = []
+            nxt = at
+            for _ in range(n):
+                nl = find(b"\n", nxt, min(end, nxt + _MAX_LINE))
+                if nl < 0:
+                    break
+                lines.append(data[nxt:nl])
+                nxt = nl + 1
+            if len(lines) != n:
+                scan.problems.append((pos, f"{name} text argument has no end of line"))
+                break
+            args = tuple(lines)
+        count += 1
+        if pos < frame_end < nxt:
+            scan.problems.append((pos, f"{name} argument straddles the end of its FRAME "
+                                       "(unpicklers disagree about the bytes that follow)"))
+            _buried(data, at, nxt, found)
+            frame_end = -1
+        if name == "FRAME":
+            frame_end = nxt + int.from_bytes(args[0], "little")
+        if kind == 0 and n == 0 and name not in ("STACK_GLOBAL", "STOP", "MEMOIZE"):
+            prev, last = last, None
+            pos = nxt
+            continue
+        value: str | None = None
+        if name in ("GLOBAL", "INST"):
+            found[pos] = FoundGlobal(_text(args[0]), _text(args[1]), pos, name)
+        elif name in ("EXT1", "EXT2", "EXT4"):
+            code = int.from_bytes(args[0], "little", signed=name == "EXT4")
+            found[pos] = FoundGlobal("copyreg.extension", str(code), pos, name)
+        elif name == "STACK_GLOBAL":
+            if prev is not None and last is not None:
+                found[pos] = FoundGlobal(prev, last, pos, name)
+            else:
+                found[pos] = FoundGlobal("?", "?", pos, name,
+                                         "operands are not two strings pushed just before it")
+        elif name == "STOP":
+            scan.end = nxt
+            scan.stopped = True
+            break
+        pos = nxt
+        if name in _PUTS:
+            index = len(memo) + unset if name == "MEMOIZE" else _index(name, args[0])
+            if index is not None:
+                memo[index] = last
+            continue
+        if name in ("FRAME", "PROTO"):
+            continue
+        if name in _STR_PUSH:
+            value = _string_arg(name, args[0])
+        elif name in _GETS:
+            index = _index(name, args[0])
+            value = memo.get(index) if index is not None else None
+        prev, last = last, value
+    if not scan.stopped:
+        scan.end = pos
+    scan.opcodes = count
+    return found
+
+
+# bounded repeats: an unbounded one backtracks quadratically over a long run of name bytes
+_BURIED = re.compile(rb"c([A-Za-z_][A-Za-z0-9_.]{0,255})\n([A-Za-z_][A-Za-z0-9_.]{0,255})\n")
+
+
+def _buried(data: Any, lo: int, hi: int, found: dict[int, FoundGlobal]) -> None:
+    """GLOBAL opcodes inside an argument that straddles a frame: some unpicklers read the
+    argument only up to the frame's end and run what follows as opcodes."""
+    for m in _BURIED.finditer(bytes(data[lo:min(hi, lo + _MAX_LINE)])):
+        offset = lo + m.start()
+        found[offset] = FoundGlobal(_text(m.group(1)), _text(m.group(2)), offset, "GLOBAL")
+
+
+def _index(name: str, raw: bytes) -> int | None:
+    if name in ("PUT", "GET"):
+        text = raw.strip()
+        return int(text) if text.isdigit() and len(text) < 12 else None
+    return int.from_bytes(raw, "little")
+
+
+#: Streams up to this size always get the inert run (it also finds stack and memo misuse);
+#: larger ones only when they hold a STACK_GLOBAL or their value is wanted.
+_RUN_ALWAYS = 256 << 10
+
+
+def scan_stream(data: Any, start: int = 0, end: int | None = None,
+                limits: Limits | None = None, *, want_value: bool = False) -> StreamScan:
+    """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap)."""
+    stop = len(data) if end is None else end
+    scan = StreamScan(start, stop, False)
+    lim = limits or Limits()
+    static = _static(data, start, stop, scan, lim.max_pickle_bytes)
+    stack_global = any(g.opcode == "STACK_GLOBAL" for g in static.values())
+    if not (want_value or stack_global or scan.end - start <= _RUN_ALWAYS):
+        scan.globals = [static[k] for k in sorted(static)]
+        return scan
+    view = data if stop == len(data) else data[:stop]
+    recorder = _Recorder(view)
+    machine = _Machine(view, recorder, lim)
+    try:
+        scan.value, _ = machine.run(start)
+    except CheckpointError as e:
+        scan.limited = scan.limited or isinstance(e, LimitError)
+        where = e.offset if e.offset is not None else start
+        message = e.message
+        if not any(off == where for off, _ in scan.problems):
+            scan.problems.insert(0, (where, message))
+    except RecursionError:  # pragma: no cover - the interpreter bounds its own depth
+        scan.problems.insert(0, (start, "nesting too deep to follow"))
+    merged = dict(static)
+    for offset, record in recorder.found.items():
+        merged[offset] = record  # the interpreter's operands are exact
+    scan.globals = [merged[k] for k in sorted(merged)]
+    scan.pids = recorder.pids
+    return scan
