@@ -154,7 +154,7 @@ def labelled_files(hostile: list[Path], limit: int | None = None) -> list[tuple[
 
 
 def run_torchless(paths: list[str]) -> dict[str, tuple[str, float]]:
-    from torchless.scan.scanner import scan
+    from torchless.scanner.files import scan
 
     out = {}
     for p in paths:

@@ -102,7 +102,7 @@ def test_failed_force_hf_conversion_keeps_the_old_output(
     assert _snapshot(out) == old
 
     # verification fails
-    from torchless.convert import hf as _hf
+    from torchless.conversion import hf as _hf
 
     def mismatch(*args: Any, **kwargs: Any) -> Any:
         return [], {"a2": "bytes differ"}, [], [], [], {}
@@ -167,7 +167,7 @@ def test_force_hf_publishes_the_index_after_hiding_the_old_one(
 
 def test_failed_verify_keeps_the_replaced_file(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless.convert import api as _convert
+    from torchless.conversion import api as _convert
 
     dst = tmp_path / "tiny.safetensors"
     dst.write_bytes(b"the previous output")

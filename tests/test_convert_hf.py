@@ -16,7 +16,7 @@ import pytest
 
 import torchless
 from torchless.cli.main import main
-from torchless.convert.hf import output_name, parse_size
+from torchless.conversion.hf import output_name, parse_size
 
 pytestmark = pytest.mark.torch
 
@@ -392,7 +392,7 @@ def test_interrupted_run_leaves_nothing(torch: ModuleType, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C during the second shard, or a failing index write: no shard, no index, no
     temporary file is left; the index is only ever written after every shard."""
-    from torchless.convert import hf as _hf
+    from torchless.conversion import hf as _hf
     from torchless.write import atomic as _atomic
 
     root = _hf_dir(torch, tmp_path / "m", [{"a": torch.zeros(64)}, {"b": torch.ones(64)}])

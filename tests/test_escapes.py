@@ -282,7 +282,7 @@ def test_convert_bug_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_verify_reports_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchless.convert import api as _convert
+    from torchless.conversion import api as _convert
 
     dst = tmp_path / "out.safetensors"
     torchless.convert(TINY, dst)
@@ -294,7 +294,7 @@ def test_verify_reports_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_scan_reports_a_bug_as_error_never_clean(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from torchless.scan import scanner as _scan
+    from torchless.scanner import files as _scan
 
     monkeypatch.setattr(_scan._File, "run", _boom)
     report = torchless.scan(TINY)
@@ -312,7 +312,7 @@ def test_scan_reports_a_bug_as_error_never_clean(monkeypatch: pytest.MonkeyPatch
 def test_batch_reports_a_bug_as_failed_not_refused(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from torchless.containers import torchzip as _torchzip
-    from torchless.scan import scanner as _scan
+    from torchless.scanner import files as _scan
 
     tiny = tmp_path / "tiny.pt"
     tiny.write_bytes(TINY.read_bytes())

@@ -688,7 +688,7 @@ def test_string_escapes_read_as_c_without_a_warning(body: bytes, expected: bytes
 
 
 def test_scanner_reads_string_escapes_without_a_warning() -> None:
-    from torchless.scan.pickles import scan_stream
+    from torchless.scanner.pickles import scan_stream
 
     data = b"S'\\q'\nS'\\400'\n\x93."  # STACK_GLOBAL on the two decoded strs
     scan = scan_stream(data)

@@ -34,7 +34,7 @@ import pytest
 from tests.test_hostile import SHARED_CASES, Hostile, hostile  # noqa: F401  (fixture)
 from torchless import Limits
 from torchless.cli.main import main
-from torchless.scan.scanner import FileScan, ScanReport, scan, scan_paths
+from torchless.scanner.files import FileScan, ScanReport, scan, scan_paths
 
 TESTS = Path(__file__).resolve().parent
 FIXTURES = TESTS / "data" / "fixtures"

@@ -33,7 +33,7 @@ import pytest
 
 import torchless
 from torchless import AmbiguousArchiveError, ArchiveFormatError, UnsupportedError
-from torchless.scan.scanner import FileScan, scan
+from torchless.scanner.files import FileScan, scan
 
 pytestmark = pytest.mark.torch
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from torchless.api.batch import BatchResult, batch
-from torchless.api.checkpoint import Checkpoint, load, open
-from torchless.convert.api import convert, verify
-from torchless.convert.common import (
+from torchless.conversion.api import convert, verify
+from torchless.conversion.common import (
     ConversionReport,
     OpaqueObjectWarning,
     VerifyReport,
@@ -36,8 +35,9 @@ from torchless.inert.schema import TypeRegistry, register_type
 from torchless.inert.store import save
 from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.pickle.values import Global, Opaque
+from torchless.reader.checkpoint import Checkpoint, load, open
 from torchless.rules.resolver import GlobalRecord
-from torchless.scan.scanner import ScanReport, scan
+from torchless.scanner.files import ScanReport, scan
 
 from ._version import __version__
 

@@ -106,8 +106,8 @@ def run_one(path: str, op: Op, options: dict[str, Any]) -> BatchResult:
 
 
 def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
-    from torchless.convert.api import convert, verify
-    from torchless.convert.common import OpaqueObjectWarning, default_dst
+    from torchless.conversion.api import convert, verify
+    from torchless.conversion.common import OpaqueObjectWarning, default_dst
 
     dst = options.pop("dst", None) or default_dst(path)
     resume = options.pop("resume", True)
@@ -138,7 +138,7 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[
 
 
 def _scan(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
-    from torchless.scan.scanner import scan
+    from torchless.scanner.files import scan
 
     report = scan(path, **options)
     failed = [f for f in report.files if f.status == "error"]
@@ -149,7 +149,7 @@ def _scan(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str
 
 
 def _inspect(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
-    from torchless.api.checkpoint import open as open_checkpoint
+    from torchless.reader.checkpoint import open as open_checkpoint
 
     with open_checkpoint(path, **options) as ckpt:
         return "done", None, {

@@ -15,9 +15,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless._version import __version__
-from torchless.api import checkpoint as _checkpoint
-from torchless.convert.api import convert, verify
-from torchless.convert.common import ConversionReport, OpaqueObjectWarning, VerifyReport
+from torchless.conversion.api import convert, verify
+from torchless.conversion.common import ConversionReport, OpaqueObjectWarning, VerifyReport
 from torchless.core.limits import Limits
 from torchless.core.text import line_writer, printable
 from torchless.errors import CheckpointError, InternalError
@@ -25,6 +24,7 @@ from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.model.walk import children
 from torchless.pickle.values import Global, Opaque
+from torchless.reader import checkpoint as _checkpoint
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -222,7 +222,7 @@ def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
 
 def _is_batch(sources: Sequence[str]) -> bool:
     """Several sources, or a directory that is not a Hugging Face model directory."""
-    from torchless.convert.hf import is_model_dir
+    from torchless.conversion.hf import is_model_dir
 
     return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s) for s in sources)
 
@@ -323,7 +323,7 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 def _run_scan(args: argparse.Namespace) -> int:
     """Exit 0 clean, 1 dangerous or anomalous, 2 unreadable (never raises for a file)."""
-    from torchless.scan.scanner import format_table, scan_paths
+    from torchless.scanner.files import format_table, scan_paths
 
     with _workers(args.jobs) as pool:
         report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),

@@ -46,8 +46,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 
-from torchless.api import checkpoint as _checkpoint
-from torchless.convert.common import (
+from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
     compare,
@@ -68,6 +67,7 @@ from torchless.errors import (
     UnsafePathError,
 )
 from torchless.model.tensor import Tensor
+from torchless.reader import checkpoint as _checkpoint
 from torchless.write import atomic as _atomic
 from torchless.write.safetensors import Planned, plan
 

@@ -46,8 +46,8 @@ from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.pickle.values import Global
 from torchless.rules.resolver import TorchResolver
-from torchless.scan.archives import ZipMember, read_member, scan_zip
-from torchless.scan.pickles import FoundGlobal, StreamScan, scan_stream
+from torchless.scanner.archives import ZipMember, read_member, scan_zip
+from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
 
 __all__ = ["Anomaly", "FileScan", "GlobalRef", "ScanReport", "format_table", "scan",
            "scan_paths"]

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from torchless.api import checkpoint as _checkpoint
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
@@ -37,6 +36,7 @@ from torchless.model import graph as _graph
 from torchless.model.chunks import chunks
 from torchless.model.tensor import Tensor
 from torchless.model.walk import children
+from torchless.reader import checkpoint as _checkpoint
 from torchless.write import atomic as _atomic
 from torchless.write.safetensors import (
     Planned,

@@ -10,9 +10,8 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
-from torchless.api import checkpoint as _checkpoint
-from torchless.convert import hf as _hf
-from torchless.convert.common import (
+from torchless.conversion import hf as _hf
+from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
     compare,
@@ -35,6 +34,7 @@ from torchless.errors import (
 )
 from torchless.inert import schema as _inert
 from torchless.io.remote import is_remote
+from torchless.reader import checkpoint as _checkpoint
 from torchless.write import atomic as _atomic
 from torchless.write.safetensors import (
     plan,
@@ -69,7 +69,8 @@ def convert(
 
     SRC may also be a Hugging Face model directory (``pytorch_model.bin`` or shards with a
     ``*.bin.index.json``) or such an index file; DST is then an output directory (default:
-    SRC's directory) and the outputs follow transformers' naming (see :mod:`torchless.convert.hf`).
+    SRC's directory) and the outputs follow transformers' naming (see
+    :mod:`torchless.conversion.hf`).
 
     Args:
         src: the checkpoint (any layout torchless reads).
