@@ -43,8 +43,8 @@ from ._version import __version__
 
 __all__ = [
     "AmbiguousArchiveError",
-    "BatchResult",
     "ArchiveFormatError",
+    "BatchResult",
     "Checkpoint",
     "CheckpointError",
     "ChecksumError",

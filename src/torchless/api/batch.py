@@ -33,6 +33,8 @@ from torchless.errors import CheckpointError, ConversionError, InternalError
 __all__ = ["BatchResult", "batch", "expand"]
 
 Op = Literal["convert", "scan", "inspect"]
+#: What became of one file (see :class:`BatchResult`).
+Status = Literal["done", "skipped", "refused", "failed"]
 _BUG_HINT = ("torchless should have reported this as one of its own errors: please report "
              "it, with the file if you can share it")
 _OS_HINT = "check that the file is readable and that the output directory is writable"
@@ -53,7 +55,7 @@ class BatchResult:
 
     path: str
     op: str
-    status: str
+    status: Status
     seconds: float
     output: str | None = None
     error: str | None = None
@@ -92,8 +94,8 @@ def run_one(path: str, op: Op, options: dict[str, Any]) -> BatchResult:
         status, output, detail = _OPS[op](path, dict(options))
         return BatchResult(path, op, status, time.monotonic() - started, output, None, detail)
     except CheckpointError as e:
-        status = "failed" if isinstance(e, InternalError) else "refused"
-        return BatchResult(path, op, status, time.monotonic() - started, None, str(e),
+        failed: Status = "failed" if isinstance(e, InternalError) else "refused"
+        return BatchResult(path, op, failed, time.monotonic() - started, None, str(e),
                            hint=e.hint)
     except KeyboardInterrupt:
         raise
@@ -105,7 +107,7 @@ def run_one(path: str, op: Op, options: dict[str, Any]) -> BatchResult:
                            hint=_OS_HINT if isinstance(e, OSError) else _BUG_HINT)
 
 
-def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, dict[str, Any]]:
     from torchless.conversion.api import convert, verify
     from torchless.conversion.common import OpaqueObjectWarning, default_dst
 
@@ -115,8 +117,9 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[
         try:
             report = verify(path, dst, key=options.get("key"),
                             skip_unsupported=bool(options.get("skip_unsupported")),
-                            limits=options.get("limits"),
-                            allow_globals=options.get("allow_globals", ()))
+                            limits=options.get("limits"), strict=bool(options.get("strict")),
+                            allow_globals=options.get("allow_globals", ()),
+                            verify_crc=bool(options.get("verify_crc")))
         except InternalError:
             raise
         except CheckpointError:
@@ -137,7 +140,7 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[
                               "opaque": list(done.opaque)}
 
 
-def _scan(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+def _scan(path: str, options: dict[str, Any]) -> tuple[Status, str | None, dict[str, Any]]:
     from torchless.scanner.files import scan
 
     report = scan(path, **options)
@@ -148,7 +151,7 @@ def _scan(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str
     return "done", None, doc
 
 
-def _inspect(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+def _inspect(path: str, options: dict[str, Any]) -> tuple[Status, str | None, dict[str, Any]]:
     from torchless.reader.checkpoint import open as open_checkpoint
 
     with open_checkpoint(path, **options) as ckpt:
@@ -159,7 +162,7 @@ def _inspect(path: str, options: dict[str, Any]) -> tuple[str, str | None, dict[
             "opaque_globals": sorted({f"{g.module}.{g.name}" for g in ckpt.opaque})}
 
 
-_OPS: dict[str, Callable[[str, dict[str, Any]], tuple[str, str | None, dict[str, Any]]]] = {
+_OPS: dict[str, Callable[[str, dict[str, Any]], tuple[Status, str | None, dict[str, Any]]]] = {
     "convert": _convert, "scan": _scan, "inspect": _inspect}
 
 
@@ -183,8 +186,9 @@ def batch(
         report: a JSON-lines file; one line per result, appended as results arrive.
         on_result: called with each result as it arrives (progress display).
         **options: passed to the operation (convert: ``key``, ``dedupe``,
-            ``skip_unsupported``, ``tree``, ``verify``, ``resume`` (default True) …; scan:
-            ``strict``; inspect: ``strict``, ``allow_globals``).
+            ``skip_unsupported``, ``tree``, ``verify``, ``resume`` (default True) …; every
+            op: ``strict``, ``allow_globals``, ``limits``; convert and inspect:
+            ``verify_crc``).
 
     Returns the results in the order of the files.
     """

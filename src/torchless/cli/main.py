@@ -146,7 +146,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
-            "limits": _limits(args), "allow_globals": tuple(args.allow_global)}
+            "limits": _limits(args), "strict": args.strict,
+            "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc}
 
 
 def _limit(text: str) -> tuple[str, int]:
@@ -172,6 +173,17 @@ def _add_allow_global(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
                         help="for a file you trust: keep this refused global as an inert "
                              "record, never called (repeatable)")
+
+
+def _add_reading(parser: argparse.ArgumentParser, *, strict: str | None = None) -> None:
+    """The options every command that reads a checkpoint shares (one vocabulary with the
+    Python API: strict, allow_globals, verify_crc, limits)."""
+    parser.add_argument("--strict", action="store_true",
+                        help=strict or "refuse every global outside the rebuild rules")
+    _add_allow_global(parser)
+    parser.add_argument("--verify-crc", action="store_true",
+                        help="check the CRC-32 of every tensor's archive member as it is read")
+    _add_limit(parser)
 
 
 def _add_limit(parser: argparse.ArgumentParser) -> None:
@@ -304,7 +316,7 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
 
     files = _checkpoint_files(args.file)
     options = {"strict": args.strict, "allow_globals": tuple(args.allow_global),
-               "limits": _limits(args)}
+               "limits": _limits(args), "verify_crc": args.verify_crc}
     with _workers(args.jobs) as pool:
         results = batch(files, "inspect", pool, on_result=show, **options)
     return 0 if all(r.ok for r in results) else 1
@@ -312,7 +324,8 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
 
 def _run_verify(args: argparse.Namespace) -> int:
     report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
-                             allow_globals=args.allow_global)
+                    skip_unsupported=args.skip_unsupported, strict=args.strict,
+                    allow_globals=args.allow_global, verify_crc=args.verify_crc)
     if args.json:
         json.dump(_verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -327,7 +340,7 @@ def _run_scan(args: argparse.Namespace) -> int:
 
     with _workers(args.jobs) as pool:
         report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),
-                            executor=pool)
+                            allow_globals=args.allow_global, executor=pool)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
@@ -496,10 +509,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="with several files: inspect them in N worker processes")
     ins.add_argument("--json", action="store_true", help="print a JSON document")
     ins.add_argument("--all", action="store_true", help="list every tensor (default: 100)")
-    ins.add_argument("--strict", action="store_true",
-                     help="refuse every global outside the rebuild rules")
-    _add_limit(ins)
-    _add_allow_global(ins)
+    _add_reading(ins)
     conv = sub.add_parser(
         "convert", help="write a checkpoint's tensors as a safetensors file",
         description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
@@ -531,8 +541,7 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--weights-only", action="store_true",
                       help="write the tensors only, not the rest of the object (epochs, "
                            "optimizer state, configs …) as an inert tree")
-    _add_limit(conv)
-    _add_allow_global(conv)
+    _add_reading(conv)
     conv.add_argument("--json", action="store_true", help="print a JSON summary")
     ver = sub.add_parser(
         "verify", help="compare a checkpoint with a safetensors file",
@@ -544,8 +553,10 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json")
     ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
     ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
-    _add_limit(ver)
-    _add_allow_global(ver)
+    ver.add_argument("--skip-unsupported", action="store_true",
+                     help="tensors safetensors cannot hold count as skipped, not missing (as "
+                          "convert --skip-unsupported leaves them out)")
+    _add_reading(ver)
     ver.add_argument("--json", action="store_true", help="print a JSON report")
     sc = sub.add_parser(
         "scan", help="list every global and container trick in files, without running them",
@@ -560,9 +571,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
     sc.add_argument("--json", action="store_true", help="print a JSON report")
-    sc.add_argument("--strict", action="store_true",
-                    help="count every global outside the rebuild rules as dangerous")
-    _add_limit(sc)
+    _add_reading(sc, strict="count every global outside the rebuild rules as dangerous")
     sc.add_argument("-v", "--verbose", action="store_true",
                     help="list every global (not only dangerous ones) and skipped files")
     sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
@@ -599,7 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_inspect_many(args)
         if args.command == "inspect":
             ckpt = _checkpoint.open(args.file[0], strict=args.strict,
-                                    allow_globals=args.allow_global, limits=_limits(args))
+                                    allow_globals=args.allow_global, limits=_limits(args),
+                                    verify_crc=args.verify_crc)
             with ckpt:
                 if args.json:
                     json.dump(_inspect_json(ckpt), sys.stdout, indent=1)

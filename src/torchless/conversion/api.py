@@ -34,7 +34,7 @@ from torchless.errors import (
 )
 from torchless.inert import schema as _inert
 from torchless.io.remote import is_remote
-from torchless.reader import checkpoint as _checkpoint
+from torchless.reader.checkpoint import ReadOptions
 from torchless.write import atomic as _atomic
 from torchless.write.safetensors import (
     plan,
@@ -56,7 +56,9 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     max_shard_size: int | str | None = None,
     tree: bool = True,
+    strict: bool = False,
     allow_globals: Iterable[str] = (),
+    verify_crc: bool = False,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -86,6 +88,8 @@ def convert(
             (an int, or ``"5GB"``, ``"500MB"``, ``"1GiB"``: GB = 10**9, GiB = 2**30), named
             ``<stem>-0000K-of-0000N.safetensors`` with ``<stem>.safetensors.index.json``.
         tree: store the object tree beside the tensors (``False``: tensors only).
+        strict: as for :func:`torchless.open`.
+        verify_crc: as for :func:`torchless.open`.
         allow_globals: ``module.name`` globals the policy would refuse, kept as inert
             records for a file you trust (as in :func:`torchless.open`); never called.
 
@@ -102,17 +106,17 @@ def convert(
         if dst is None:
             dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
     spath = os.fspath(src)
+    read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     try:
         local_dir = not is_remote(spath) and os.path.isdir(spath)
         if local_dir or spath.endswith(".index.json") or max_shard_size is not None:
             return _hf.convert_layout(
                 spath, None if dst is None else os.fspath(dst), key=key, force=force,
                 dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
-                limits=limits, progress=progress, max_shard_size=max_shard_size,
-                allow_globals=allow_globals)
+                progress=progress, max_shard_size=max_shard_size, read=read)
         dpath = os.fspath(dst) if dst is not None else default_dst(spath)
-        return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, limits,
-                        progress, tree, tuple(allow_globals))
+        return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
+                        tree, read)
     except CheckpointError:
         raise
     except MemoryError as e:
@@ -122,14 +126,16 @@ def convert(
     except Exception as e:  # a bug of ours: reported as one, never as a refusal
         raise InternalError.wrap(e, "converting", spath) from e
 
+
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
-             skip_unsupported: bool, verify: bool, limits: Limits | None,
+             skip_unsupported: bool, verify: bool,
              progress: Callable[[int, int], None] | None, tree: bool,
-             allow_globals: tuple[str, ...]) -> ConversionReport:
+             read: ReadOptions) -> ConversionReport:
     started = time.monotonic()
+    limits = read.limits
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(_atomic.Output(dpath, force=force))
-        with _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
+        with read.open(spath) as ckpt:
             try:
                 if os.path.exists(dpath) and os.path.samefile(spath, dpath):
                     raise ConversionError("the output path is the source file", path=dpath,
@@ -150,7 +156,8 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
         if verify:  # before publishing: a failure leaves an existing DST as it was
             checked = verify_unpublished(spath, [out], lambda paths: _verify(
                 spath, paths[0], key=key, limits=limits, skip_unsupported=skip_unsupported,
-                allow_globals=allow_globals))
+                strict=read.strict, allow_globals=read.allow_globals,
+                verify_crc=read.verify_crc))
             if not checked.ok:
                 raise ConversionError(f"verification failed: {summary(checked)}; nothing "
                                       "was written", path=dpath,
@@ -169,8 +176,10 @@ def verify(
     *,
     key: str | None = None,
     limits: Limits | None = None,
-    skip_unsupported: bool = True,
+    skip_unsupported: bool = False,
+    strict: bool = False,
     allow_globals: Iterable[str] = (),
+    verify_crc: bool = False,
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -181,17 +190,15 @@ def verify(
 
     DST is read with torchless's own header parser (the data section must be tiled exactly).
     Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
-    Tensors of SRC that safetensors cannot hold are listed as skipped (or as missing when
-    ``skip_unsupported=False``). ``allow_globals`` is as for :func:`torchless.open`."""
+    Tensors of SRC that safetensors cannot hold are listed as missing, or as skipped with
+    ``skip_unsupported=True`` (as ``convert`` leaves them out). ``strict``,
+    ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`."""
     spath, dpath = os.fspath(src), os.fspath(dst)
-    allow_globals = tuple(allow_globals)
+    read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     if any(os.path.isdir(p) or p.endswith(".index.json") for p in (spath, dpath)):
-
-        return _hf.verify_layout(spath, dpath, key=key, limits=limits,
-                                 skip_unsupported=skip_unsupported,
-                                 allow_globals=allow_globals)
-    with safetensors_data(dpath, limits) as (header, data), \
-            _checkpoint.open(spath, limits=limits, allow_globals=allow_globals) as ckpt:
+        return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
+                                 read=read)
+    with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:
         tensors, unsupported = select(ckpt, key)
         result = compare(tensors, list(unsupported), header, data, skip_unsupported)
         matched, mismatched, missing, extra, skipped, aliases = result

@@ -41,7 +41,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
@@ -68,6 +68,7 @@ from torchless.errors import (
 )
 from torchless.model.tensor import Tensor
 from torchless.reader import checkpoint as _checkpoint
+from torchless.reader.checkpoint import ReadOptions
 from torchless.write import atomic as _atomic
 from torchless.write.safetensors import Planned, plan
 
@@ -306,19 +307,16 @@ def convert_layout(
     dedupe: bool,
     skip_unsupported: bool,
     verify: bool,
-    limits: Limits | None,
     progress: Callable[[int, int], None] | None,
     max_shard_size: int | str | None,
-    allow_globals: Iterable[str] = (),
+    read: ReadOptions,
 ) -> ConversionReport:
     """Convert a model directory, an index, or one file into (sharded) safetensors."""
     started = time.monotonic()
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     layout = _resolve(spath, dst)
     with contextlib.ExitStack() as stack:
-        ckpts = [stack.enter_context(_checkpoint.open(p, limits=limits,
-                                                      allow_globals=allow_globals))
-                 for p in layout.sources]
+        ckpts = [stack.enter_context(read.open(p)) for p in layout.sources]
         if layout.expected is not None:
             _check_index(layout, ckpts)
         parts = [prepare(c, key, dedupe, skip_unsupported) for c in ckpts]
@@ -513,8 +511,8 @@ def _outputs(dpath: str) -> tuple[list[str], dict[str, str] | None]:
     return [dpath], None
 
 
-def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | None,
-                  skip_unsupported: bool, allow_globals: Iterable[str] = ()) -> VerifyReport:
+def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: bool,
+                  read: ReadOptions) -> VerifyReport:
     """Compare a checkpoint, a model directory or an index of shards with one safetensors
     file, a directory holding one, or a safetensors index and its shards.
 
@@ -534,8 +532,7 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | N
         tensors: dict[str, Tensor] = {}
         unsupported: list[str] = []
         for path in sources:
-            ckpt = stack.enter_context(_checkpoint.open(path, limits=limits,
-                                                        allow_globals=allow_globals))
+            ckpt = stack.enter_context(read.open(path))
             got, bad = select(ckpt, key)
             for name in [*got, *bad]:
                 if name in tensors or name in unsupported:
@@ -545,7 +542,7 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, limits: Limits | N
             unsupported += list(bad)
         placed: dict[str, str] = {}
         for path in files:
-            with safetensors_data(path, limits) as (header, data):
+            with safetensors_data(path, read.limits) as (header, data):
                 mine = {n: t for n, t in tensors.items() if n not in placed and (
                     n in header.entries or header.metadata.get(n) in header.entries)}
                 m, mm, _, ext, _, al = compare(mine, [], header, data, skip_unsupported)

@@ -7,7 +7,8 @@ from enum import Enum
 from torchless.errors import AmbiguousArchiveError, NotACheckpointError, TruncatedInputError
 from torchless.io.source import Source
 
-__all__ = ["LEGACY_MAGIC", "Layout", "detect"]
+__all__ = ["LEGACY_MAGIC", "Layout", "detect", "has_zip_tail", "head_of", "is_legacy",
+           "is_pickle", "is_tar", "is_zip", "refuse_other_formats", "refuse_unrecognised"]
 
 #: The magic number torch's legacy stream starts with (as a pickled int).
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -59,7 +60,7 @@ def _looks_like_text(head: bytes) -> str | None:
     return None
 
 
-def _has_zip_tail(source: Source) -> bool:
+def has_zip_tail(source: Source) -> bool:
     """True if a ZIP end-of-directory record ends exactly at the end of the file."""
     size = source.size
     lo = max(0, size - 22 - 0xFFFF)
@@ -81,30 +82,42 @@ def detect(source: Source) -> Layout:
     and a ZIP reader would each see a different checkpoint in it.
     """
     layout = _detect(source)
-    if layout is not Layout.ZIP and _has_zip_tail(source):
+    if layout is not Layout.ZIP and has_zip_tail(source):
         raise AmbiguousArchiveError(
             f"the file starts as a {layout.value} checkpoint but ends with a ZIP archive "
             "(a polyglot: different readers would load different content)")
     return layout
 
 
-def _detect(source: Source) -> Layout:
-    size = source.size
-    if size == 0:
-        raise TruncatedInputError("the file is empty")
-    head = source.read(0, min(size, 512), "file header")
-    if head.startswith(b"PK\x03\x04"):
-        return Layout.ZIP
+def is_zip(head: bytes, size: int) -> bool:
+    return head.startswith(b"PK\x03\x04")
+
+
+def is_legacy(head: bytes, size: int) -> bool:
+    """The legacy stream's magic number, pickled in binary (protocols 2+) or as text."""
     if head.startswith(b"\x80") and len(head) >= 2 and head[1] >= 2:
         body = head[2:]
         if body[:1] == b"\x95":  # protocol 4+ opens with a FRAME
             body = body[9:]
         if body.startswith(_LEGACY_BINARY):
-            return Layout.LEGACY
-    if head.startswith(_LEGACY_TEXT):
-        return Layout.LEGACY
-    if len(head) >= 262 and head[257:262] == b"ustar":
-        return Layout.TAR
+            return True
+    return head.startswith(_LEGACY_TEXT)
+
+
+def is_tar(head: bytes, size: int) -> bool:
+    return len(head) >= 262 and head[257:262] == b"ustar"
+
+
+def is_pickle(head: bytes, size: int) -> bool:
+    """A pickle's first opcode (tried after every other format was ruled out)."""
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
+        return True
+    return head[:1] != b"" and head[:1] in b"(]}cNIJKLMFSTUVXG\x8a"
+
+
+def refuse_other_formats(head: bytes, size: int) -> None:
+    """Name what the file is when it is a known non-checkpoint format (GGUF, safetensors,
+    an image, a compressed file, an HTML error page …)."""
     for offset, magic, what in _OTHER_FORMATS:
         if head[offset:offset + len(magic)] == magic:
             raise NotACheckpointError(f"this is {what}")
@@ -115,15 +128,33 @@ def _detect(source: Source) -> Layout:
     text = _looks_like_text(head)
     if text:
         raise NotACheckpointError(f"this is {text}")
-    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
-        return Layout.PICKLE
-    if head[:1] in b"(]}cNIJKLMFSTUVXG\x8a" and head[:1] != b"":
-        return Layout.PICKLE
+
+
+def refuse_unrecognised(source: Source, head: bytes) -> None:
     if head[:1] == b"\x08" and b"onnx" in head.lower():
         raise NotACheckpointError("this looks like an ONNX model, not a torch checkpoint")
-    if _has_zip_tail(source):
+    if has_zip_tail(source):
         raise AmbiguousArchiveError(
             "a ZIP archive with other data before it (torch needs the archive at offset 0)")
     raise NotACheckpointError(
         f"unrecognised file (starts with {head[:8].hex()}): not a ZIP, legacy, TAR or "
         "pickle torch checkpoint")
+
+
+def head_of(source: Source) -> bytes:
+    if source.size == 0:
+        raise TruncatedInputError("the file is empty")
+    return bytes(source.read(0, min(source.size, 512), "file header"))
+
+
+def _detect(source: Source) -> Layout:
+    head, size = head_of(source), source.size
+    for layout, sniff in ((Layout.ZIP, is_zip), (Layout.LEGACY, is_legacy),
+                          (Layout.TAR, is_tar)):
+        if sniff(head, size):
+            return layout
+    refuse_other_formats(head, size)
+    if is_pickle(head, size):
+        return Layout.PICKLE
+    refuse_unrecognised(source, head)
+    raise AssertionError  # pragma: no cover - refuse_unrecognised always raises

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any
 
 import numpy as np
 
-from torchless.containers.base import Container, PlainPickle
-from torchless.containers.legacy import LegacyStream
-from torchless.containers.tar import TorchTar
-from torchless.containers.torchzip import TorchZip
+from torchless.containers import registry
+from torchless.containers.base import Container
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
@@ -23,7 +22,7 @@ from torchless.errors import (
     reports_bugs,
 )
 from torchless.inert.schema import TensorMode, TypeRegistry
-from torchless.io.detect import Layout, detect, looks_like_safetensors
+from torchless.io.detect import looks_like_safetensors
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.model.graph import finish, flatten
@@ -31,7 +30,7 @@ from torchless.model.interop import to_torch
 from torchless.model.tensor import Tensor, UnsupportedTensor, with_attrs
 from torchless.rules.resolver import GlobalRecord, TorchResolver
 
-__all__ = ["Checkpoint", "load", "open"]
+__all__ = ["Checkpoint", "ReadOptions", "load", "open"]
 
 
 class Checkpoint:
@@ -50,7 +49,7 @@ class Checkpoint:
         info: container details (archive prefix, format version, byte order …).
     """
 
-    def __init__(self, path: str, source: Source, layout: str, tree: Any,
+    def __init__(self, path: str, source: Any, layout: str, tree: Any,
                  tensors: dict[str, Tensor], unsupported: dict[str, UnsupportedTensor],
                  globals_: list[GlobalRecord], info: dict[str, Any]) -> None:
         self.path = path
@@ -92,6 +91,21 @@ class Checkpoint:
     def __repr__(self) -> str:
         return (f"<Checkpoint {self.path!r} format={self.format} "
                 f"tensors={len(self.tensors)}>")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a checkpoint is read: the keywords ``open``, ``load``, ``convert``, ``verify``,
+    ``scan`` and ``batch`` share, with one meaning and one default each."""
+
+    limits: Limits | None = None
+    strict: bool = False
+    allow_globals: tuple[str, ...] = ()
+    verify_crc: bool = False
+
+    def open(self, path: Any) -> Checkpoint:
+        return open(path, limits=self.limits, strict=self.strict,
+                    allow_globals=self.allow_globals, verify_crc=self.verify_crc)
 
 
 def open(
@@ -142,29 +156,40 @@ def open(
 
 def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
           verify_crc: bool) -> Checkpoint:
+    if isinstance(path, str) and not is_remote(path) and os.path.isdir(path):
+        found = registry.find_directory(path)
+        return _read(path, found.name, lambda: found.open(path, limits, verify_crc), None,
+                     limits, strict, allow, root_name)
     source = RemoteSource(path) if is_remote(path) else Source(path)
-    path = source.path
     try:
-        layout = detect(source)
-        container: Container
-        if layout is Layout.ZIP:
-            container = TorchZip(source, limits, verify_crc=verify_crc)
-        elif layout is Layout.LEGACY:
-            container = LegacyStream(source, limits)
-        elif layout is Layout.TAR:
-            container = TorchTar(source, limits)
-        else:
-            container = PlainPickle(source, limits)
+        layout = registry.find_file(source)
+    except BaseException:
+        source.close()
+        raise
+    return _read(source.path, layout.name, lambda: layout.open(source, limits, verify_crc),
+                 source, limits, strict, allow, root_name)
+
+
+def _read(path: str, layout: str, make: Callable[[], Container], source: Any,
+          limits: Limits, strict: bool, allow: frozenset[str], root_name: str) -> Checkpoint:
+    """Run the container's object pickle and finish the tree; ``source`` (or, for a
+    directory layout, the container) is closed if anything fails."""
+    closer = source
+    try:
+        container = make()
+        if closer is None:
+            closer = container
         resolver = TorchResolver(limits, container.persistent_load, strict=strict, allow=allow)
         raw = container.load(resolver)
         tree = finish(raw, limits, container.module_hook())
         tensors, unsupported = flatten(tree, limits, root_name)
-        info: dict[str, Any] = {"layout": layout.value, **container.describe(resolver)}
+        info: dict[str, Any] = {"layout": layout, **container.describe(resolver)}
         info["era"] = describe_era(container.format, info)
-        return Checkpoint(path, source, container.format, tree, tensors, unsupported,
+        return Checkpoint(path, closer, container.format, tree, tensors, unsupported,
                           resolver.globals, info)
     except BaseException:
-        source.close()
+        if closer is not None:
+            closer.close()
         raise
 
 
@@ -199,6 +224,7 @@ def load(
     limits: Limits | None = None,
     strict: bool = False,
     allow_globals: Iterable[str] = (),
+    verify_crc: bool = False,
     copy: bool = False,
 ) -> Any:
     """The whole saved object: of a torch checkpoint, or of a file :func:`torchless.save`
@@ -215,6 +241,7 @@ def load(
         limits: resource bounds, as for :func:`open`.
         strict: as for :func:`open`.
         allow_globals: as for :func:`open`.
+        verify_crc: as for :func:`open`.
         copy: writable NumPy copies instead of read-only views of the file.
 
     Raises :class:`UnsupportedError` if the file holds tensors torchless will not read.
@@ -237,7 +264,8 @@ def load(
                                    hint="add `import torch` to your program before this "
                                         "call, or use tensors='numpy'")
     lim = limits if limits is not None else Limits()
-    ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals)
+    ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals,
+                verify_crc=verify_crc)
     try:
         if ckpt.unsupported:
             name, kind = next(iter(ckpt.unsupported.items()))

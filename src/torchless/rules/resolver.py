@@ -18,7 +18,7 @@ import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from torchless.core import dtypes as _dtypes
 from torchless.core.dtypes import DType, StorageType
@@ -54,7 +54,7 @@ class GlobalRecord:
     module: str
     name: str
     offset: int
-    verdict: str  # "rebuilt" or "opaque"
+    verdict: Literal["rebuilt", "opaque"]
 
 
 _UNSUPPORTED_TENSORS = {

@@ -35,7 +35,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from torchless.core import dtypes as _dtypes
 from torchless.core.limits import Limits
@@ -75,6 +75,12 @@ _ARGUMENT_DEPENDENT = {
 }
 
 
+#: What the scanner makes of one global.
+Verdict = Literal["rebuilt", "opaque", "dangerous"]
+#: What the scanner makes of one file.
+FileStatus = Literal["clean", "dangerous", "anomalous", "unreadable", "skipped", "error"]
+
+
 @dataclass(frozen=True)
 class GlobalRef:
     """A global a file names: where, through which opcode, and what it would be."""
@@ -84,7 +90,7 @@ class GlobalRef:
     #: Offset of the opcode: inside ``member`` when set, else inside the file.
     offset: int
     opcode: str
-    verdict: str  # "rebuilt", "opaque" or "dangerous"
+    verdict: Verdict
     member: str | None = None
     reason: str = ""
 
@@ -102,7 +108,7 @@ class Anomaly:
 @dataclass(frozen=True)
 class FileScan:
     path: str
-    status: str  # "clean", "dangerous", "anomalous", "unreadable", "skipped", "error"
+    status: FileStatus
     layout: str | None = None
     pickles: int = 0
     globals: tuple[GlobalRef, ...] = ()
@@ -149,16 +155,22 @@ class ScanReport:
 
 
 def scan(path: str | os.PathLike[str], *, strict: bool = False,
-         limits: Limits | None = None) -> ScanReport:
-    """Scan one file or directory (recursively) without running anything it holds."""
-    return scan_paths([path], strict=strict, limits=limits)
+         limits: Limits | None = None, allow_globals: Iterable[str] = ()) -> ScanReport:
+    """Scan one file or directory (recursively) without running anything it holds.
+
+    ``strict`` counts every global outside the rebuild rules as dangerous; ``allow_globals``
+    (exact ``module.name`` strings you trust) are not counted as dangerous; ``limits`` as for
+    :func:`torchless.open`. Archive members' CRCs are always checked."""
+    return scan_paths([path], strict=strict, limits=limits, allow_globals=allow_globals)
 
 
 def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
-               limits: Limits | None = None, executor: Executor | None = None) -> ScanReport:
+               limits: Limits | None = None, allow_globals: Iterable[str] = (),
+               executor: Executor | None = None) -> ScanReport:
     """Scan several files or directories into one report (in the order given); with an
     ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
     lim = limits or Limits()
+    allow = frozenset(allow_globals)
     jobs: list[tuple[str, bool]] = []
     for given in paths:
         p = given if isinstance(given, str) and is_remote(given) else os.fspath(given)
@@ -167,16 +179,18 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
         else:
             jobs.append((p, True))
     if executor is None:
-        files = [_scan_file(f, strict, lim, explicit=e) for f, e in jobs]
+        files = [_scan_file(f, strict, lim, allow, explicit=e) for f, e in jobs]
     else:
         files = list(executor.map(_scan_job, [f for f, _ in jobs], [e for _, e in jobs],
-                                  [strict] * len(jobs), [lim] * len(jobs)))
+                                  [strict] * len(jobs), [lim] * len(jobs),
+                                  [allow] * len(jobs)))
     return ScanReport(tuple(files))
 
 
-def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits) -> FileScan:
+def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits,
+              allow: frozenset[str]) -> FileScan:
     """One file (module level, so executors can run it in other processes)."""
-    return _scan_file(path, strict, limits, explicit=explicit)
+    return _scan_file(path, strict, limits, allow, explicit=explicit)
 
 
 def _walk(root: str) -> Iterator[str]:
@@ -188,22 +202,24 @@ def _walk(root: str) -> Iterator[str]:
                 yield full
 
 
-def _scan_file(path: str, strict: bool, limits: Limits, *, explicit: bool) -> FileScan:
+def _scan_file(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
+               explicit: bool) -> FileScan:
     try:
-        return _scan_one(path, strict, limits, explicit=explicit)
+        return _scan_one(path, strict, limits, allow, explicit=explicit)
     except Exception as e:  # a bug of ours: no verdict on the file, and not "unreadable"
         bug = InternalError.wrap(e, "scanning")
         return FileScan(path, "error", error=bug.message, hint=bug.hint)
 
 
-def _scan_one(path: str, strict: bool, limits: Limits, *, explicit: bool) -> FileScan:
+def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
+              explicit: bool) -> FileScan:
     try:
         # a remote file is fetched whole: every byte of it is scanned
         source = RemoteSource(path) if is_remote(path) else Source(path)
     except CheckpointError as e:
         return FileScan(path, "unreadable", error=e.message, hint=e.hint)
     with source:
-        state = _File(source, strict, limits)
+        state = _File(source, strict, limits, allow)
         try:
             layout = state.run()
         except (RecursionError, MemoryError) as e:  # pragma: no cover - defensive
@@ -211,10 +227,11 @@ def _scan_one(path: str, strict: bool, limits: Limits, *, explicit: bool) -> Fil
         except CheckpointError as e:  # what the content is, if not a checkpoint
             compressed = source.size > 0 and any(
                 bytes(source.raw[:len(m)]) == m for m in _COMPRESSED)
-            status = "unreadable" if explicit or compressed else "skipped"
-            return FileScan(path, status, error=e.message, hint=e.hint)
+            unread: FileStatus = "unreadable" if explicit or compressed else "skipped"
+            return FileScan(path, unread, error=e.message, hint=e.hint)
         dangerous = any(g.verdict == "dangerous" for g in state.globals)
-        status = "dangerous" if dangerous else "anomalous" if state.anomalies else "clean"
+        status: FileStatus = ("dangerous" if dangerous else
+                              "anomalous" if state.anomalies else "clean")
         return FileScan(path, status, layout, state.pickles, tuple(state.globals),
                         tuple(dict.fromkeys(state.anomalies)))
 
@@ -222,8 +239,10 @@ def _scan_one(path: str, strict: bool, limits: Limits, *, explicit: bool) -> Fil
 class _File:
     """The scan of one file: what has been found so far."""
 
-    def __init__(self, source: Source, strict: bool, limits: Limits) -> None:
+    def __init__(self, source: Source, strict: bool, limits: Limits,
+                 allow: frozenset[str] = frozenset()) -> None:
         self.source = source
+        self.allow = allow
         self.buf: Any = source.raw
         self.size = source.size
         self.strict = strict
@@ -231,7 +250,7 @@ class _File:
         self.globals: list[GlobalRef] = []
         self.anomalies: list[Anomaly] = []
         self.pickles = 0
-        self._verdicts: dict[tuple[str, str], tuple[str, str]] = {}
+        self._verdicts: dict[tuple[str, str], tuple[Verdict, str]] = {}
         self._crcs: dict[tuple[int, int, int, int], int | None] = {}
 
     def flag(self, kind: str, message: str, member: str | None = None,
@@ -240,7 +259,7 @@ class _File:
 
     # ---- verdicts ---------------------------------------------------------------------
 
-    def verdict(self, g: FoundGlobal) -> tuple[str, str]:
+    def verdict(self, g: FoundGlobal) -> tuple[Verdict, str]:
         if g.unresolved:
             return "dangerous", f"{g.opcode} whose name cannot be read statically ({g.unresolved})"
         if g.module == "copyreg.extension":
@@ -248,7 +267,7 @@ class _File:
                                  "extension registry")
         key = (g.module, g.name)
         if key not in self._verdicts:
-            resolver = TorchResolver(self.limits, strict=self.strict)
+            resolver = TorchResolver(self.limits, strict=self.strict, allow=self.allow)
             try:
                 resolver.find_global(g.module, g.name, g.offset)
             except CheckpointError as e:

@@ -1,0 +1,107 @@
+"""Which container reads a path: the layouts torchless knows, each found by sniffing a file's
+first bytes or a directory's entries, never by a name's extension.
+
+A new layout is one module (a class that follows :class:`~torchless.containers.base.Container`)
+and one :func:`register` call here; ``torchless.open`` and everything built on it then read it,
+and ``Checkpoint.format`` / ``info["layout"]`` report it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torchless.containers.base import Container, PlainPickle
+from torchless.containers.legacy import LegacyStream
+from torchless.containers.tar import TorchTar
+from torchless.containers.torchzip import TorchZip
+from torchless.core.limits import Limits
+from torchless.errors import AmbiguousArchiveError, NotACheckpointError
+from torchless.io import detect
+from torchless.io.source import Source
+
+__all__ = ["DirectoryLayout", "FileLayout", "find_directory", "find_file", "layouts",
+           "register"]
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """A layout of one file. ``sniff(head, size)`` looks at its first 512 bytes; a ``weak``
+    sniff (any pickle) is tried only after every known other format is ruled out."""
+
+    name: str
+    sniff: Callable[[bytes, int], bool]
+    open: Callable[[Source, Limits, bool], Container]  # (source, limits, verify_crc)
+    weak: bool = False
+
+
+@dataclass(frozen=True)
+class DirectoryLayout:
+    """A layout of a directory (a sharded checkpoint). ``sniff(path)`` looks at its entries;
+    ``open`` returns a container that also has ``close()``."""
+
+    name: str
+    sniff: Callable[[str], bool]
+    open: Callable[[str, Limits, bool], Container]
+
+
+_FILES: list[FileLayout] = []
+_DIRECTORIES: list[DirectoryLayout] = []
+
+
+def register(layout: FileLayout | DirectoryLayout, *, first: bool = False) -> None:
+    """Add a layout (tried after those registered before it, or before all with ``first``)."""
+    if layout.name in layouts():
+        raise ValueError(f"a layout named {layout.name!r} is already registered")
+    if isinstance(layout, FileLayout):
+        _FILES.insert(0 if first else len(_FILES), layout)
+    else:
+        _DIRECTORIES.insert(0 if first else len(_DIRECTORIES), layout)
+
+
+def layouts() -> tuple[str, ...]:
+    """The names of every registered layout, files first, in the order they are tried."""
+    return tuple([x.name for x in _FILES] + [x.name for x in _DIRECTORIES])
+
+
+def find_file(source: Source) -> FileLayout:
+    """The layout of ``source``; NotACheckpointError saying what the file is otherwise. A file
+    that starts as one layout and ends as a ZIP archive is refused (torch and a ZIP reader
+    would see different checkpoints in it)."""
+    head, size = detect.head_of(source), source.size
+    found = next((x for x in _FILES if not x.weak and x.sniff(head, size)), None)
+    if found is None:
+        detect.refuse_other_formats(head, size)
+        found = next((x for x in _FILES if x.weak and x.sniff(head, size)), None)
+    if found is None:
+        detect.refuse_unrecognised(source, head)
+        raise AssertionError  # pragma: no cover - it always raises
+    if found.name != "zip" and detect.has_zip_tail(source):
+        raise AmbiguousArchiveError(
+            f"the file starts as a {found.name} checkpoint but ends with a ZIP archive "
+            "(a polyglot: different readers would load different content)")
+    return found
+
+
+def find_directory(path: str) -> DirectoryLayout:
+    found = next((x for x in _DIRECTORIES if x.sniff(path)), None)
+    if found is None:
+        model_dir = any(name.endswith((".bin", ".safetensors", ".index.json"))
+                        for name in os.listdir(path))
+        raise NotACheckpointError(
+            "a directory that no registered layout reads (known: "
+            f"{', '.join(layouts())})", path=path,
+            hint="a Hugging Face model directory converts with `torchless convert DIR`; "
+                 "`torchless inspect DIR` lists each checkpoint file in it" if model_dir else
+                 "pass a checkpoint file; `torchless inspect DIR` lists the checkpoint "
+                 "files in a directory")
+    return found
+
+
+register(FileLayout("zip", detect.is_zip,
+                    lambda s, lim, crc: TorchZip(s, lim, verify_crc=crc)))
+register(FileLayout("legacy", detect.is_legacy, lambda s, lim, crc: LegacyStream(s, lim)))
+register(FileLayout("tar", detect.is_tar, lambda s, lim, crc: TorchTar(s, lim)))
+register(FileLayout("pickle", detect.is_pickle, lambda s, lim, crc: PlainPickle(s, lim),
+                    weak=True))
