@@ -18,13 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from torchless.core.limits import Limits
-from torchless.errors import PickleError
+from torchless.errors import PickleError, UnsafeGlobalError
 from torchless.model.tensor import Tensor
 from torchless.pickle.known import Known
 from torchless.pickle.machine import Resolver
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["StdlibRules", "system_zone"]
+__all__ = ["METHOD_CALL_HINT", "StdlibRules", "calls_a_method", "method_name", "system_zone"]
 
 _CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
 _SCALAR_TYPES = (int, float, str, bool, complex, type(None))
@@ -41,6 +41,7 @@ if os.name == "posix":
     _PATH_CLASSES["Path"] = _PATH_CLASSES["PosixPath"] = pathlib.PosixPath
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ZONE_KEY = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*\Z")
 
 
@@ -58,6 +59,41 @@ def system_zone(key: str) -> datetime.tzinfo | None:
             except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
                 return None
     return None
+
+
+METHOD_CALL_HINT = (
+    "torch.load would call a method of an object this file builds (how gadget chains run "
+    "code): do not torch.load it. Nothing here can allow it; a method the file only keeps "
+    "as a value (a module's hook) is read as an inert record")
+
+
+def calls_a_method(func: Opaque) -> bool:
+    """Whether calling ``func`` would call a method of an object the file built: a
+    ``getattr(obj, name)`` record, or a ``functools.partial`` of one."""
+    seen = 0
+    current: Any = func
+    while isinstance(current, Opaque) and seen < 64:
+        func = current
+        c = func.callable
+        if isinstance(c, Known) and c.rule == "getattr":
+            return True
+        if not (isinstance(c, Known) and c.path == "functools.partial"):
+            return False
+        state = func.state
+        current = state[0] if isinstance(state, tuple) and state else (
+            func.args[0] if func.args else None)
+        seen += 1
+    return False
+
+
+def method_name(func: Opaque) -> str:
+    current: Any = func
+    while isinstance(current, Opaque) and not (
+            isinstance(current.callable, Known) and current.callable.rule == "getattr"):
+        state = current.state
+        current = state[0] if isinstance(state, tuple) and state else current.args[0]
+    return str(current.args[1]) if isinstance(current, Opaque) and len(current.args) == 2 \
+        else "?"
 
 
 def _is_data(value: Any) -> bool:
@@ -187,3 +223,36 @@ class StdlibRules(Resolver):
         if not all(type(x) is str for x in a):
             raise PickleError(f"pathlib.{f.name} takes str parts")
         return _PATH_CLASSES[f.name](*a)
+
+    def _r_getattr(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``getattr(Class, "Inner")``: how protocols < 4 name a nested class or a class's
+        function; resolved here, by name, into the global ``Class.Inner`` (judged like any
+        global). ``getattr(cls, "__new__")`` is the first half of ``cls.__new__(cls, …)``."""
+        if len(a) != 2 or type(a[1]) is not str or not _IDENTIFIER.match(a[1]) or (
+                a[1].startswith("__") and (a[1] != "__new__" or not isinstance(a[0], Global))):
+            raise UnsafeGlobalError(
+                "refused global builtins.getattr: it is asked for something other than a plain "
+                "attribute name", names=("builtins.getattr",),
+                hint=METHOD_CALL_HINT)
+        if not isinstance(a[0], Global):
+            # an attribute of an object the file builds (a bound method a module keeps as a
+            # hook): kept as a record; calling it is refused (see call)
+            return Opaque(f, a)
+        target, attr = a[0], a[1]
+        if attr == "__new__":
+            return Known(target.module, f"{target.name}.__new__", rule="class_new")
+        return self.find_global(target.module, f"{target.name}.{attr}", target.offset)
+
+    def _r_class_new(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if not a or not isinstance(a[0], Global) \
+                or f"{a[0].module}.{a[0].name}.__new__" != f"{f.module}.{f.name}":
+            raise PickleError(f"{f} is called without its own class first")
+        return self.new_object(a[0], a[1:], None, -1)
+
+    def _r_zoneinfo(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``ZoneInfo._unpickle(key, from_cache)``: the zone, when this machine's time zone
+        database has it as a file (so nothing but that file is read); else an inert record."""
+        if len(a) != 2 or type(a[0]) is not str:
+            raise PickleError(f"{f} takes a zone key and a flag")
+        zone = system_zone(a[0])
+        return zone if zone is not None else Opaque(f, a)
