@@ -361,5 +361,5 @@ def test_cli_reports_its_own_bug(monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     from torchless.cli import main as _cli
 
-    monkeypatch.setattr(_cli, "_inspect_text", _boom)
+    monkeypatch.setattr(_cli, "inspect_text", _boom)
     _cli_bug(["inspect", str(TINY)], capsys, "running inspect")

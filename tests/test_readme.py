@@ -114,7 +114,9 @@ def test_blocks_are_found() -> None:
     docs_with_python = {b.doc for b in PYTHON}
     assert {"README.md", "docs/guide/read.md", "docs/guide/training.md"} <= docs_with_python
     langs = {b.lang for b in BLOCKS}
-    assert langs <= {"python", "text", "sh", "console", ""}, langs
+    # mermaid: diagrams the docs site draws (docs/architecture.md), nothing to run
+    assert langs <= {"python", "text", "sh", "console", "mermaid", ""}, langs
+    assert {b.doc for b in BLOCKS if b.lang == "mermaid"} == {"docs/architecture.md"}
     # unlabelled blocks are the byte layouts and record shapes of the inert-format spec
     assert {b.doc for b in BLOCKS if not b.lang} == {"docs/inert-format.md"}
 

@@ -3,27 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import io
 import json
 import os
 import sys
-import time
-import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless._version import __version__
+from torchless.cli.show import (
+    Bar,
+    batch_doc,
+    batch_line,
+    human,
+    inspect_json,
+    inspect_text,
+    print_bug,
+    print_error,
+    report_json,
+    report_text,
+    verify_json,
+    verify_text,
+)
 from torchless.conversion.api import convert, verify
-from torchless.conversion.common import ConversionReport, OpaqueObjectWarning, VerifyReport
+from torchless.conversion.common import ConversionReport, OpaqueObjectWarning
 from torchless.core.limits import Limits
-from torchless.core.text import line_writer, printable
+from torchless.core.text import line_writer
 from torchless.errors import CheckpointError, InternalError
-from torchless.model.graph import ModuleDict
-from torchless.model.tensor import Tensor, UnsupportedTensor
-from torchless.model.walk import children
-from torchless.pickle.values import Global, Opaque
 from torchless.reader import checkpoint as _checkpoint
 
 if TYPE_CHECKING:
@@ -59,87 +66,6 @@ examples:
   torchless verify model.ckpt out.safetensors --key state_dict --json
   torchless verify ./my-model/ ./out/             # every shard, and the output index
 """
-
-
-class _Bar:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.shown = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - self.last < 0.1 and done < total:
-            return
-        self.last = now
-        elapsed = now - self.start
-        if elapsed < 0.5 and not self.shown:
-            return
-        self.shown = True
-        frac = done / total if total else 1.0
-        speed = done / elapsed if elapsed > 0 else 0.0
-        bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\r[{bar:<30}] {_human(done)} / {_human(total)}  "
-                         f"{_human(int(speed))}/s ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def _verify_json(r: VerifyReport) -> dict[str, Any]:
-    return {"src": r.src, "dst": r.dst, "ok": r.ok, "matched": list(r.matched),
-            "mismatched": dict(r.mismatched), "missing": list(r.missing),
-            "extra": list(r.extra), "skipped": list(r.skipped), "aliases": dict(r.aliases)}
-
-
-def _verify_text(r: VerifyReport, out: Any) -> None:
-    w = line_writer(out)
-    for name in r.matched:
-        w(f"  ok        {name}{' -> ' + r.aliases[name] if name in r.aliases else ''}\n")
-    for name, why in r.mismatched.items():
-        w(f"  MISMATCH  {name}: {why}\n")
-    for name in r.missing:
-        w(f"  MISSING   {name}\n")
-    for name in r.extra:
-        w(f"  EXTRA     {name}\n")
-    for name in r.skipped:
-        w(f"  skipped   {name} (no safetensors dtype)\n")
-    verdict = "identical" if r.ok else "DIFFERENT"
-    w(f"{r.src} vs {r.dst}: {verdict} ({len(r.matched)} tensors match, "
-      f"{len(r.mismatched)} differ, {len(r.missing)} missing, {len(r.extra)} extra)\n")
-
-
-def _report_json(report: ConversionReport) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "src": report.src, "dst": report.dst, "ok": True, "tensors": report.tensors,
-        "bytes": report.bytes, "files": list(report.files), "skipped": list(report.skipped),
-        "aliases": dict(report.aliases), "opaque": list(report.opaque),
-        "seconds": round(report.seconds, 3)}
-    if report.verified is not None:
-        doc["verify"] = _verify_json(report.verified)
-    return doc
-
-
-def _report_text(report: ConversionReport, out: Any) -> None:
-    w = line_writer(out)
-    w(f"{report.dst}: {report.tensors} tensors, {_human(report.bytes)} "
-      f"in {report.seconds:.2f} s\n")
-    if len(report.files) > 1:
-        for path in report.files:
-            w(f"  wrote {path}\n")
-    for name in report.skipped:
-        w(f"  skipped (safetensors cannot hold it): {name}\n")
-    for removed, kept in report.aliases.items():
-        w(f"  alias recorded in __metadata__: {removed} -> {kept}\n")
-    if report.opaque:
-        w(f"  kept as inert records (torchless.Opaque): {', '.join(report.opaque)}\n")
-    if report.verified is not None:
-        w(f"  verified: {len(report.verified.matched)} tensors identical\n")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -209,17 +135,17 @@ def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionRepor
 def _run_convert(args: argparse.Namespace) -> int:
     if _is_batch(args.src):
         return _run_batch(args)
-    bar = _Bar() if sys.stderr.isatty() else None
+    bar = Bar() if sys.stderr.isatty() else None
     try:
         report = _quiet_convert(args.src[0], args.output, progress=bar, **_options(args))
     finally:
         if bar is not None:
             bar.close()
     if args.json:
-        json.dump(_report_json(report), sys.stdout, indent=1)
+        json.dump(report_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        _report_text(report, sys.stdout)
+        report_text(report, sys.stdout)
     return 0
 
 
@@ -265,13 +191,13 @@ def _run_batch(args: argparse.Namespace) -> int:
     options["resume"] = not args.force
 
     def show(result: BatchResult) -> None:
-        _batch_line(_batch_doc(result), args.json)
+        batch_line(batch_doc(result), args.json)
 
     with _workers(args.jobs) as pool:
         results = batch(files, "convert", pool, report=args.report, on_result=show,
                         **options)
     if args.json:
-        json.dump([_batch_doc(r) for r in results], sys.stdout, indent=1)
+        json.dump([batch_doc(r) for r in results], sys.stdout, indent=1)
         sys.stdout.write("\n")
     failed = [r for r in results if not r.ok]
     if not args.json:
@@ -279,23 +205,6 @@ def _run_batch(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{len(results) - len(failed) - skipped} converted, {skipped} "
                          f"already done, {len(failed)} failed\n")
     return 1 if failed else 0
-
-
-def _batch_doc(result: Any) -> dict[str, Any]:
-    return {"src": result.path, "ok": result.ok, "status": result.status,
-            "dst": result.output, "error": result.error,
-            **({"hint": result.hint} if result.error is not None else {}),
-            "seconds": round(result.seconds, 3), **result.detail}
-
-
-def _batch_line(doc: dict[str, Any], as_json: bool) -> None:
-    if not doc["ok"]:
-        _print_error(doc["error"], doc.get("hint"))
-    elif not as_json and doc["status"] == "skipped":
-        line_writer(sys.stdout)(f"{doc['dst']}: already converted (verified)\n")
-    elif not as_json:
-        line_writer(sys.stdout)(f"{doc['dst']}: {doc['tensors']} tensors, "
-                                f"{_human(doc['bytes'])} in {doc['seconds']:.2f} s\n")
 
 
 def _run_inspect_many(args: argparse.Namespace) -> int:
@@ -308,11 +217,11 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
         elif r.ok:
             d = r.detail
             line_writer(sys.stdout)(f"{r.path}: {d['format']}, {d['tensors']} tensors, "
-                                    f"{_human(d['bytes'])}"
+                                    f"{human(d['bytes'])}"
                                     + (f", {len(d['opaque_globals'])} opaque classes"
                                        if d["opaque_globals"] else "") + "\n")
         else:
-            _print_error(r.error, r.hint)
+            print_error(r.error, r.hint)
 
     files = _checkpoint_files(args.file)
     options = {"strict": args.strict, "allow_globals": tuple(args.allow_global),
@@ -327,10 +236,10 @@ def _run_verify(args: argparse.Namespace) -> int:
                     skip_unsupported=args.skip_unsupported, strict=args.strict,
                     allow_globals=args.allow_global, verify_crc=args.verify_crc)
     if args.json:
-        json.dump(_verify_json(report), sys.stdout, indent=1)
+        json.dump(verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        _verify_text(report, sys.stdout)
+        verify_text(report, sys.stdout)
     return 0 if report.ok else 1
 
 
@@ -346,145 +255,6 @@ def _run_scan(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_table(report, verbose=args.verbose))
     return report.exit_code
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def _describe_format(ckpt: _checkpoint.Checkpoint) -> str:
-    info = ckpt.info
-    parts = [ckpt.format, str(info.get("era", ""))]
-    if ckpt.format in ("zip", "torchscript"):
-        parts.append(f"archive version {info.get('version')}, prefix {info.get('prefix')!r}")
-    if "byteorder" in info:
-        parts.append(f"{info['byteorder']}-endian")
-    return "; ".join(p for p in parts if p)
-
-
-def _short(value: Any, width: int = 60) -> str:
-    if isinstance(value, Opaque):
-        text = f"<{value.class_path}>"
-    elif isinstance(value, Global):
-        text = f"<global {value.path}>"
-    elif isinstance(value, (str, int, float, bool, type(None), bytes, list, tuple)):
-        text = repr(value)
-    else:
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
-    """(flat name, value) for values that are not tensors, in walk order (the walker's names),
-    each container expanded once (a second path to it shows as a shared reference)."""
-    seen: set[int] = set()
-    stack: list[tuple[str, Any]] = [("", tree)]
-    count = 0
-    while stack and count < limit:
-        name, obj = stack.pop()
-        if isinstance(obj, (Tensor, UnsupportedTensor, ModuleDict)):
-            continue
-        if isinstance(obj, (list, tuple)) and len(obj) <= 16 and all(
-                isinstance(v, (str, int, float, bool, type(None))) for v in obj):
-            yield name or "<root>", obj
-            count += 1
-            continue
-        if isinstance(obj, _EXPANDED):
-            if id(obj) in seen:
-                yield name, "<shared reference>"
-                count += 1
-                continue
-            seen.add(id(obj))
-            kids = [(f"{name}.{n}" if name and n else name or n, c)
-                    for n, c in children(obj) if n is not None]
-            if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
-                yield name, f"{type(obj).__name__}({len(vars(obj))} fields)"
-                count += 1
-            elif not kids:
-                yield name or "<root>", obj
-                count += 1
-            stack.extend(reversed(kids))
-            continue
-        yield name or "<root>", obj
-        count += 1
-
-
-_EXPANDED = (dict, list, tuple, collections.deque, argparse.Namespace, types.SimpleNamespace)
-
-
-def _shared_keys(ckpt: _checkpoint.Checkpoint) -> set[str]:
-    users = collections.Counter(id(t.storage) for t in ckpt.tensors.values())
-    return {n for n, t in ckpt.tensors.items() if users[id(t.storage)] > 1}
-
-
-def _inspect_json(ckpt: _checkpoint.Checkpoint) -> dict[str, Any]:
-    shared = _shared_keys(ckpt)
-    totals: dict[str, dict[str, int]] = {}
-    tensors = []
-    for name, t in ckpt.tensors.items():
-        tot = totals.setdefault(t.dtype.name, {"count": 0, "bytes": 0})
-        tot["count"] += 1
-        tot["bytes"] += t.nbytes
-        tensors.append({
-            "name": name, "dtype": t.dtype.name, "shape": list(t.shape),
-            "stride": list(t.stride), "storage_offset": t.storage_offset, "nbytes": t.nbytes,
-            "contiguous": t.is_contiguous(), "shared_storage": name in shared,
-            "parameter": t.is_parameter, "requires_grad": t.requires_grad,
-        })
-    return {
-        "path": ckpt.path, "format": ckpt.format, "description": _describe_format(ckpt),
-        "info": dict(ckpt.info), "tensor_count": len(tensors),
-        "total_bytes": sum(t["nbytes"] for t in tensors), "tensors": tensors,
-        "totals_by_dtype": totals, "unsupported": dict(ckpt.unsupported),
-        "opaque_globals": sorted({g.module + "." + g.name for g in ckpt.opaque}),
-        "values": {k: _short(v, 200) for k, v in _values(ckpt.tree, 200)},
-    }
-
-
-def _inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
-    data = _inspect_json(ckpt)
-    w = line_writer(out)
-    w(f"{ckpt.path}\n")
-    w(f"  format: {data['description']}\n")
-    w(f"  tensors: {data['tensor_count']}, {_human(data['total_bytes'])}\n")
-    rows = data["tensors"]
-    if rows:
-        name_w = min(60, max(len(r["name"]) for r in rows))
-        w(f"\n  {'name':<{name_w}}  {'dtype':<14} {'shape':<20} {'size':>10}  notes\n")
-        for r in rows[:max_rows]:
-            notes = []
-            if not r["contiguous"]:
-                notes.append("strided")
-            if r["shared_storage"]:
-                notes.append("shared")
-            if r["parameter"]:
-                notes.append("param")
-            shape = "x".join(map(str, r["shape"])) or "scalar"
-            w(f"  {r['name']:<{name_w}}  {r['dtype']:<14} {shape:<20} "
-              f"{_human(r['nbytes']):>10}  {' '.join(notes)}\n")
-        if len(rows) > max_rows:
-            w(f"  ... {len(rows) - max_rows} more (use --all or --json)\n")
-        w("\n  by dtype:\n")
-        for dt, tot in sorted(data["totals_by_dtype"].items()):
-            w(f"    {dt:<14} {tot['count']:>6} tensors  {_human(tot['bytes']):>10}\n")
-    if data["unsupported"]:
-        w("\n  unsupported tensors (not readable):\n")
-        for name, kind in data["unsupported"].items():
-            w(f"    {name}: {kind}\n")
-    values = list(_values(ckpt.tree, 40))
-    if values:
-        w("\n  other values:\n")
-        for name, value in values:
-            w(f"    {name}: {_short(value)}\n")
-    if data["opaque_globals"]:
-        w("\n  kept as inert records (never imported or called):\n")
-        for g in data["opaque_globals"]:
-            w(f"    {g}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -579,13 +349,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print_error(error: str | None, hint: str | None) -> None:
-    # one line each, whatever names from the file hold
-    for label, text in (("error", error), ("hint", hint)):
-        if text:
-            sys.stderr.write(f"torchless: {label}: {printable(text)}\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # names in a file may hold anything, lone surrogates included: printed escaped, never
     # a crash of the printing
@@ -612,10 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     verify_crc=args.verify_crc)
             with ckpt:
                 if args.json:
-                    json.dump(_inspect_json(ckpt), sys.stdout, indent=1)
+                    json.dump(inspect_json(ckpt), sys.stdout, indent=1)
                     sys.stdout.write("\n")
                 else:
-                    _inspect_text(ckpt, sys.stdout, 10**9 if args.all else 100)
+                    inspect_text(ckpt, sys.stdout, 10**9 if args.all else 100)
         elif args.command == "convert":
             return _run_convert(args)
         elif args.command == "verify":
@@ -624,10 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_scan(args)
         return 0
     except InternalError as e:
-        _print_bug(e)
+        print_bug(e)
         return 1
     except CheckpointError as e:
-        _print_error(str(e), e.hint)
+        print_error(str(e), e.hint)
         return 1
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -635,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as e:  # a file of ours (the --report file)
         where = f"{e.filename}: " if e.filename else ""
-        _print_error(f"{where}{e.strerror or e}",
+        print_error(f"{where}{e.strerror or e}",
                      "check that the path exists, is not a directory and that you may write "
                      "there")
         return 1
@@ -645,18 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # a bug in the command itself
         bug = InternalError.wrap(e, f"running {args.command}")
         bug.__cause__ = e
-        _print_bug(bug)
+        print_bug(bug)
         return 1
-
-
-def _print_bug(e: InternalError) -> None:
-    """The traceback a bug report needs, then the error and hint lines as for any error."""
-    import traceback
-
-    cause = e.__cause__ if e.__cause__ is not None else e
-    for line in "".join(traceback.format_exception(cause)).splitlines():
-        sys.stderr.write(printable(line) + "\n")
-    _print_error(str(e), e.hint)
-
 
 
