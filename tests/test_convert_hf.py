@@ -16,7 +16,7 @@ import pytest
 
 import torchless
 from torchless.cli.main import main
-from torchless.conversion.hf import output_name, parse_size
+from torchless.conversion.hflayout import output_name, parse_size
 
 pytestmark = pytest.mark.torch
 

@@ -160,7 +160,7 @@ def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
 
 def _is_batch(sources: Sequence[str]) -> bool:
     """Several sources, or a directory that is not a Hugging Face model directory."""
-    from torchless.conversion.hf import is_model_dir
+    from torchless.conversion.hflayout import is_model_dir
 
     return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s) for s in sources)
 
