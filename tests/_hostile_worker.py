@@ -250,8 +250,10 @@ def audit(mem: int, spec_path: str) -> int:
     import codecs
 
     pre = set(sys.modules)
-    import torchless  # noqa: F401
+    import torchless
 
+    for name in torchless.__all__:  # the public API loads lazily: load all of it now
+        getattr(torchless, name)
     by_import = sorted(set(sys.modules) - pre)
     current = {"case": "<warm-up>", "recording": False}
     events: list[dict[str, Any]] = []

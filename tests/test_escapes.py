@@ -359,7 +359,7 @@ def test_cli_reports_a_bug(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_cli_reports_its_own_bug(monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from torchless.cli import main as _cli
+    from torchless.cli import show
 
-    monkeypatch.setattr(_cli, "inspect_text", _boom)
+    monkeypatch.setattr(show, "inspect_text", _boom)
     _cli_bug(["inspect", str(TINY)], capsys, "running inspect")

@@ -12,29 +12,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless._version import __version__
-from torchless.cli.show import (
-    Bar,
-    batch_doc,
-    batch_line,
-    human,
-    inspect_json,
-    inspect_text,
-    print_bug,
-    print_error,
-    report_json,
-    report_text,
-    verify_json,
-    verify_text,
-)
-from torchless.conversion.api import convert, verify
-from torchless.conversion.common import ConversionReport, OpaqueObjectWarning
+from torchless.cli.messages import print_bug, print_error
 from torchless.core.limits import Limits
 from torchless.core.text import line_writer
 from torchless.errors import CheckpointError, InternalError
-from torchless.reader import checkpoint as _checkpoint
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
+
+    from torchless.conversion.common import ConversionReport
 
 __all__ = ["main"]
 
@@ -127,12 +113,17 @@ def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionRepor
     """convert(), with the opaque-object warning left to the report (printed by us)."""
     import warnings
 
+    from torchless.conversion.api import convert
+    from torchless.conversion.common import OpaqueObjectWarning
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpaqueObjectWarning)
         return convert(src, dst, **options)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
+    from torchless.cli.show import Bar, report_json, report_text
+
     if _is_batch(args.src):
         return _run_batch(args)
     bar = Bar() if sys.stderr.isatty() else None
@@ -185,6 +176,7 @@ def _run_batch(args: argparse.Namespace) -> int:
     """Many sources (directories walked), each to its default output; a failure does not
     stop the others; outputs already there and verified are skipped."""
     from torchless.api.batch import BatchResult, batch
+    from torchless.cli.show import batch_doc, batch_line
 
     files = _checkpoint_files(args.src)
     options = _options(args)
@@ -210,6 +202,7 @@ def _run_batch(args: argparse.Namespace) -> int:
 def _run_inspect_many(args: argparse.Namespace) -> int:
     """A summary per file (directories walked), in worker processes with -j."""
     from torchless.api.batch import BatchResult, batch
+    from torchless.cli.show import human
 
     def show(r: BatchResult) -> None:
         if args.json:
@@ -232,6 +225,9 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
+    from torchless.cli.show import verify_json, verify_text
+    from torchless.conversion.api import verify
+
     report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
                     skip_unsupported=args.skip_unsupported, strict=args.strict,
                     allow_globals=args.allow_global, verify_crc=args.verify_crc)
@@ -370,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "inspect" and (len(args.file) > 1 or os.path.isdir(args.file[0])):
             return _run_inspect_many(args)
         if args.command == "inspect":
+            from torchless.cli.show import inspect_json, inspect_text
+            from torchless.reader import checkpoint as _checkpoint
+
             ckpt = _checkpoint.open(args.file[0], strict=args.strict,
                                     allow_globals=args.allow_global, limits=_limits(args),
                                     verify_crc=args.verify_crc)

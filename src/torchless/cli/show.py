@@ -9,19 +9,21 @@ import sys
 import time
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchless.conversion.common import ConversionReport, VerifyReport
-from torchless.core.text import line_writer, printable
-from torchless.errors import InternalError
+from torchless.cli.messages import print_error
+from torchless.core.text import line_writer
 from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.model.walk import children
 from torchless.pickle.values import Global, Opaque
-from torchless.reader import checkpoint as _checkpoint
+
+if TYPE_CHECKING:  # annotations only: printing a report loads neither module
+    from torchless.conversion.common import ConversionReport, VerifyReport
+    from torchless.reader import checkpoint as _checkpoint
 
 __all__ = ["Bar", "batch_doc", "batch_line", "describe_format", "human", "inspect_json",
-           "inspect_text", "print_bug", "print_error", "report_json", "report_text", "shared_keys",
+           "inspect_text", "report_json", "report_text", "shared_keys",
            "short", "values", "verify_json", "verify_text"]
 
 
@@ -260,20 +262,3 @@ def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
         w("\n  kept as inert records (never imported or called):\n")
         for g in data["opaque_globals"]:
             w(f"    {g}\n")
-
-
-def print_error(error: str | None, hint: str | None) -> None:
-    # one line each, whatever names from the file hold
-    for label, text in (("error", error), ("hint", hint)):
-        if text:
-            sys.stderr.write(f"torchless: {label}: {printable(text)}\n")
-
-
-def print_bug(e: InternalError) -> None:
-    """The traceback a bug report needs, then the error and hint lines as for any error."""
-    import traceback
-
-    cause = e.__cause__ if e.__cause__ is not None else e
-    for line in "".join(traceback.format_exception(cause)).splitlines():
-        sys.stderr.write(printable(line) + "\n")
-    print_error(str(e), e.hint)

@@ -21,9 +21,6 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -77,6 +74,9 @@ class _Http:
         self.size = total
 
     def _get(self, start: int, end: int) -> Any:
+        import urllib.error  # loaded for URLs only: local reads start without it
+        import urllib.request
+
         req = urllib.request.Request(self.url, headers={
             "Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity",
             "User-Agent": "torchless"})
@@ -220,6 +220,8 @@ class RemoteSource(Source):
         self._view = memoryview(b"")
         self._have = bytearray(-(-self.size // BLOCK_BYTES))
         if self.size:
+            import tempfile
+
             self._file = tempfile.TemporaryFile(prefix="torchless-remote-")
             try:
                 os.ftruncate(self._file.fileno(), self.size)  # sparse: no disk used yet

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,6 +110,8 @@ class Storage:
         if self.nbytes == 0:
             self._buffer = b""
             return
+        import tempfile  # only when a storage spills: reading starts without it
+
         with tempfile.TemporaryFile(dir=directory, prefix=".torchless-") as f:
             for block in self.iter_bytes(0, self.nbytes, chunk):
                 f.write(block)
