@@ -37,16 +37,17 @@ from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from torchless.containers.ziparchive import Entry, ZipArchive
 from torchless.core import dtypes as _dtypes
+from torchless.core.findings import Anomaly
 from torchless.core.limits import Limits
 from torchless.core.text import printable
 from torchless.errors import CheckpointError, InternalError, NotACheckpointError
-from torchless.io.detect import LEGACY_MAGIC, Layout, _detect
+from torchless.io.detect import LEGACY_MAGIC, Layout, _detect, has_zip_tail
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.pickle.values import Global
 from torchless.rules.resolver import TorchResolver
-from torchless.scanner.archives import ZipMember, read_member, scan_zip
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
 
 __all__ = ["Anomaly", "FileScan", "GlobalRef", "ScanReport", "format_table", "scan",
@@ -93,16 +94,6 @@ class GlobalRef:
     verdict: Verdict
     member: str | None = None
     reason: str = ""
-
-
-@dataclass(frozen=True)
-class Anomaly:
-    """A container or stream property that makes readers disagree about the file."""
-
-    kind: str
-    message: str
-    member: str | None = None
-    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -321,7 +312,7 @@ class _File:
         head = bytes(self.buf[:8]) if self.size else b""
         if head.startswith(b"\x93NUMPY"):
             return self.npy()
-        zip_tail = self.size > 0 and self._zip_tail()
+        zip_tail = has_zip_tail(self.source)
         try:
             layout: Layout | None = _detect(self.source)
         except NotACheckpointError:
@@ -346,18 +337,6 @@ class _File:
             return name if layout in (None, Layout.ZIP) else f"{layout.value}+zip"
         assert layout is not None
         return str(layout.value)
-
-    def _zip_tail(self) -> bool:
-        size = self.size
-        lo = max(0, size - 22 - 0xFFFF)
-        i = size
-        while True:
-            i = self.buf.rfind(b"PK\x05\x06", lo, i)
-            if i < 0:
-                return False
-            if i + 22 <= size and i + 22 + int.from_bytes(self.buf[i + 20:i + 22], "little") \
-                    == size:
-                return True
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
@@ -441,17 +420,16 @@ class _File:
     # ---- ZIP --------------------------------------------------------------------------
 
     def zip(self, *, skip_prefix: bool) -> str:
-        zs = scan_zip(self.buf, self.size)
-        for a in zs.anomalies:
-            if not (skip_prefix and a.kind == "prefix"):
-                self.flag(a.kind, a.message, a.member, a.offset)
-        for lo, hi in zs.loose:
+        archive = ZipArchive(self.source, self.limits, mode="report")
+        self.anomalies.extend(a for a in archive.anomalies
+                              if not (skip_prefix and a.kind == "prefix"))
+        for lo, hi in archive.loose:
             if not (skip_prefix and lo == 0):
                 self.chain_region(lo, hi)
-        members = [m for m in zs.members if not m.is_dir]
+        members = [m for m in archive.members if not m.is_dir]
         for m in members:
-            self.member(m, zs.has_crc)
-        names = [m.name for m in members if m.source == "central"]
+            self.member(archive, m)
+        names = [m.name for m in members if m.listed]
         pickles = [n for n in names if n.rsplit("/", 1)[-1] == "data.pkl"]
         if len(pickles) > 1:
             self.flag("torch", f"{len(pickles)} data.pkl records ({', '.join(pickles[:4])}): "
@@ -475,24 +453,24 @@ class _File:
                 return
             pos = result.end
 
-    def member(self, m: ZipMember, has_crc: bool) -> None:
+    def member(self, archive: ZipArchive, m: Entry) -> None:
         is_pickle = m.name.endswith("pkl")  # data.pkl, constants.pkl, *.debug_pkl
         if is_pickle and m.size > self.limits.max_pickle_bytes:
             self.flag("limit", f"pickle member of {m.size} bytes is larger than "
                       f"max_pickle_bytes={self.limits.max_pickle_bytes}; not scanned", m.name)
             return
         cap = min(m.size + 1, self.limits.max_pickle_bytes + 1) if is_pickle else _SNIFF
-        data, why = read_member(self.buf, m, cap)
+        data, why = archive.head(m, cap)
         if data is None:
             if why and m.method in (0, 8):
                 self.flag("member", f"cannot be read: {why}", m.name, m.data_offset)
             return
-        self._check_crc(m, has_crc, data)
+        self._check_crc(archive, m, data)
         if not is_pickle:
             if not _is_pickle(data, self.limits):
                 return
             if m.size > len(data):
-                data, _ = read_member(self.buf, m, min(m.size, self.limits.max_pickle_bytes))
+                data, _ = archive.head(m, min(m.size, self.limits.max_pickle_bytes))
                 if data is None:
                     return
         if is_pickle:
@@ -500,22 +478,22 @@ class _File:
         else:
             self.pickle(data, 0, len(data), m.name, "member", tentative=True)
 
-    def _check_crc(self, m: ZipMember, has_crc: bool, head: bytes) -> None:
+    def _check_crc(self, archive: ZipArchive, m: Entry, head: bytes) -> None:
         if m.method == 8 and len(head) > m.size:
             self.flag("member", f"inflates to more than the {m.size} bytes declared", m.name,
                       m.data_offset)
             return
-        if not has_crc or m.method not in (0, 8) or m.source != "central":
+        if not archive.has_crc or m.method not in (0, 8) or not m.listed:
             return
         key = (m.data_offset, m.compressed_size, m.method, m.size)
         if key not in self._crcs:
-            self._crcs[key] = self._crc(m, head)
+            self._crcs[key] = self._crc(archive, m, head)
         crc = self._crcs[key]
         if crc is not None and crc != m.crc:
             self.flag("crc", "CRC-32 of the bytes differs from the recorded one (torch does "
                       "not check it)", m.name, m.data_offset)
 
-    def _crc(self, m: ZipMember, head: bytes) -> int | None:
+    def _crc(self, archive: ZipArchive, m: Entry, head: bytes) -> int | None:
         if m.data_offset < 0 or m.data_offset + m.compressed_size > self.size:
             return None  # reported as out of bounds by the ZIP pass
         if m.method == 0:
@@ -528,7 +506,7 @@ class _File:
         if m.size <= len(head):
             data: bytes | None = head
         elif m.size <= _CRC_INFLATE_CAP:
-            data, _ = read_member(self.buf, m, m.size + 1)
+            data, _ = archive.head(m, m.size + 1)
         else:
             return None
         if data is None:
