@@ -30,23 +30,29 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from torchless.containers.legacy import declared_storages, read_header, walk_storages
+from torchless.containers.storages import PickleReader
+from torchless.containers.tar import (
+    check_object_end,
+    read_sys_info,
+    walk_tensors,
+)
+from torchless.containers.tar import walk_storages as walk_tar_storages
+from torchless.containers.tararchive import TarArchive
 from torchless.containers.ziparchive import Entry, ZipArchive
-from torchless.core import dtypes as _dtypes
-from torchless.core.findings import Anomaly
+from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.core.text import printable
 from torchless.errors import CheckpointError, InternalError, NotACheckpointError
-from torchless.io.detect import LEGACY_MAGIC, Layout, _detect, has_zip_tail
+from torchless.io.detect import Layout, _detect, has_zip_tail
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
-from torchless.pickle.values import Global
 from torchless.rules.resolver import TorchResolver
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
 
@@ -65,7 +71,6 @@ _PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
 _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd",
                b"Rar!")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
-_LEGACY_PICKLES = ("magic number", "protocol version", "sys_info", "object", "storage keys")
 
 
 #: Globals the reader rebuilds only for some arguments (it refuses the others): judged by
@@ -239,14 +244,16 @@ class _File:
         self.strict = strict
         self.limits = limits
         self.globals: list[GlobalRef] = []
-        self.anomalies: list[Anomaly] = []
+        #: The containers' findings in report mode, and the scanner's own observations.
+        self.findings = Findings("report")
+        self.anomalies: list[Anomaly] = self.findings.anomalies
         self.pickles = 0
         self._verdicts: dict[tuple[str, str], tuple[Verdict, str]] = {}
         self._crcs: dict[tuple[int, int, int, int], int | None] = {}
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:
-        self.anomalies.append(Anomaly(kind, message, member, offset))
+        self.findings.note(kind, message, member, offset)
 
     # ---- verdicts ---------------------------------------------------------------------
 
@@ -357,25 +364,37 @@ class _File:
         return "npy"
 
     def legacy(self) -> None:
-        pos = 0
-        results: list[StreamScan] = []
-        for what in _LEGACY_PICKLES:
-            result = self.pickle(self.buf, pos, self.size, None, f"legacy {what}",
-                                 want_value=True)
-            if result is None or not result.stopped:
-                return
-            results.append(result)
-            pos = result.end
-        magic, proto = results[0].value, results[1].value
-        if type(magic) is not int or magic != LEGACY_MAGIC:
-            self.flag("legacy", "the magic number is not the literal torch writes", None, 0)
-        if type(proto) is not int or proto != 1001:
-            self.flag("legacy", f"protocol version {proto!r} is not 1001", None,
-                      results[1].start)
-        end = self._legacy_storages(results[3].pids, results[4].value, pos)
-        if end is not None and end < self.size:
+        """The legacy stream, walked by the reader's own functions in report mode."""
+        read = self.reader(None, "legacy")
+        header = read_header(read, self.findings)
+        if header is None:
+            return
+        _, byteorder, pos = header
+        obj = self.pickle(self.buf, pos, self.size, None, "legacy object", want_value=True)
+        if obj is None or not obj.stopped:
+            return
+        got = read(obj.end, None, "storage keys", True)
+        if got is None:
+            return
+        keys, pos = got
+        declared = declared_storages(obj.pids, self.source, self.limits, byteorder,
+                                     self.findings)
+        walked = walk_storages(self.source, pos, keys, declared, byteorder, self.findings)
+        if walked is not None and walked[1] < self.size:
+            end = walked[1]
             self.flag("trailing", f"{self.size - end} bytes after the last storage", None, end)
             self.chain_tentative(end)
+
+    def reader(self, member: str | None, layout: str) -> PickleReader:
+        """The container walks' pickle reader: each pickle scanned and reported, its value
+        from the inert run; None where the stream cannot be followed."""
+        def read(pos: int, end: int | None, what: str, plain: bool) -> tuple[Any, int] | None:
+            result = self.pickle(self.buf, pos, self.size if end is None else end, member,
+                                 f"{layout} {what}", want_value=True)
+            if result is None or not result.stopped:
+                return None
+            return result.value, result.end
+        return read
 
     def chain_tentative(self, pos: int) -> None:
         for _ in range(_MAX_CHAINED):
@@ -383,39 +402,6 @@ class _File:
             if result is None or not result.stopped or result.end >= self.size:
                 return
             pos = result.end
-
-    def _legacy_storages(self, pids: list[Any], keys: Any, pos: int) -> int | None:
-        """Walk the raw storages after the keys pickle; the offset where they end."""
-        declared: dict[str | bytes, tuple[int, int]] = {}
-        for pid in pids:
-            if isinstance(pid, tuple) and len(pid) == 6 and pid[0] in ("storage", b"storage"):
-                itemsize = _itemsize(pid[1])
-                key = _storage_key(pid[2])
-                if isinstance(key, bytes) and key not in declared:
-                    self.flag("legacy", f"storage key {key!r} is bytes, not str: torch.save "
-                              "never writes one; torch.load matches it byte for byte, the "
-                              "torchless reader refuses the file")
-                if itemsize is not None and type(pid[4]) is int:
-                    declared[key] = (itemsize, pid[4])
-        if not isinstance(keys, list):
-            self.flag("legacy", "the storage key list is not a list", None, pos)
-            return None
-        for raw in keys:
-            key = _storage_key(raw)
-            if key not in declared or pos + 8 > self.size:
-                self.flag("legacy", f"storage {key!r} cannot be followed (undeclared or cut "
-                          "short); the rest of the file is not accounted for", None, pos)
-                return None
-            itemsize, numel = declared[key]
-            count = int.from_bytes(self.buf[pos:pos + 8], "little", signed=True)
-            if count != numel:
-                count = int.from_bytes(self.buf[pos:pos + 8], "big", signed=True)
-            if count != numel or pos + 8 + numel * itemsize > self.size:
-                self.flag("legacy", f"storage {key!r}: the file holds a different element "
-                          f"count or fewer bytes than the pickle declared ({numel})", None, pos)
-                return None
-            pos += 8 + numel * itemsize
-        return pos
 
     # ---- ZIP --------------------------------------------------------------------------
 
@@ -520,124 +506,29 @@ class _File:
     # ---- TAR --------------------------------------------------------------------------
 
     def tar(self) -> None:
-        members = self._tar_members()
-        for name, (off, size) in members.items():
-            end = off + size
+        """The TAR layout, walked by the reader's own functions in report mode."""
+        archive = TarArchive(self.source, self.limits, mode="report")
+        self.anomalies.extend(archive.anomalies)
+        f = self.findings
+        for dup in archive.duplicates:
+            self.chain_region(dup.offset, dup.offset + dup.size)
+        for name, m in archive.members.items():
+            read = self.reader(name, "TAR")
             if name == "pickle":
-                result = self.pickle(self.buf, off, end, name, "TAR object")
-                if result is not None and result.stopped and result.end != end:
-                    self.flag("trailing", f"{end - result.end} bytes after the pickle in the "
-                              "TAR 'pickle' member", name, result.end)
-                    self.chain_region(result.end, end)
+                end = m.offset + m.size
+                result = self.pickle(self.buf, m.offset, end, name, "TAR object")
+                if result is not None and result.stopped:
+                    check_object_end(result.end, m, f)
+                    if result.end < end:
+                        self.chain_region(result.end, end)
             elif name == "sys_info":
-                self.pickle(self.buf, off, end, name, "TAR sys_info")
+                read_sys_info(m, read, f)
             elif name == "storages":
-                self._tar_storages(off, end)
+                walk_tar_storages(self.source, m, read, self.limits, f)
             elif name == "tensors":
-                self._tar_tensors(off, end)
+                walk_tensors(self.source, m, read, self.limits, f)
             else:
-                self.chain_region(off, end)
-
-    def _tar_members(self) -> dict[str, tuple[int, int]]:
-        buf, size = self.buf, self.size
-        members: dict[str, tuple[int, int]] = {}
-        pos, long_name = 0, None
-        while pos + 512 <= size:
-            header = bytes(buf[pos:pos + 512])
-            if header == bytes(512):
-                rest = pos + 512
-                tail = bytes(buf[rest:size])
-                if tail.strip(b"\x00"):
-                    self.flag("trailing", "data after the end of the TAR archive", None, rest)
-                return members
-            stored = _octal(header[148:156])
-            if stored != sum(header[:148]) + 256 + sum(header[156:]):
-                self.flag("tar", "TAR header checksum does not match", None, pos)
-            length = _octal(header[124:136])
-            if length is None or length < 0 or pos + 512 + length > size:
-                self.flag("tar", "TAR member size is invalid or runs past the end of the file; "
-                          "the rest of the archive cannot be followed", None, pos)
-                return members
-            kind = header[156:157]
-            name = header[:100].split(b"\x00", 1)[0].decode("utf-8", "backslashreplace")
-            if header[257:262] == b"ustar" and header[345:346] != b"\x00":
-                prefix = header[345:500].split(b"\x00", 1)[0].decode("utf-8", "backslashreplace")
-                name = f"{prefix}/{name}"
-            data = pos + 512
-            if kind == b"L":
-                long_name = bytes(buf[data:data + length]).split(b"\x00", 1)[0].decode(
-                    "utf-8", "backslashreplace")
-            elif kind in (b"x", b"g"):
-                pass
-            elif kind in (b"1", b"2"):
-                self.flag("link", f"TAR member {name!r} is a link", name, pos)
-            elif kind in (b"0", b"\x00", b"7", b"5"):
-                name, long_name = long_name or name, None
-                if name.startswith("/") or ".." in name.split("/") or "\\" in name:
-                    self.flag("name", f"TAR member name {name[:80]!r} is not a plain relative "
-                              "path", name, pos)
-                if kind != b"5":
-                    if name in members:
-                        self.flag("duplicate", f"two TAR members named {name!r}", name, pos)
-                        self.chain_region(data, data + length)
-                    else:
-                        members[name] = (data, length)
-            else:
-                self.flag("tar", f"TAR member {name!r} has type {kind!r}", name, pos)
-            pos = data + (length + 511) // 512 * 512
-        self.flag("tar", "TAR archive ends without its end-of-archive blocks", None, pos)
-        return members
-
-    def _tar_count(self, pos: int, end: int, what: str) -> tuple[int, int] | None:
-        result = self.pickle(self.buf, pos, end, what, f"TAR {what} count", want_value=True)
-        if result is None or not result.stopped or type(result.value) is not int \
-                or result.value < 0:
-            return None
-        return result.value, result.end
-
-    def _tar_storages(self, pos: int, end: int) -> None:
-        head = self._tar_count(pos, end, "storages")
-        if head is None:
-            return
-        count, pos = head
-        for _ in range(min(count, self.limits.max_tensors)):
-            record = self.pickle(self.buf, pos, end, "storages", "TAR storage record",
-                                 want_value=True)
-            if record is None or not record.stopped:
-                return
-            value = record.value
-            itemsize = _itemsize(value[2]) if isinstance(value, tuple) and len(value) == 3 \
-                else None
-            pos = record.end
-            if itemsize is None or pos + 8 > end:
-                self.flag("tar", "a TAR storage record cannot be followed", "storages", pos)
-                return
-            numel = int.from_bytes(self.buf[pos:pos + 8], "little", signed=True)
-            pos += 8 + max(numel, 0) * itemsize
-            if numel < 0 or pos > end:
-                self.flag("tar", "a TAR storage runs past its member", "storages", pos)
-                return
-        if pos < end:  # some writers leave the (empty) view list out
-            self.pickle(self.buf, pos, end, "storages", "TAR storage views")
-
-    def _tar_tensors(self, pos: int, end: int) -> None:
-        head = self._tar_count(pos, end, "tensors")
-        if head is None:
-            return
-        count, pos = head
-        for _ in range(min(count, self.limits.max_tensors)):
-            record = self.pickle(self.buf, pos, end, "tensors", "TAR tensor record")
-            if record is None or not record.stopped:
-                return
-            pos = record.end
-            if pos + 8 > end:
-                self.flag("tar", "a TAR tensor header is cut short", "tensors", pos)
-                return
-            ndim = struct.unpack("<i", self.buf[pos:pos + 4])[0]
-            pos += 8 + 16 * max(ndim, 0) + 8
-            if ndim < 0 or ndim > self.limits.max_ndim or pos > end:
-                self.flag("tar", f"a TAR tensor declares {ndim} dimensions", "tensors", pos)
-                return
+                self.chain_region(m.offset, m.offset + m.size)
 
 
 def _is_pickle(head: Any, limits: Limits) -> bool:
@@ -665,32 +556,6 @@ def _plausible(result: StreamScan, data: Any) -> bool:
         return True
     start = result.start
     return data[start] == 0x80 and len(data) > start + 1 and 2 <= data[start + 1] <= 5
-
-
-def _storage_key(key: Any) -> str | bytes:
-    """A legacy storage key as torch.load compares it: bytes stay bytes (a key that is not
-    UTF-8 is no error), anything else as text."""
-    return key if isinstance(key, bytes) else str(key)
-
-
-def _itemsize(storage_type: Any) -> int | None:
-    if isinstance(storage_type, Global):
-        dtype = _dtypes.by_storage_name(storage_type.name)
-        return None if dtype is None else dtype.itemsize
-    return None
-
-
-def _octal(field_: bytes) -> int | None:
-    if field_[:1] and field_[0] & 0x80:
-        if field_[0] & 0x40:
-            return -1
-        return int.from_bytes(bytes([field_[0] & 0x7F]) + field_[1:], "big")
-    text = field_.split(b"\x00", 1)[0].strip(b" ")
-    if not text:
-        return 0
-    if not all(0x30 <= c <= 0x37 for c in text):
-        return None
-    return int(text, 8)
 
 
 # ---- text ---------------------------------------------------------------------------------
