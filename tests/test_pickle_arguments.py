@@ -169,6 +169,7 @@ def test_interpreter_and_static_walk_share_the_readers() -> None:
         assert entry is not None and entry[3] is op.arg
         if ARGS[op.arg].unpack is not None:
             assert entry[4] is ARGS[op.arg].unpack
+        assert entry[5] is ARGS[op.arg].decode
 
 
 def _su(s: str) -> bytes:

@@ -42,6 +42,7 @@ from torchless.containers.zipformat import (
     SIG_EOCD64_LOC,
     STORED,
     Entry,
+    any_name,
     member_name,
     zip64_field,
     zip64_values,
@@ -53,6 +54,7 @@ from torchless.core.limits import Limits
 from torchless.errors import (
     AmbiguousArchiveError,
     ArchiveFormatError,
+    CheckpointError,
     LimitError,
     TruncatedInputError,
     UnsafePathError,
@@ -74,6 +76,7 @@ class ZipArchive(MemberLayout, MemberReader):
         self.source = source
         self.limits = limits
         self.findings = Findings(mode)
+        self._bytes = source.read if self.findings.strict else self._clipped
         #: Members by name (the first of each name), as the reader looks them up.
         self.entries: dict[str, Entry] = {}
         #: Every member found, in directory order: duplicates, and in report mode those of
@@ -227,9 +230,11 @@ class ZipArchive(MemberLayout, MemberReader):
         f = self.findings
         cd = self.source.view(start, limit - start) if start < limit else memoryview(b"")
         pos = count = 0
+        most = min(n_total, self.limits.max_archive_entries)
+        members = self.members
         while pos < len(cd):
-            if count >= n_total:
-                if cd[pos:pos + 4] != SIG_CENTRAL:  # report mode: bytes, not an entry
+            if count >= most:
+                if count >= n_total and cd[pos:pos + 4] != SIG_CENTRAL:  # bytes, no entry
                     f("gap", ArchiveFormatError(
                         f"central directory holds more entries than the {n_total} declared"),
                       offset=start + pos, report=f"{cd_end - start - pos} bytes between the "
@@ -239,12 +244,12 @@ class ZipArchive(MemberLayout, MemberReader):
                 if count == n_total:
                     f("eocd", ArchiveFormatError(f"central directory holds more entries than "
                                                  f"the {n_total} declared"), offset=start + pos)
-            if count >= self.limits.max_archive_entries:
-                break
+                if count >= self.limits.max_archive_entries:
+                    break  # report mode: the count is over the limit, listed as such
             entry, pos = self._central_entry(cd, start, pos, delta)
             if entry is None:
                 break
-            self.members.append(entry)
+            members.append(entry)
             count += 1
         if count != n_total:
             f("eocd", ArchiveFormatError(
@@ -273,8 +278,10 @@ class ZipArchive(MemberLayout, MemberReader):
               offset=at)
             raw_name = self._bytes(base + body, nlen, "member name")
             extra = self._bytes(base + body + nlen, elen, "extra field")
-        name, problem = member_name(raw_name, flags)
-        if problem is not None:
+        try:
+            name = member_name(raw_name, flags)
+        except CheckpointError as problem:
+            name = any_name(raw_name, flags)
             f("name", problem, name, at)
         if flags & ~ALLOWED_FLAGS:
             bad = flags & ~ALLOWED_FLAGS
@@ -290,9 +297,9 @@ class ZipArchive(MemberLayout, MemberReader):
             f("header", UnsupportedError(f"archive member {name!r} lies on another disk of a "
                                          "split archive", hint=JOIN_HINT), name, at)
         if SATURATED in (csize, usize, hoff):
-            (usize, csize, hoff), problem = zip64_values(extra, usize, csize, hoff, name)
-            if problem is not None:
-                f("header", problem, name, at)
+            (usize, csize, hoff), wrong = zip64_values(extra, usize, csize, hoff, name)
+            if wrong is not None:
+                f("header", wrong, name, at)
         if (made_by >> 8) == 3 and (eattr >> 16) & 0o170000 == 0o120000:
             f("link", UnsafePathError(f"archive member {name!r} is a symbolic link"), name, at)
         if method == STORED and csize != usize:

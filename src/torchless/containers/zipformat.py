@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from torchless.errors import ArchiveFormatError, CheckpointError, UnsafePathError
 
-__all__ = ["CENTRAL", "EOCD", "EOCD64", "EOCD64_LOC", "LOCAL", "Entry", "descriptor_is_zip64",
-           "member_name", "zip64_field", "zip64_values"]
+__all__ = ["CENTRAL", "EOCD", "EOCD64", "EOCD64_LOC", "LOCAL", "Entry", "any_name",
+           "descriptor_is_zip64", "member_name", "zip64_field", "zip64_values"]
 
 EOCD = struct.Struct("<4sHHHHIIH")  # sig, disk, cd disk, n here, n total, cd size, cd off, cl
 EOCD64_LOC = struct.Struct("<4sIQI")  # sig, disk, eocd64 offset, total disks
@@ -39,7 +39,7 @@ REPACK_HINT = ("torch.save writes plain archives: re-save the checkpoint with to
 JOIN_HINT = "join the parts into one file (zip -s 0 split.zip --out whole.zip) first"
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One archive member: as its central entry lists it (``listed``), or as a local header
     that no central entry lists shows it (the scanner's hidden members)."""
@@ -112,25 +112,29 @@ def descriptor_is_zip64(local_zip64: bool, e: Entry) -> bool:
     return local_zip64 or e.size >= SATURATED or e.compressed_size >= SATURATED
 
 
-def member_name(raw: bytes, flags: int) -> tuple[str, CheckpointError | None]:
-    """A member name and what is wrong with it, if anything: it must decode (UTF-8 when the
-    flag says so, else code page 437) and be a plain relative path (no NUL, backslash, drive,
-    leading slash, ``.``/``..`` component or empty component). A name that does not decode
-    is returned with its bad bytes escaped."""
+def member_name(raw: bytes, flags: int) -> str:
+    """A member name: it must decode (UTF-8 when the flag says so, else code page 437) and
+    be a plain relative path (no NUL, backslash, drive, leading slash, ``.``/``..`` component
+    or empty component); raises what is wrong with it (:func:`any_name` reads it anyway)."""
     try:
         name = raw.decode("utf-8") if flags & FLAG_UTF8 else raw.decode("cp437")
     except UnicodeDecodeError:
-        return raw.decode("utf-8", "backslashreplace"), ArchiveFormatError(
-            f"archive member name {raw[:60]!r} is not valid UTF-8")
+        raise ArchiveFormatError(f"archive member name {raw[:60]!r} is not valid UTF-8") \
+            from None
     if "\x00" in name:
-        return name, UnsafePathError(f"archive member name {name!r} contains a NUL byte")
+        raise UnsafePathError(f"archive member name {name!r} contains a NUL byte")
     if "\\" in name:
-        return name, UnsafePathError(f"archive member name {name!r} contains a backslash")
+        raise UnsafePathError(f"archive member name {name!r} contains a backslash")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        return name, UnsafePathError(f"archive member name {name!r} is an absolute path")
+        raise UnsafePathError(f"archive member name {name!r} is an absolute path")
     if any(part in ("..", ".") for part in name.rstrip("/").split("/")) or "//" in name:
-        return name, UnsafePathError(
-            f"archive member name {name!r} is not a plain relative path")
+        raise UnsafePathError(f"archive member name {name!r} is not a plain relative path")
     if not name:
-        return name, UnsafePathError("archive member with an empty name")
-    return name, None
+        raise UnsafePathError("archive member with an empty name")
+    return name
+
+
+def any_name(raw: bytes, flags: int) -> str:
+    """A member name however it is made (bytes that do not decode are escaped): what the
+    scanner calls a member whose name the reader refuses."""
+    return raw.decode("utf-8" if flags & FLAG_UTF8 else "cp437", "backslashreplace")

@@ -9,6 +9,7 @@ report mode (:mod:`torchless.core.findings`).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from torchless.containers.zipformat import (
     ALLOWED_FLAGS,
@@ -18,8 +19,8 @@ from torchless.containers.zipformat import (
     SIG_DESCRIPTOR,
     SIG_LOCAL,
     Entry,
+    any_name,
     descriptor_is_zip64,
-    member_name,
     zip64_field,
 )
 from torchless.core.findings import Findings
@@ -41,11 +42,12 @@ class MemberLayout:
     _order: list[Entry]
     _rank: dict[int, int]
 
-    def _bytes(self, offset: int, n: int, what: str) -> bytes:
-        """``n`` bytes at ``offset``; past the end of the file an error in strict mode, and
-        as many as there are in report mode."""
-        if self.findings.strict:
-            return self.source.read(offset, n, what)
+    #: ``n`` bytes at ``offset``: :meth:`Source.read` in strict mode (past the end of the
+    #: file an error), :meth:`_clipped` in report mode.
+    _bytes: Callable[[int, int, str], bytes]
+
+    def _clipped(self, offset: int, n: int, what: str) -> bytes:
+        """As many of the ``n`` bytes at ``offset`` as the file holds."""
         offset = min(max(0, offset), self.source.size)
         return self.source.read(offset, max(0, min(n, self.source.size - offset)), what)
 
@@ -63,7 +65,9 @@ class MemberLayout:
                     "overlap"), e.name, e.header_offset)
             elif e.header_offset > cursor and (before is None or before.located):
                 self._unowned(cursor, e.header_offset, before, e)
-            cursor = max(cursor, e.end_offset if e.located else e.least_end())
+            end = e.end_offset if e.located else e.least_end()
+            if end > cursor:
+                cursor = end
             before = e
         if stop is not None and cursor < stop and (before is None or before.located):
             self._unowned(cursor, stop, before, None)
@@ -187,7 +191,7 @@ class MemberLayout:
             data = pos + LOCAL.size + nlen + elen
             if data <= hi:
                 raw_name = bytes(buf[pos + LOCAL.size:pos + LOCAL.size + nlen])
-                name, _ = member_name(raw_name, flags)
+                name = any_name(raw_name, flags)
                 if not csize and flags & FLAG_DESCRIPTOR:  # sizes only in the descriptor
                     desc = buf.find(SIG_DESCRIPTOR, data, hi)
                     csize = (desc if desc >= 0 else hi) - data

@@ -147,11 +147,11 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _string_arg(arg: Arg, raw: bytes) -> str | None:
+def _string_arg(decode: Callable[[bytes], Any], raw: bytes) -> str | None:
     """The str a string-pushing opcode leaves on the stack, read by the interpreter's own
-    argument reader (a Python 2 str as ASCII text); None if it is no text."""
+    argument reader, ``decode`` (a Python 2 str as ASCII text); None if it is no text."""
     try:
-        value = ARGS[arg].decode(raw)
+        value = decode(raw)
         if isinstance(value, bytes):
             value = value.decode("ascii")
     except ValueError:
@@ -159,9 +159,12 @@ def _string_arg(arg: Arg, raw: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
-#: Per opcode byte: (name, kind, n, argument type, unpack). kind 0: n fixed bytes; 1: an
-#: n-byte length (read by ``unpack``), then that many bytes; 2: n newline-terminated lines.
-_Entry = tuple[str, int, int, Arg, Callable[[Any, int], tuple[Any, ...]]]
+#: Per opcode byte: (name, kind, n, argument type, unpack, decode): the reader of
+#: :data:`.arguments.ARGS`, unpacked. kind 0: n fixed bytes (read by ``unpack``); 1: an
+#: n-byte length (read by ``unpack``), then that many bytes (read by ``decode``); 2: n
+#: newline-terminated lines (read by ``decode``).
+_Entry = tuple[str, int, int, Arg, Callable[[Any, int], tuple[Any, ...]],
+               Callable[[bytes], Any]]
 
 
 def _no_unpack(data: Any, offset: int) -> tuple[Any, ...]:  # pragma: no cover - never called
@@ -178,9 +181,10 @@ def _table() -> list[_Entry | None]:
         reader = ARGS[op.arg]
         unpack = reader.unpack or _no_unpack
         if reader.lines:
-            table[code] = (op.name, 2, reader.lines, op.arg, unpack)
+            table[code] = (op.name, 2, reader.lines, op.arg, unpack, reader.decode)
         else:
-            table[code] = (op.name, 1 if reader.prefixed else 0, reader.width, op.arg, unpack)
+            table[code] = (op.name, 1 if reader.prefixed else 0, reader.width, op.arg, unpack,
+                           reader.decode)
     return table
 
 
@@ -244,7 +248,7 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
         if entry is None:
             scan.problems.append((pos, f"byte 0x{data[pos]:02x} is not a pickle opcode"))
             break
-        name, kind, n, arg, unpack = entry
+        name, kind, n, _, unpack, decode = entry
         at = pos + 1
         args: tuple[bytes, ...] = ()
         if kind == 0:
@@ -285,7 +289,7 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
             _buried(data, at, nxt, found)
             frame_end = -1
         if name == "FRAME":
-            frame_end = nxt + _fixed(arg, args[0])
+            frame_end = nxt + int(unpack(args[0], 0)[0])
         if kind == 0 and n == 0 and name not in ("STACK_GLOBAL", "STOP", "MEMOIZE"):
             prev, last = last, None
             pos = nxt
@@ -294,7 +298,7 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
         if name in ("GLOBAL", "INST"):
             found[pos] = FoundGlobal(_text(args[0]), _text(args[1]), pos, name)
         elif name in ("EXT1", "EXT2", "EXT4"):
-            code = _fixed(arg, args[0])
+            code = int(unpack(args[0], 0)[0])
             found[pos] = FoundGlobal("copyreg.extension", str(code), pos, name)
         elif name == "STACK_GLOBAL":
             if prev is not None and last is not None:
@@ -308,16 +312,16 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
             break
         pos = nxt
         if name in _PUTS:
-            index = len(memo) + unset if name == "MEMOIZE" else _index(name, arg, args[0])
+            index = len(memo) + unset if name == "MEMOIZE" else _index(name, unpack, args[0])
             if index is not None:
                 memo[index] = last
             continue
         if name in ("FRAME", "PROTO"):
             continue
         if name in _STR_PUSH:
-            value = _string_arg(arg, args[0])
+            value = _string_arg(decode, args[0])
         elif name in _GETS:
-            index = _index(name, arg, args[0])
+            index = _index(name, unpack, args[0])
             value = memo.get(index) if index is not None else None
         prev, last = last, value
     if not scan.stopped:
@@ -338,20 +342,15 @@ def _buried(data: Any, lo: int, hi: int, found: dict[int, FoundGlobal]) -> None:
         found[offset] = FoundGlobal(_text(m.group(1)), _text(m.group(2)), offset, "GLOBAL")
 
 
-def _fixed(arg: Arg, raw: bytes) -> int:
-    unpack = ARGS[arg].unpack
-    assert unpack is not None
-    return int(unpack(raw, 0)[0])
-
-
-def _index(name: str, arg: Arg, raw: bytes) -> int | None:
+def _index(name: str, unpack: Callable[[Any, int], tuple[Any, ...]],
+           raw: bytes) -> int | None:
     """A memo index, as the interpreter reads it; None if it reads none."""
     if name in ("PUT", "GET"):
         try:
             return memo_index(raw)
         except ValueError:
             return None
-    return _fixed(arg, raw)
+    return int(unpack(raw, 0)[0])
 
 
 #: Streams up to this size always get the inert run (it also finds stack and memo misuse);
