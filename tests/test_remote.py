@@ -5,6 +5,9 @@ torch.load, and the server's own byte and request counts.
 
 from __future__ import annotations
 
+import struct
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -159,3 +162,60 @@ def test_scan_and_inspect_cli_remote(torch: ModuleType, tmp_path: Path, served: 
     assert torchless.scan(served.url + "ok.pt").exit_code == 0
     assert main(["inspect", served.url + "ok.pt", "--json"]) == 0
     assert '"w"' in capsys.readouterr().out
+
+
+# ---- the ZIP checks do not depend on where the bytes come from -------------------------------
+
+def _stored_zip(members: list[tuple[str, bytes]], *, gap_after: str | None = None,
+                swallow: str | None = None) -> bytes:
+    """A plain stored ZIP of ``members``, in order (the layout of APPNOTE 4.3.6, written out
+    here): ``gap_after`` puts 16 bytes that no member owns after that member's data;
+    ``swallow`` makes that member's declared size (local and central alike) run 30 bytes
+    into the next member, so the two overlap."""
+    out = bytearray()
+    central = []
+    for name, data in members:
+        raw = name.encode()
+        offset = len(out)
+        size = len(data) + (30 if name == swallow else 0)
+        crc = zlib.crc32(data)
+        out += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0x21, crc, size,
+                           size, len(raw), 0) + raw + data
+        central.append(struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0,
+                                   0x21, crc, size, size, len(raw), 0, 0, 0, 0, 0, offset)
+                       + raw)
+        if name == gap_after:
+            out += bytes(16)
+    cd = b"".join(central)
+    cd_off = len(out)
+    out += cd + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(members), len(members),
+                            len(cd), cd_off, 0)
+    return bytes(out)
+
+
+def test_remote_zip_gets_the_gap_and_overlap_checks(torch: ModuleType, tmp_path: Path,
+                                                   served: RangeServer) -> None:
+    """Bytes that no member owns, and members that share bytes, are refused in a remote
+    archive as in a local one (the ZIP reader skipped both checks for remote files). A
+    remote archive's local headers are read only when their member is read, so a gap after
+    a member is refused when that member is read: here by load(), which reads data.pkl, the
+    records and every tensor; an overlap, which the central directory shows, at open."""
+    torch.save({"a": torch.arange(6.0), "b": torch.ones(3)}, tmp_path / "m.pt")
+    with zipfile.ZipFile(tmp_path / "m.pt") as z:
+        members = [(i.filename, z.read(i)) for i in z.infolist()]
+    (tmp_path / "plain.pt").write_bytes(_stored_zip(members))
+    for where in (tmp_path / "plain.pt", served.url + "plain.pt"):
+        assert sorted(torchless.load(where)) == ["a", "b"]
+    read_by_load = [f"m/{record}" for record in ("data.pkl", "byteorder", "data/0", "data/1")]
+    assert set(read_by_load) < {name for name, _ in members}
+    for name in read_by_load:
+        for trick, match in (("gap_after", "unaccounted bytes"), ("swallow", "overlap")):
+            path = tmp_path / f"{trick}-{name.replace('/', '_')}.pt"
+            path.write_bytes(_stored_zip(members, **{trick: name}))
+            with pytest.raises(torchless.AmbiguousArchiveError, match=match):
+                torchless.open(path)
+            with pytest.raises(torchless.AmbiguousArchiveError, match=match):
+                torchless.load(served.url + path.name)
+            if trick == "swallow":
+                with pytest.raises(torchless.AmbiguousArchiveError, match=match):
+                    torchless.open(served.url + path.name)

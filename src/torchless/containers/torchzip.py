@@ -77,8 +77,7 @@ class TorchZip:
                 raise AmbiguousArchiveError(
                     f"archive member {name!r} lies outside the prefix {self.prefix!r} "
                     "(several checkpoints in one archive)")
-        # torch.save(..., compute_crc32=False) writes CRC 0 everywhere: then no CRC is known.
-        self.has_crc = any(e.crc for e in self.archive.entries.values() if e.size)
+        self.has_crc = self.archive.has_crc
         self.is_torchscript = self._has("constants.pkl")
         if not self._has("data.pkl"):
             raise ArchiveFormatError(f"no {self.prefix}data.pkl in the archive")

@@ -7,8 +7,9 @@ from enum import Enum
 from torchless.errors import AmbiguousArchiveError, NotACheckpointError, TruncatedInputError
 from torchless.io.source import Source
 
-__all__ = ["LEGACY_MAGIC", "Layout", "detect", "has_zip_tail", "head_of", "is_legacy",
-           "is_pickle", "is_tar", "is_zip", "refuse_other_formats", "refuse_unrecognised"]
+__all__ = ["LEGACY_MAGIC", "ZIP_EOCD_SIG", "ZIP_EOCD_SIZE", "ZIP_MAX_COMMENT", "Layout",
+           "detect", "has_zip_tail", "head_of", "is_legacy", "is_pickle", "is_tar", "is_zip",
+           "refuse_other_formats", "refuse_unrecognised", "zip_end_records"]
 
 #: The magic number torch's legacy stream starts with (as a pickled int).
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -60,19 +61,40 @@ def _looks_like_text(head: bytes) -> str | None:
     return None
 
 
+#: A ZIP end-of-central-directory record: its signature, its size before the comment, and
+#: the longest comment it can declare (so it lies in the last 22 + 65,535 bytes).
+ZIP_EOCD_SIG = b"PK\x05\x06"
+ZIP_EOCD_SIZE = 22
+ZIP_MAX_COMMENT = 0xFFFF
+
+
+def zip_end_records(source: Source) -> tuple[list[int], list[int]]:
+    """Where ZIP end-of-directory records could start: every signature with room for the
+    record before the end of the file, last first, and those of them whose declared comment
+    ends exactly at the end of the file (the ones a ZIP reader takes). The one search of a
+    file's tail, for the layout sniffers, the ZIP reader and the scanner alike."""
+    size = source.size
+    if size < ZIP_EOCD_SIZE:
+        return [], []
+    lo = max(0, size - ZIP_EOCD_SIZE - ZIP_MAX_COMMENT)
+    tail = source.read(lo, size - lo, "file tail")
+    found: list[int] = []
+    exact: list[int] = []
+    i = len(tail) - ZIP_EOCD_SIZE
+    while i >= 0:
+        i = tail.rfind(ZIP_EOCD_SIG, 0, i + 4)
+        if i < 0:
+            break
+        found.append(lo + i)
+        if i + ZIP_EOCD_SIZE + int.from_bytes(tail[i + 20:i + 22], "little") == len(tail):
+            exact.append(lo + i)
+        i -= 1
+    return found, exact
+
+
 def has_zip_tail(source: Source) -> bool:
     """True if a ZIP end-of-directory record ends exactly at the end of the file."""
-    size = source.size
-    lo = max(0, size - 22 - 0xFFFF)
-    tail = source.read(lo, size - lo, "file tail")
-    i = len(tail)
-    while True:
-        i = tail.rfind(b"PK\x05\x06", 0, i)
-        if i < 0:
-            return False
-        if i + 22 <= len(tail) and i + 22 + int.from_bytes(tail[i + 20:i + 22], "little") \
-                == len(tail):
-            return True
+    return bool(zip_end_records(source)[1])
 
 
 def detect(source: Source) -> Layout:

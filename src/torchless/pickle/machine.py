@@ -20,14 +20,11 @@ Only our own errors leave :meth:`Machine.run`.
 
 from __future__ import annotations
 
-import codecs
 import functools
 import gc
 import math
 import mmap
-import re
 import struct
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -42,68 +39,26 @@ from torchless.errors import (
     UnsupportedOpcodeError,
     type_phrase,
 )
+from torchless.pickle.arguments import (
+    c_load_int,
+    c_load_long,
+    float_text,
+    long_bytes,
+    memo_index,
+    string_text,
+    unicode_text,
+    unpack_float8,
+    unpack_int4,
+    unpack_uint2,
+    unpack_uint4,
+    unpack_uint8,
+    utf8_text,
+)
 from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["Machine", "Resolver", "run_pickle", "unescape_string"]
+__all__ = ["Machine", "Resolver", "run_pickle"]
 
-_C_SPACE = frozenset(b" \t\n\v\f\r")
-_DIGITS = {8: frozenset(b"01234567"), 10: frozenset(b"0123456789"),
-           16: frozenset(b"0123456789abcdefABCDEF")}
-_C_LONG_MIN, _C_LONG_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _strtol0(s: bytes) -> tuple[int, int]:
-    """C's ``strtol(s, &end, 0)``: (value, index of end); end 0 when nothing converts. The
-    caller checks the value against the C long range (ERANGE)."""
-    i, n = 0, len(s)
-    while i < n and s[i] in _C_SPACE:
-        i += 1
-    negative = i < n and s[i] == 0x2D
-    if i < n and s[i] in b"+-":
-        i += 1
-    base = 10
-    if i < n and s[i] == 0x30:  # '0': octal, or hex when 0x is followed by a hex digit
-        if i + 2 < n and s[i + 1] in b"xX" and s[i + 2] in _DIGITS[16]:
-            base, i = 16, i + 2
-        else:
-            base = 8
-    start = i
-    digits = _DIGITS[base]
-    while i < n and s[i] in digits:
-        i += 1
-    if i == start:
-        return 0, 0
-    value = int(s[start:i], base)
-    return (-value if negative else value), i
-
-
-def c_load_int(s: bytes) -> int:
-    """The INT opcode's text (without its newline) as CPython 3.10-3.13's ``load_int``
-    reads it: ``strtol`` in base 0 when it converts the whole text to a C long, and a text
-    of two characters worth 0 or 1 is a bool (``01``, ``00``, also ``+1``, `` 1``, ``-0``);
-    otherwise ``PyLong_FromString(s, NULL, 0)``, i.e. ``int(s, 0)``. ValueError as C's."""
-    if not s:
-        raise ValueError("empty INT argument")
-    value, end = _strtol0(s)
-    if end != len(s) or not _C_LONG_MIN <= value <= _C_LONG_MAX:
-        return int(s, 0)
-    if len(s) == 2 and value in (0, 1):
-        return bool(value)
-    return value
-
-
-def c_load_long(s: bytes) -> int:
-    """The LONG opcode's text (without its newline) as ``load_long`` reads it: one trailing
-    ``L`` dropped, then ``PyLong_FromString(s, NULL, 0)``."""
-    if not s:
-        raise ValueError("empty LONG argument")
-    return int(s[:-1] if s.endswith(b"L") else s, 0)
-# one way to match each digit: "[0-9]+\.?[0-9]*" backtracked quadratically on a long line
-_FLOAT_RE = re.compile(
-    rb"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\Z",
-    re.IGNORECASE,
-)
 _LOG2_10 = math.log2(10)
 _LOG10_2 = math.log10(2)
 
@@ -114,44 +69,17 @@ def _power_of_ten(k: int) -> int:
     return power
 
 
-# look the text codec up now, so that reading a file never triggers an import
-codecs.lookup("raw_unicode_escape")
-_ESCAPE_RE = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{2})|(.)|\Z)", re.DOTALL)
-_SIMPLE_ESCAPES = {b"\\": b"\\", b"'": b"'", b'"': b'"', b"b": b"\b", b"f": b"\f",
-                   b"t": b"\t", b"n": b"\n", b"r": b"\r", b"v": b"\v", b"a": b"\a",
-                   b"\n": b""}
-
-
-def unescape_string(raw: bytes) -> bytes:
-    """The bytes of a STRING argument (quotes removed), decoded as C's
-    ``PyBytes_DecodeEscape`` does: Python's bytes-literal escapes, an octal escape past
-    ``\\377`` keeps its low 8 bits, an unknown escape stays as written. Written out here
-    because ``codecs.escape_decode`` warns (DeprecationWarning, an error under -W error) on
-    those last two, and silencing a warning changes process-wide state.
-    Raises ValueError where C does: a malformed ``\\x`` escape or a trailing backslash."""
-    if b"\\" not in raw:
-        return raw
-
-    def one(m: re.Match[bytes]) -> bytes:
-        octal, hexa, other = m.groups()
-        if octal is not None:
-            return bytes((int(octal, 8) & 0xFF,))
-        if hexa is not None:
-            return bytes((int(hexa, 16),))
-        if other is None:
-            raise ValueError("trailing \\ in string")
-        if other == b"x":
-            raise ValueError(f"invalid \\x escape at byte {m.start()}")
-        return _SIMPLE_ESCAPES.get(other, b"\\" + other)
-
-    return _ESCAPE_RE.sub(one, raw)
-
-
-_unpack_int4 = struct.Struct("<i").unpack_from
-_unpack_uint2 = struct.Struct("<H").unpack_from
-_unpack_uint4 = struct.Struct("<I").unpack_from
-_unpack_uint8 = struct.Struct("<Q").unpack_from
-_unpack_float8 = struct.Struct(">d").unpack_from
+# the argument readers of .arguments, bound once (the static walk uses the same functions)
+_unpack_int4 = unpack_int4
+_unpack_uint2 = unpack_uint2
+_unpack_uint4 = unpack_uint4
+_unpack_uint8 = unpack_uint8
+_unpack_float8 = unpack_float8
+_long_bytes = long_bytes
+_float_text = float_text
+_string_text = string_text
+_unicode_text = unicode_text
+_utf8_text = utf8_text
 
 
 def _pause_collector() -> bool:
@@ -455,26 +383,17 @@ class Machine:
                              offset=self.op_start)
 
     def _memo_index(self, line: bytes) -> int:
-        """A GET/PUT index: C reads it with ``PyLong_FromString(s, NULL, 10)`` (blanks,
-        sign, ``_`` and leading zeros allowed), which is ``int(line, 10)``; a NUL byte, where
-        C would stop reading (python/cpython#126996), is refused."""
-        if b"\0" in line:
-            raise PickleError("memo index contains a NUL byte", offset=self.op_start)
+        """A GET/PUT index (:func:`.arguments.memo_index`)."""
         try:
-            index = int(line, 10)
-        except ValueError:
-            raise PickleError(f"memo index {line[:40]!r} is not a decimal integer",
-                              offset=self.op_start) from None
-        if index > sys.maxsize:  # C stores indices as Py_ssize_t
-            raise PickleError(f"memo index {index} is too large", offset=self.op_start)
-        return index
+            return memo_index(line)
+        except ValueError as e:
+            raise PickleError(str(e), offset=self.op_start) from None
 
     def _text(self, raw: bytes) -> str:
         try:
-            return raw.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError as e:
-            raise PickleError(f"a str of {len(raw)} bytes is not UTF-8 ({e.reason} at its "
-                              f"byte {e.start})", offset=self.op_start) from None
+            return _utf8_text(raw)
+        except ValueError as e:
+            raise PickleError(str(e), offset=self.op_start) from None
 
     def _py2_string(self, raw: bytes) -> Any:
         """STRING/BINSTRING/SHORT_BINSTRING: a Python 2 str, decoded as torch.load does."""
@@ -632,7 +551,7 @@ class Machine:
             raise LimitError("max_int_digits", limit, int((8 * n - 1) * _LOG10_2) + 1,
                              f"a binary int of {n} bytes has room for that many digits",
                              offset=self.op_start)
-        value = int.from_bytes(self._sized(n), "little", signed=True)
+        value = _long_bytes(self._sized(n))
         self._check_digits(value, "decimal digits of a binary int")
         self.push(value)
 
@@ -643,13 +562,10 @@ class Machine:
         self._long_bytes(self._int4())
 
     def op_FLOAT(self) -> None:
-        line = self._line()
-        if not _FLOAT_RE.match(line):
-            raise PickleError(f"not a float: {line[:40]!r}", offset=self.op_start)
-        value = float(line)
-        if math.isinf(value) and line.lstrip(b"+-")[:1] not in b"iI":
-            # C reads it with PyOS_string_to_double(..., OverflowError): no silent inf
-            raise PickleError(f"FLOAT {line[:40]!r} overflows a double", offset=self.op_start)
+        try:
+            value = _float_text(self._line())
+        except ValueError as e:
+            raise PickleError(str(e), offset=self.op_start) from None
         self.push(value)
 
     def op_BINFLOAT(self) -> None:
@@ -658,13 +574,10 @@ class Machine:
     # ---- opcodes: strings and bytes ------------------------------------------------
 
     def op_STRING(self) -> None:
-        line = self._line()
-        if len(line) < 2 or line[0] != line[-1] or line[0] not in b"\"'":
-            raise PickleError("STRING argument is not quoted", offset=self.op_start)
         try:
-            raw = unescape_string(line[1:-1])
+            raw = _string_text(self._line())
         except ValueError as e:
-            raise PickleError(f"STRING argument: {e}", offset=self.op_start) from None
+            raise PickleError(str(e), offset=self.op_start) from None
         self.push(self._py2_string(raw))
 
     def op_BINSTRING(self) -> None:
@@ -695,7 +608,7 @@ class Machine:
             offset=self.op_start)
 
     def op_UNICODE(self) -> None:
-        self.push(self._line().decode("raw-unicode-escape"))
+        self.push(_unicode_text(self._line()))
 
     def op_SHORT_BINUNICODE(self) -> None:
         self.push(self._text(self._sized(self._uint1())))

@@ -4,17 +4,18 @@ The reader refuses a file at its first problem; a scanner must instead report ev
 loader could be made to do. For each file (directories are walked recursively) the layout is
 found from the content, never the name, and then:
 
-* every pickle is walked opcode by opcode (:mod:`._scan_pickle`): all members of a ZIP archive
+* every pickle is walked opcode by opcode (:mod:`.pickles`): all members of a ZIP archive
   (not only ``data.pkl``; other members when their bytes are a pickle), the five pickles of a
   legacy stream and whatever follows its storages, each pickle of a TAR checkpoint, plain
   pickles and every pickle concatenated after them, the object array of a ``.npy`` file, and
   the bytes before, between and after the members of an archive;
-* each global gets a verdict from the reader's own tables (:class:`._rules.TorchResolver`,
-  which applies the rebuild rules and :func:`._policy.judge`): ``rebuilt`` (a rule rebuilds
+* each global gets a verdict from the reader's own tables (:class:`~torchless.rules.resolver.
+  TorchResolver`, which applies the rebuild rules and the policy): ``rebuilt`` (a rule rebuilds
   it), ``opaque`` (a class kept as inert data) or ``dangerous`` (calling or importing it could
   run code, touch files, processes or the network; or its name cannot be read statically);
-* container anomalies that make scanners and torch see different files are listed
-  (:mod:`._scan_zip` for ZIP; legacy, TAR and pickle checks here).
+* container anomalies that make scanners and torch see different files are listed: the
+  reader's own ZIP, TAR and legacy parsers run in report mode (:mod:`.layouts`), so that
+  whatever the reader refuses the scanner reports; the pickle pass reports broken streams.
 
 Status of a file: ``dangerous`` (a dangerous global), ``anomalous`` (an anomaly, no dangerous
 global), ``clean``, ``unreadable`` (cannot be opened or is not a checkpoint but was named
@@ -27,44 +28,33 @@ unreadable or met an error, else 0.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import struct
-import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from torchless.core import dtypes as _dtypes
+from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
-from torchless.core.text import printable
-from torchless.errors import CheckpointError, InternalError, NotACheckpointError
-from torchless.io.detect import LEGACY_MAGIC, Layout, _detect
+from torchless.errors import CheckpointError, InternalError
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
-from torchless.pickle.values import Global
 from torchless.rules.resolver import TorchResolver
-from torchless.scanner.archives import ZipMember, read_member, scan_zip
+from torchless.scanner.layouts import MAX_CHAINED, PICKLE_START, LayoutScans, plausible
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
+from torchless.scanner.report import (
+    FileScan,
+    FileStatus,
+    GlobalRef,
+    ScanReport,
+    Verdict,
+    format_table,
+)
 
-__all__ = ["Anomaly", "FileScan", "GlobalRef", "ScanReport", "format_table", "scan",
-           "scan_paths"]
+__all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
+           "format_table", "scan", "scan_paths"]
 
-#: Bytes of the start of a member or region walked to decide whether it holds a pickle.
-_SNIFF = 64 << 10
-#: Bytes of a stored member checksummed at a time (then handed back to the page cache).
-_CRC_BLOCK = 64 << 20
-#: Members larger than this are not inflated just to check their CRC.
-_CRC_INFLATE_CAP = 64 << 20
-#: Pickles followed one after another in a plain file or after a legacy stream.
-_MAX_CHAINED = 1000
-_PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
 _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd",
                b"Rar!")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
-_LEGACY_PICKLES = ("magic number", "protocol version", "sys_info", "object", "storage keys")
 
 
 #: Globals the reader rebuilds only for some arguments (it refuses the others): judged by
@@ -73,85 +63,6 @@ _ARGUMENT_DEPENDENT = {
     ("builtins", "getattr"): "getattr reaches any attribute of what it is given; torchless "
                              "resolves only getattr(Class, 'Name'), torch.load calls it",
 }
-
-
-#: What the scanner makes of one global.
-Verdict = Literal["rebuilt", "opaque", "dangerous"]
-#: What the scanner makes of one file.
-FileStatus = Literal["clean", "dangerous", "anomalous", "unreadable", "skipped", "error"]
-
-
-@dataclass(frozen=True)
-class GlobalRef:
-    """A global a file names: where, through which opcode, and what it would be."""
-
-    module: str
-    name: str
-    #: Offset of the opcode: inside ``member`` when set, else inside the file.
-    offset: int
-    opcode: str
-    verdict: Verdict
-    member: str | None = None
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Anomaly:
-    """A container or stream property that makes readers disagree about the file."""
-
-    kind: str
-    message: str
-    member: str | None = None
-    offset: int | None = None
-
-
-@dataclass(frozen=True)
-class FileScan:
-    path: str
-    status: FileStatus
-    layout: str | None = None
-    pickles: int = 0
-    globals: tuple[GlobalRef, ...] = ()
-    anomalies: tuple[Anomaly, ...] = ()
-    error: str | None = None
-    hint: str | None = None  # what to do about ``error``
-
-    @property
-    def dangerous(self) -> tuple[GlobalRef, ...]:
-        return tuple(g for g in self.globals if g.verdict == "dangerous")
-
-    @property
-    def exit_code(self) -> int:
-        return {"dangerous": 1, "anomalous": 1, "unreadable": 2, "error": 2}.get(self.status, 0)
-
-
-@dataclass(frozen=True)
-class ScanReport:
-    files: tuple[FileScan, ...] = field(default_factory=tuple)
-
-    @property
-    def exit_code(self) -> int:
-        codes = {f.exit_code for f in self.files}
-        return 1 if 1 in codes else 2 if 2 in codes else 0
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("clean", "dangerous", "anomalous", "unreadable", "skipped",
-                             "error"), 0)
-        for f in self.files:
-            out[f.status] += 1
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": "torchless-scan", "version": 1, "exit_code": self.exit_code,
-                "summary": self.counts(),
-                "files": [{**asdict(f), "dangerous": len(f.dangerous)} for f in self.files]}
-
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
 
 
 def scan(path: str | os.PathLike[str], *, strict: bool = False,
@@ -236,7 +147,7 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
                         tuple(dict.fromkeys(state.anomalies)))
 
 
-class _File:
+class _File(LayoutScans):
     """The scan of one file: what has been found so far."""
 
     def __init__(self, source: Source, strict: bool, limits: Limits,
@@ -248,14 +159,16 @@ class _File:
         self.strict = strict
         self.limits = limits
         self.globals: list[GlobalRef] = []
-        self.anomalies: list[Anomaly] = []
+        #: The containers' findings in report mode, and the scanner's own observations.
+        self.findings = Findings("report")
+        self.anomalies: list[Anomaly] = self.findings.anomalies
         self.pickles = 0
         self._verdicts: dict[tuple[str, str], tuple[Verdict, str]] = {}
         self._crcs: dict[tuple[int, int, int, int], int | None] = {}
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:
-        self.anomalies.append(Anomaly(kind, message, member, offset))
+        self.findings.note(kind, message, member, offset)
 
     # ---- verdicts ---------------------------------------------------------------------
 
@@ -286,11 +199,11 @@ class _File:
                tentative: bool = False, want_value: bool = False) -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
-        :func:`_plausible`. None if the bytes were not walked at all."""
-        if tentative and (start >= end or data[start] not in _PICKLE_START):
+        :func:`.layouts.plausible`. None if the bytes were not walked at all."""
+        if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value)
-        if tentative and not _plausible(result, data):
+        if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
         for g in result.globals:
@@ -305,7 +218,7 @@ class _File:
     def chain(self, data: Any, start: int, end: int, member: str | None, what: str) -> None:
         """Pickles one after another: anything after a STOP is scanned as another pickle."""
         pos = start
-        for i in range(_MAX_CHAINED):
+        for i in range(MAX_CHAINED):
             result = self.pickle(data, pos, end, member, what, tentative=i > 0)
             if result is None or not result.stopped or result.end >= end:
                 return
@@ -314,438 +227,3 @@ class _File:
                           "(a loader reading pickles one after another would run them)",
                           member, result.end)
             pos = result.end
-
-    # ---- layouts ----------------------------------------------------------------------
-
-    def run(self) -> str:
-        head = bytes(self.buf[:8]) if self.size else b""
-        if head.startswith(b"\x93NUMPY"):
-            return self.npy()
-        zip_tail = self.size > 0 and self._zip_tail()
-        try:
-            layout: Layout | None = _detect(self.source)
-        except NotACheckpointError:
-            if not zip_tail and not self._looks_like_pickle():
-                raise
-            layout = None if zip_tail else Layout.PICKLE
-        except CheckpointError:
-            if not zip_tail:
-                raise
-            layout = None
-        if layout is not None and layout is not Layout.ZIP and zip_tail:
-            self.flag("polyglot", f"the file starts as a {layout.value} checkpoint and ends "
-                      "with a ZIP archive: torch and ZIP readers load different content")
-        if layout is Layout.LEGACY:
-            self.legacy()
-        elif layout is Layout.TAR:
-            self.tar()
-        elif layout is Layout.PICKLE:
-            self.chain(self.buf, 0, self.size, None, "plain")
-        if layout is Layout.ZIP or zip_tail:
-            name = self.zip(skip_prefix=layout is not None and layout is not Layout.ZIP)
-            return name if layout in (None, Layout.ZIP) else f"{layout.value}+zip"
-        assert layout is not None
-        return str(layout.value)
-
-    def _zip_tail(self) -> bool:
-        size = self.size
-        lo = max(0, size - 22 - 0xFFFF)
-        i = size
-        while True:
-            i = self.buf.rfind(b"PK\x05\x06", lo, i)
-            if i < 0:
-                return False
-            if i + 22 <= size and i + 22 + int.from_bytes(self.buf[i + 20:i + 22], "little") \
-                    == size:
-                return True
-
-    def _looks_like_pickle(self) -> bool:
-        """A file torch.load would hand to the unpickler although no magic matched."""
-        return self.size > 0 and _is_pickle(self.buf[:_SNIFF], self.limits)
-
-    def npy(self) -> str:
-        buf = self.buf
-        major = buf[6] if self.size > 7 else 0
-        width = 2 if major == 1 else 4
-        if self.size < 8 + width:
-            self.flag("npy", "NumPy header cut short")
-            return "npy"
-        n = int.from_bytes(buf[8:8 + width], "little")
-        header = bytes(buf[8 + width:8 + width + n]).decode("latin-1")
-        start = 8 + width + n
-        if "'O'" in header or "'|O'" in header:
-            self.chain(buf, start, self.size, None, "NumPy object-array")
-        return "npy"
-
-    def legacy(self) -> None:
-        pos = 0
-        results: list[StreamScan] = []
-        for what in _LEGACY_PICKLES:
-            result = self.pickle(self.buf, pos, self.size, None, f"legacy {what}",
-                                 want_value=True)
-            if result is None or not result.stopped:
-                return
-            results.append(result)
-            pos = result.end
-        magic, proto = results[0].value, results[1].value
-        if type(magic) is not int or magic != LEGACY_MAGIC:
-            self.flag("legacy", "the magic number is not the literal torch writes", None, 0)
-        if type(proto) is not int or proto != 1001:
-            self.flag("legacy", f"protocol version {proto!r} is not 1001", None,
-                      results[1].start)
-        end = self._legacy_storages(results[3].pids, results[4].value, pos)
-        if end is not None and end < self.size:
-            self.flag("trailing", f"{self.size - end} bytes after the last storage", None, end)
-            self.chain_tentative(end)
-
-    def chain_tentative(self, pos: int) -> None:
-        for _ in range(_MAX_CHAINED):
-            result = self.pickle(self.buf, pos, self.size, None, "trailing", tentative=True)
-            if result is None or not result.stopped or result.end >= self.size:
-                return
-            pos = result.end
-
-    def _legacy_storages(self, pids: list[Any], keys: Any, pos: int) -> int | None:
-        """Walk the raw storages after the keys pickle; the offset where they end."""
-        declared: dict[str | bytes, tuple[int, int]] = {}
-        for pid in pids:
-            if isinstance(pid, tuple) and len(pid) == 6 and pid[0] in ("storage", b"storage"):
-                itemsize = _itemsize(pid[1])
-                key = _storage_key(pid[2])
-                if isinstance(key, bytes) and key not in declared:
-                    self.flag("legacy", f"storage key {key!r} is bytes, not str: torch.save "
-                              "never writes one; torch.load matches it byte for byte, the "
-                              "torchless reader refuses the file")
-                if itemsize is not None and type(pid[4]) is int:
-                    declared[key] = (itemsize, pid[4])
-        if not isinstance(keys, list):
-            self.flag("legacy", "the storage key list is not a list", None, pos)
-            return None
-        for raw in keys:
-            key = _storage_key(raw)
-            if key not in declared or pos + 8 > self.size:
-                self.flag("legacy", f"storage {key!r} cannot be followed (undeclared or cut "
-                          "short); the rest of the file is not accounted for", None, pos)
-                return None
-            itemsize, numel = declared[key]
-            count = int.from_bytes(self.buf[pos:pos + 8], "little", signed=True)
-            if count != numel:
-                count = int.from_bytes(self.buf[pos:pos + 8], "big", signed=True)
-            if count != numel or pos + 8 + numel * itemsize > self.size:
-                self.flag("legacy", f"storage {key!r}: the file holds a different element "
-                          f"count or fewer bytes than the pickle declared ({numel})", None, pos)
-                return None
-            pos += 8 + numel * itemsize
-        return pos
-
-    # ---- ZIP --------------------------------------------------------------------------
-
-    def zip(self, *, skip_prefix: bool) -> str:
-        zs = scan_zip(self.buf, self.size)
-        for a in zs.anomalies:
-            if not (skip_prefix and a.kind == "prefix"):
-                self.flag(a.kind, a.message, a.member, a.offset)
-        for lo, hi in zs.loose:
-            if not (skip_prefix and lo == 0):
-                self.chain_region(lo, hi)
-        members = [m for m in zs.members if not m.is_dir]
-        for m in members:
-            self.member(m, zs.has_crc)
-        names = [m.name for m in members if m.source == "central"]
-        pickles = [n for n in names if n.rsplit("/", 1)[-1] == "data.pkl"]
-        if len(pickles) > 1:
-            self.flag("torch", f"{len(pickles)} data.pkl records ({', '.join(pickles[:4])}): "
-                      "readers pick different ones")
-        prefixes = sorted({n.split("/", 1)[0] for n in names if "/" in n})
-        if len(prefixes) > 1:
-            self.flag("torch", f"members under {len(prefixes)} top-level directories "
-                      f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
-        script = any(n.endswith("/constants.pkl") for n in names)
-        code = any("/code/" in n for n in names)
-        if script and not code:
-            self.flag("torch", "constants.pkl without code/: a torch.save archive dressed as "
-                      "TorchScript (loaders dispatch it to torch.jit.load)")
-        return "torchscript" if script and code else "zip"
-
-    def chain_region(self, lo: int, hi: int) -> None:
-        pos = lo
-        for _ in range(_MAX_CHAINED):
-            result = self.pickle(self.buf, pos, hi, None, "unowned", tentative=True)
-            if result is None or not result.stopped or result.end >= hi:
-                return
-            pos = result.end
-
-    def member(self, m: ZipMember, has_crc: bool) -> None:
-        is_pickle = m.name.endswith("pkl")  # data.pkl, constants.pkl, *.debug_pkl
-        if is_pickle and m.size > self.limits.max_pickle_bytes:
-            self.flag("limit", f"pickle member of {m.size} bytes is larger than "
-                      f"max_pickle_bytes={self.limits.max_pickle_bytes}; not scanned", m.name)
-            return
-        cap = min(m.size + 1, self.limits.max_pickle_bytes + 1) if is_pickle else _SNIFF
-        data, why = read_member(self.buf, m, cap)
-        if data is None:
-            if why and m.method in (0, 8):
-                self.flag("member", f"cannot be read: {why}", m.name, m.data_offset)
-            return
-        self._check_crc(m, has_crc, data)
-        if not is_pickle:
-            if not _is_pickle(data, self.limits):
-                return
-            if m.size > len(data):
-                data, _ = read_member(self.buf, m, min(m.size, self.limits.max_pickle_bytes))
-                if data is None:
-                    return
-        if is_pickle:
-            self.chain(data, 0, min(len(data), m.size), m.name, "member")
-        else:
-            self.pickle(data, 0, len(data), m.name, "member", tentative=True)
-
-    def _check_crc(self, m: ZipMember, has_crc: bool, head: bytes) -> None:
-        if m.method == 8 and len(head) > m.size:
-            self.flag("member", f"inflates to more than the {m.size} bytes declared", m.name,
-                      m.data_offset)
-            return
-        if not has_crc or m.method not in (0, 8) or m.source != "central":
-            return
-        key = (m.data_offset, m.compressed_size, m.method, m.size)
-        if key not in self._crcs:
-            self._crcs[key] = self._crc(m, head)
-        crc = self._crcs[key]
-        if crc is not None and crc != m.crc:
-            self.flag("crc", "CRC-32 of the bytes differs from the recorded one (torch does "
-                      "not check it)", m.name, m.data_offset)
-
-    def _crc(self, m: ZipMember, head: bytes) -> int | None:
-        if m.data_offset < 0 or m.data_offset + m.compressed_size > self.size:
-            return None  # reported as out of bounds by the ZIP pass
-        if m.method == 0:
-            crc = 0
-            for lo in range(m.data_offset, m.data_offset + m.compressed_size, _CRC_BLOCK):
-                hi = min(lo + _CRC_BLOCK, m.data_offset + m.compressed_size)
-                crc = zlib.crc32(self.buf[lo:hi], crc)
-                self.source.release(lo, hi - lo)  # keep the resident set small
-            return crc
-        if m.size <= len(head):
-            data: bytes | None = head
-        elif m.size <= _CRC_INFLATE_CAP:
-            data, _ = read_member(self.buf, m, m.size + 1)
-        else:
-            return None
-        if data is None:
-            return None
-        if len(data) != m.size:
-            self.flag("member", f"inflates to {len(data)} bytes, {m.size} declared", m.name,
-                      m.data_offset)
-            return None
-        return zlib.crc32(data)
-
-    # ---- TAR --------------------------------------------------------------------------
-
-    def tar(self) -> None:
-        members = self._tar_members()
-        for name, (off, size) in members.items():
-            end = off + size
-            if name == "pickle":
-                result = self.pickle(self.buf, off, end, name, "TAR object")
-                if result is not None and result.stopped and result.end != end:
-                    self.flag("trailing", f"{end - result.end} bytes after the pickle in the "
-                              "TAR 'pickle' member", name, result.end)
-                    self.chain_region(result.end, end)
-            elif name == "sys_info":
-                self.pickle(self.buf, off, end, name, "TAR sys_info")
-            elif name == "storages":
-                self._tar_storages(off, end)
-            elif name == "tensors":
-                self._tar_tensors(off, end)
-            else:
-                self.chain_region(off, end)
-
-    def _tar_members(self) -> dict[str, tuple[int, int]]:
-        buf, size = self.buf, self.size
-        members: dict[str, tuple[int, int]] = {}
-        pos, long_name = 0, None
-        while pos + 512 <= size:
-            header = bytes(buf[pos:pos + 512])
-            if header == bytes(512):
-                rest = pos + 512
-                tail = bytes(buf[rest:size])
-                if tail.strip(b"\x00"):
-                    self.flag("trailing", "data after the end of the TAR archive", None, rest)
-                return members
-            stored = _octal(header[148:156])
-            if stored != sum(header[:148]) + 256 + sum(header[156:]):
-                self.flag("tar", "TAR header checksum does not match", None, pos)
-            length = _octal(header[124:136])
-            if length is None or length < 0 or pos + 512 + length > size:
-                self.flag("tar", "TAR member size is invalid or runs past the end of the file; "
-                          "the rest of the archive cannot be followed", None, pos)
-                return members
-            kind = header[156:157]
-            name = header[:100].split(b"\x00", 1)[0].decode("utf-8", "backslashreplace")
-            if header[257:262] == b"ustar" and header[345:346] != b"\x00":
-                prefix = header[345:500].split(b"\x00", 1)[0].decode("utf-8", "backslashreplace")
-                name = f"{prefix}/{name}"
-            data = pos + 512
-            if kind == b"L":
-                long_name = bytes(buf[data:data + length]).split(b"\x00", 1)[0].decode(
-                    "utf-8", "backslashreplace")
-            elif kind in (b"x", b"g"):
-                pass
-            elif kind in (b"1", b"2"):
-                self.flag("link", f"TAR member {name!r} is a link", name, pos)
-            elif kind in (b"0", b"\x00", b"7", b"5"):
-                name, long_name = long_name or name, None
-                if name.startswith("/") or ".." in name.split("/") or "\\" in name:
-                    self.flag("name", f"TAR member name {name[:80]!r} is not a plain relative "
-                              "path", name, pos)
-                if kind != b"5":
-                    if name in members:
-                        self.flag("duplicate", f"two TAR members named {name!r}", name, pos)
-                        self.chain_region(data, data + length)
-                    else:
-                        members[name] = (data, length)
-            else:
-                self.flag("tar", f"TAR member {name!r} has type {kind!r}", name, pos)
-            pos = data + (length + 511) // 512 * 512
-        self.flag("tar", "TAR archive ends without its end-of-archive blocks", None, pos)
-        return members
-
-    def _tar_count(self, pos: int, end: int, what: str) -> tuple[int, int] | None:
-        result = self.pickle(self.buf, pos, end, what, f"TAR {what} count", want_value=True)
-        if result is None or not result.stopped or type(result.value) is not int \
-                or result.value < 0:
-            return None
-        return result.value, result.end
-
-    def _tar_storages(self, pos: int, end: int) -> None:
-        head = self._tar_count(pos, end, "storages")
-        if head is None:
-            return
-        count, pos = head
-        for _ in range(min(count, self.limits.max_tensors)):
-            record = self.pickle(self.buf, pos, end, "storages", "TAR storage record",
-                                 want_value=True)
-            if record is None or not record.stopped:
-                return
-            value = record.value
-            itemsize = _itemsize(value[2]) if isinstance(value, tuple) and len(value) == 3 \
-                else None
-            pos = record.end
-            if itemsize is None or pos + 8 > end:
-                self.flag("tar", "a TAR storage record cannot be followed", "storages", pos)
-                return
-            numel = int.from_bytes(self.buf[pos:pos + 8], "little", signed=True)
-            pos += 8 + max(numel, 0) * itemsize
-            if numel < 0 or pos > end:
-                self.flag("tar", "a TAR storage runs past its member", "storages", pos)
-                return
-        if pos < end:  # some writers leave the (empty) view list out
-            self.pickle(self.buf, pos, end, "storages", "TAR storage views")
-
-    def _tar_tensors(self, pos: int, end: int) -> None:
-        head = self._tar_count(pos, end, "tensors")
-        if head is None:
-            return
-        count, pos = head
-        for _ in range(min(count, self.limits.max_tensors)):
-            record = self.pickle(self.buf, pos, end, "tensors", "TAR tensor record")
-            if record is None or not record.stopped:
-                return
-            pos = record.end
-            if pos + 8 > end:
-                self.flag("tar", "a TAR tensor header is cut short", "tensors", pos)
-                return
-            ndim = struct.unpack("<i", self.buf[pos:pos + 4])[0]
-            pos += 8 + 16 * max(ndim, 0) + 8
-            if ndim < 0 or ndim > self.limits.max_ndim or pos > end:
-                self.flag("tar", f"a TAR tensor declares {ndim} dimensions", "tensors", pos)
-                return
-
-
-def _is_pickle(head: Any, limits: Limits) -> bool:
-    """Whether bytes that need not be a pickle (a member not named .pkl, data around an
-    archive) are one: walked and run, they end at a STOP without a fault; or they open with
-    PROTO and name a well-formed global before breaking (a payload in a broken stream).
-    Tensor bytes pass neither test by chance, so real checkpoints raise no false alarm."""
-    if not head or head[0] not in _PICKLE_START:
-        return False
-    probe = scan_stream(head, 0, len(head), limits)
-    if not probe.stopped and probe.end >= len(head) and probe.globals:
-        return True  # the sniffed window ends inside a stream that names globals
-    return _plausible(probe, head)
-
-
-def _plausible(result: StreamScan, data: Any) -> bool:
-    """A stream worth reporting among bytes that need not be a pickle: it names a global,
-    every name it reads inline is a well-formed dotted name (bytes that merely decode as a
-    GLOBAL cannot be imported) and it is whole, or opens with PROTO and breaks after them."""
-    if not result.globals or not all(
-            g.unresolved or (_NAME.match(g.module) and _NAME.match(g.name))
-            for g in result.globals):
-        return False
-    if result.stopped and not result.problems:
-        return True
-    start = result.start
-    return data[start] == 0x80 and len(data) > start + 1 and 2 <= data[start + 1] <= 5
-
-
-def _storage_key(key: Any) -> str | bytes:
-    """A legacy storage key as torch.load compares it: bytes stay bytes (a key that is not
-    UTF-8 is no error), anything else as text."""
-    return key if isinstance(key, bytes) else str(key)
-
-
-def _itemsize(storage_type: Any) -> int | None:
-    if isinstance(storage_type, Global):
-        dtype = _dtypes.by_storage_name(storage_type.name)
-        return None if dtype is None else dtype.itemsize
-    return None
-
-
-def _octal(field_: bytes) -> int | None:
-    if field_[:1] and field_[0] & 0x80:
-        if field_[0] & 0x40:
-            return -1
-        return int.from_bytes(bytes([field_[0] & 0x7F]) + field_[1:], "big")
-    text = field_.split(b"\x00", 1)[0].strip(b" ")
-    if not text:
-        return 0
-    if not all(0x30 <= c <= 0x37 for c in text):
-        return None
-    return int(text, 8)
-
-
-# ---- text ---------------------------------------------------------------------------------
-
-_MARK = {"clean": "ok", "dangerous": "DANGER", "anomalous": "ANOMALY", "unreadable": "ERROR",
-         "skipped": "skip", "error": "BUG"}
-
-
-def format_table(report: ScanReport, *, verbose: bool = False) -> str:
-    """A summary table: one line per file, then what made each flagged file flagged."""
-    lines = [f"{'STATUS':<8} {'LAYOUT':<12} {'PICKLES':>7} {'GLOBALS':>7} {'DANGER':>6} "
-             f"{'ANOMALY':>7}  PATH"]
-    for f in report.files:
-        if f.status == "skipped" and not verbose:
-            continue
-        lines.append(f"{_MARK[f.status]:<8} {f.layout or '-':<12} {f.pickles:>7} "
-                     f"{len(f.globals):>7} {len(f.dangerous):>6} {len(f.anomalies):>7}  {f.path}")
-        if f.error:
-            lines.append(f"    error: {f.error}")
-            if f.hint and f.status in ("unreadable", "error"):
-                lines.append(f"    hint: {f.hint}")
-        shown = f.globals if verbose else f.dangerous
-        for g in shown:
-            where = f"{g.member}@{g.offset}" if g.member else f"@{g.offset}"
-            why = f": {g.reason}" if g.reason else ""
-            lines.append(f"    {g.verdict:<9} {g.module}.{g.name} ({g.opcode} {where}){why}")
-        for a in f.anomalies:
-            where = f" [{a.member}]" if a.member else ""
-            at = f" @{a.offset}" if a.offset is not None else ""
-            lines.append(f"    anomaly   {a.kind}{where}{at}: {a.message}")
-    c = report.counts()
-    lines.append(f"{len(report.files)} files: {c['clean']} clean, {c['dangerous']} dangerous, "
-                 f"{c['anomalous']} anomalous, {c['unreadable']} unreadable, "
-                 f"{c['skipped']} skipped"
-                 + (f", {c['error']} internal errors (torchless bugs)" if c["error"] else ""))
-    return "\n".join(printable(line) for line in lines) + "\n"

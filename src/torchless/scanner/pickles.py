@@ -20,15 +20,15 @@ Nothing here imports, calls or unpickles anything.
 
 from __future__ import annotations
 
-import codecs
 import re
-import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, LimitError
-from torchless.pickle.machine import Machine, Resolver, unescape_string
+from torchless.pickle.arguments import ARGS, memo_index
+from torchless.pickle.machine import Machine, Resolver
 from torchless.pickle.opcodes import Arg, by_code
 from torchless.pickle.values import Global, Opaque
 
@@ -38,17 +38,8 @@ _STR_PUSH = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHO
                        "BINUNICODE", "BINUNICODE8"})
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
-_FIXED = {Arg.NONE: 0, Arg.UINT1: 1, Arg.UINT2: 2, Arg.INT4: 4, Arg.UINT4: 4, Arg.UINT8: 8,
-          Arg.FLOAT8: 8}
-_PREFIXED = {Arg.LONG1: ("<B", 1), Arg.STRING1: ("<B", 1), Arg.BYTES1: ("<B", 1),
-             Arg.UNICODESTRING1: ("<B", 1), Arg.LONG4: ("<i", 4), Arg.STRING4: ("<i", 4),
-             Arg.BYTES4: ("<I", 4), Arg.UNICODESTRING4: ("<I", 4), Arg.BYTES8: ("<Q", 8),
-             Arg.UNICODESTRING8: ("<Q", 8), Arg.BYTEARRAY8: ("<Q", 8)}
-_LINES = {Arg.DECIMALNL_SHORT: 1, Arg.DECIMALNL_LONG: 1, Arg.FLOATNL: 1, Arg.STRINGNL: 1,
-          Arg.STRINGNL_NOESCAPE: 1, Arg.UNICODESTRINGNL: 1, Arg.STRINGNL_NOESCAPE_PAIR: 2}
 #: Bytes of one text line the walk accepts (a global name, a decimal) before calling it broken.
 _MAX_LINE = 1 << 20
-codecs.lookup("raw_unicode_escape")
 
 
 @dataclass(frozen=True)
@@ -156,38 +147,44 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _string_arg(name: str, raw: bytes) -> str | None:
-    """The str a string-pushing opcode leaves on the stack (as the stdlib decodes it)."""
+def _string_arg(decode: Callable[[bytes], Any], raw: bytes) -> str | None:
+    """The str a string-pushing opcode leaves on the stack, read by the interpreter's own
+    argument reader, ``decode`` (a Python 2 str as ASCII text); None if it is no text."""
     try:
-        if name == "STRING":
-            quoted = raw.rstrip(b"\r")
-            if len(quoted) >= 2 and quoted[:1] == quoted[-1:] and quoted[:1] in b"'\"":
-                return unescape_string(quoted[1:-1]).decode("ascii")
-            return None
-        if name == "UNICODE":
-            return raw.decode("raw_unicode_escape")
-        if name in ("BINSTRING", "SHORT_BINSTRING"):
-            return raw.decode("ascii")
-        return raw.decode("utf-8", "surrogatepass")
-    except (UnicodeDecodeError, ValueError):
+        value = decode(raw)
+        if isinstance(value, bytes):
+            value = value.decode("ascii")
+    except ValueError:
         return None
+    return value if isinstance(value, str) else None
 
 
-def _table() -> list[tuple[str, int, int, str] | None]:
-    """Per opcode byte: (name, kind, n, struct format). kind 0: n fixed bytes; 1: an n-byte
-    length (``format``) then that many bytes; 2: n newline-terminated lines."""
-    table: list[tuple[str, int, int, str] | None] = [None] * 256
+#: Per opcode byte: (name, kind, n, argument type, unpack, decode): the reader of
+#: :data:`.arguments.ARGS`, unpacked. kind 0: n fixed bytes (read by ``unpack``); 1: an
+#: n-byte length (read by ``unpack``), then that many bytes (read by ``decode``); 2: n
+#: newline-terminated lines (read by ``decode``).
+_Entry = tuple[str, int, int, Arg, Callable[[Any, int], tuple[Any, ...]],
+               Callable[[bytes], Any]]
+
+
+def _no_unpack(data: Any, offset: int) -> tuple[Any, ...]:  # pragma: no cover - never called
+    raise AssertionError("this argument has no fixed-width field")
+
+
+def _table() -> list[_Entry | None]:
+    """The walk's view of :data:`.arguments.ARGS`, indexed by opcode byte."""
+    table: list[_Entry | None] = [None] * 256
     for code in range(256):
         op = by_code(code)
         if op is None:
             continue
-        if op.arg in _FIXED:
-            table[code] = (op.name, 0, _FIXED[op.arg], "")
-        elif op.arg in _PREFIXED:
-            fmt, size = _PREFIXED[op.arg]
-            table[code] = (op.name, 1, size, fmt)
+        reader = ARGS[op.arg]
+        unpack = reader.unpack or _no_unpack
+        if reader.lines:
+            table[code] = (op.name, 2, reader.lines, op.arg, unpack, reader.decode)
         else:
-            table[code] = (op.name, 2, _LINES[op.arg], "")
+            table[code] = (op.name, 1 if reader.prefixed else 0, reader.width, op.arg, unpack,
+                           reader.decode)
     return table
 
 
@@ -251,7 +248,7 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
         if entry is None:
             scan.problems.append((pos, f"byte 0x{data[pos]:02x} is not a pickle opcode"))
             break
-        name, kind, n, fmt = entry
+        name, kind, n, _, unpack, decode = entry
         at = pos + 1
         args: tuple[bytes, ...] = ()
         if kind == 0:
@@ -265,7 +262,7 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
             if at + n > end:
                 scan.problems.append((pos, f"{name} argument is cut short"))
                 break
-            length = int(struct.unpack(fmt, data[at:at + n])[0])
+            length = int(unpack(data, at)[0])
             nxt = at + n + length
             if length < 0 or nxt > end:
                 scan.problems.append((pos, f"{name} declares {length} bytes, "
@@ -292,7 +289,7 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
             _buried(data, at, nxt, found)
             frame_end = -1
         if name == "FRAME":
-            frame_end = nxt + int.from_bytes(args[0], "little")
+            frame_end = nxt + int(unpack(args[0], 0)[0])
         if kind == 0 and n == 0 and name not in ("STACK_GLOBAL", "STOP", "MEMOIZE"):
             prev, last = last, None
             pos = nxt
@@ -301,7 +298,7 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
         if name in ("GLOBAL", "INST"):
             found[pos] = FoundGlobal(_text(args[0]), _text(args[1]), pos, name)
         elif name in ("EXT1", "EXT2", "EXT4"):
-            code = int.from_bytes(args[0], "little", signed=name == "EXT4")
+            code = int(unpack(args[0], 0)[0])
             found[pos] = FoundGlobal("copyreg.extension", str(code), pos, name)
         elif name == "STACK_GLOBAL":
             if prev is not None and last is not None:
@@ -315,16 +312,16 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
             break
         pos = nxt
         if name in _PUTS:
-            index = len(memo) + unset if name == "MEMOIZE" else _index(name, args[0])
+            index = len(memo) + unset if name == "MEMOIZE" else _index(name, unpack, args[0])
             if index is not None:
                 memo[index] = last
             continue
         if name in ("FRAME", "PROTO"):
             continue
         if name in _STR_PUSH:
-            value = _string_arg(name, args[0])
+            value = _string_arg(decode, args[0])
         elif name in _GETS:
-            index = _index(name, args[0])
+            index = _index(name, unpack, args[0])
             value = memo.get(index) if index is not None else None
         prev, last = last, value
     if not scan.stopped:
@@ -345,11 +342,15 @@ def _buried(data: Any, lo: int, hi: int, found: dict[int, FoundGlobal]) -> None:
         found[offset] = FoundGlobal(_text(m.group(1)), _text(m.group(2)), offset, "GLOBAL")
 
 
-def _index(name: str, raw: bytes) -> int | None:
+def _index(name: str, unpack: Callable[[Any, int], tuple[Any, ...]],
+           raw: bytes) -> int | None:
+    """A memo index, as the interpreter reads it; None if it reads none."""
     if name in ("PUT", "GET"):
-        text = raw.strip()
-        return int(text) if text.isdigit() and len(text) < 12 else None
-    return int.from_bytes(raw, "little")
+        try:
+            return memo_index(raw)
+        except ValueError:
+            return None
+    return int(unpack(raw, 0)[0])
 
 
 #: Streams up to this size always get the inert run (it also finds stack and memo misuse);

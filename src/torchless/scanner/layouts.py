@@ -1,0 +1,306 @@
+"""How the scanner walks each layout: the reader's container parsers in report mode (ZIP,
+TAR, the legacy stream), and every pickle they hold, the bytes between and after them
+included, handed to the scanner's pickle pass (:meth:`LayoutScans.pickle`)."""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any
+
+from torchless.containers.legacy import declared_storages, read_header, walk_storages
+from torchless.containers.storages import PickleReader
+from torchless.containers.tar import (
+    check_object_end,
+    read_sys_info,
+    walk_tensors,
+)
+from torchless.containers.tar import walk_storages as walk_tar_storages
+from torchless.containers.tararchive import TarArchive
+from torchless.containers.ziparchive import Entry, ZipArchive
+from torchless.core.findings import Anomaly, Findings
+from torchless.core.limits import Limits
+from torchless.errors import CheckpointError, NotACheckpointError
+from torchless.io.detect import Layout, _detect, has_zip_tail
+from torchless.io.source import Source
+from torchless.scanner.pickles import StreamScan, scan_stream
+
+__all__ = ["MAX_CHAINED", "PICKLE_START", "LayoutScans", "looks_like_pickle", "plausible"]
+
+#: Bytes of the start of a member or region walked to decide whether it holds a pickle.
+_SNIFF = 64 << 10
+#: Bytes of a stored member checksummed at a time (then handed back to the page cache).
+_CRC_BLOCK = 64 << 20
+#: Members larger than this are not inflated just to check their CRC.
+_CRC_INFLATE_CAP = 64 << 20
+#: Pickles followed one after another in a plain file or after a legacy stream.
+MAX_CHAINED = 1000
+PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+class LayoutScans:
+    """The layout half of the scan of one file (see ``scanner.files._File``)."""
+
+    source: Source
+    buf: Any
+    size: int
+    limits: Limits
+    findings: Findings
+    anomalies: list[Anomaly]
+    _crcs: dict[tuple[int, int, int, int], int | None]
+
+    def flag(self, kind: str, message: str, member: str | None = None,
+             offset: int | None = None) -> None:  # pragma: no cover - _File defines it
+        raise NotImplementedError
+
+    def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
+               tentative: bool = False,
+               want_value: bool = False) -> StreamScan | None:  # pragma: no cover - _File's
+        raise NotImplementedError
+
+    def chain(self, data: Any, start: int, end: int, member: str | None,
+              what: str) -> None:  # pragma: no cover - _File defines it
+        raise NotImplementedError
+
+    def run(self) -> str:
+        head = bytes(self.buf[:8]) if self.size else b""
+        if head.startswith(b"\x93NUMPY"):
+            return self.npy()
+        zip_tail = has_zip_tail(self.source)
+        try:
+            layout: Layout | None = _detect(self.source)
+        except NotACheckpointError:
+            if not zip_tail and not self._looks_like_pickle():
+                raise
+            layout = None if zip_tail else Layout.PICKLE
+        except CheckpointError:
+            if not zip_tail:
+                raise
+            layout = None
+        if layout is not None and layout is not Layout.ZIP and zip_tail:
+            self.flag("polyglot", f"the file starts as a {layout.value} checkpoint and ends "
+                      "with a ZIP archive: torch and ZIP readers load different content")
+        if layout is Layout.LEGACY:
+            self.legacy()
+        elif layout is Layout.TAR:
+            self.tar()
+        elif layout is Layout.PICKLE:
+            self.chain(self.buf, 0, self.size, None, "plain")
+        if layout is Layout.ZIP or zip_tail:
+            name = self.zip(skip_prefix=layout is not None and layout is not Layout.ZIP)
+            return name if layout in (None, Layout.ZIP) else f"{layout.value}+zip"
+        assert layout is not None
+        return str(layout.value)
+
+    def _looks_like_pickle(self) -> bool:
+        """A file torch.load would hand to the unpickler although no magic matched."""
+        return self.size > 0 and looks_like_pickle(self.buf[:_SNIFF], self.limits)
+
+    def npy(self) -> str:
+        buf = self.buf
+        major = buf[6] if self.size > 7 else 0
+        width = 2 if major == 1 else 4
+        if self.size < 8 + width:
+            self.flag("npy", "NumPy header cut short")
+            return "npy"
+        n = int.from_bytes(buf[8:8 + width], "little")
+        header = bytes(buf[8 + width:8 + width + n]).decode("latin-1")
+        start = 8 + width + n
+        if "'O'" in header or "'|O'" in header:
+            self.chain(buf, start, self.size, None, "NumPy object-array")
+        return "npy"
+
+    def legacy(self) -> None:
+        """The legacy stream, walked by the reader's own functions in report mode."""
+        read = self.reader(None, "legacy")
+        header = read_header(read, self.findings)
+        if header is None:
+            return
+        _, byteorder, pos = header
+        obj = self.pickle(self.buf, pos, self.size, None, "legacy object", want_value=True)
+        if obj is None or not obj.stopped:
+            return
+        got = read(obj.end, None, "storage keys", True)
+        if got is None:
+            return
+        keys, pos = got
+        declared = declared_storages(obj.pids, self.source, self.limits, byteorder,
+                                     self.findings)
+        walked = walk_storages(self.source, pos, keys, declared, byteorder, self.findings)
+        if walked is not None and walked[1] < self.size:
+            end = walked[1]
+            self.flag("trailing", f"{self.size - end} bytes after the last storage", None, end)
+            self.chain_tentative(end)
+
+    def reader(self, member: str | None, layout: str) -> PickleReader:
+        """The container walks' pickle reader: each pickle scanned and reported, its value
+        from the inert run; None where the stream cannot be followed."""
+        def read(pos: int, end: int | None, what: str, plain: bool) -> tuple[Any, int] | None:
+            result = self.pickle(self.buf, pos, self.size if end is None else end, member,
+                                 f"{layout} {what}", want_value=True)
+            if result is None or not result.stopped:
+                return None
+            return result.value, result.end
+        return read
+
+    def chain_tentative(self, pos: int) -> None:
+        for _ in range(MAX_CHAINED):
+            result = self.pickle(self.buf, pos, self.size, None, "trailing", tentative=True)
+            if result is None or not result.stopped or result.end >= self.size:
+                return
+            pos = result.end
+
+    # ---- ZIP --------------------------------------------------------------------------
+
+    def zip(self, *, skip_prefix: bool) -> str:
+        archive = ZipArchive(self.source, self.limits, mode="report")
+        self.anomalies.extend(a for a in archive.anomalies
+                              if not (skip_prefix and a.kind == "prefix"))
+        for lo, hi in archive.loose:
+            if not (skip_prefix and lo == 0):
+                self.chain_region(lo, hi)
+        members = [m for m in archive.members if not m.is_dir]
+        for m in members:
+            self.member(archive, m)
+        names = [m.name for m in members if m.listed]
+        pickles = [n for n in names if n.rsplit("/", 1)[-1] == "data.pkl"]
+        if len(pickles) > 1:
+            self.flag("torch", f"{len(pickles)} data.pkl records ({', '.join(pickles[:4])}): "
+                      "readers pick different ones")
+        prefixes = sorted({n.split("/", 1)[0] for n in names if "/" in n})
+        if len(prefixes) > 1:
+            self.flag("torch", f"members under {len(prefixes)} top-level directories "
+                      f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
+        script = any(n.endswith("/constants.pkl") for n in names)
+        code = any("/code/" in n for n in names)
+        if script and not code:
+            self.flag("torch", "constants.pkl without code/: a torch.save archive dressed as "
+                      "TorchScript (loaders dispatch it to torch.jit.load)")
+        return "torchscript" if script and code else "zip"
+
+    def chain_region(self, lo: int, hi: int) -> None:
+        pos = lo
+        for _ in range(MAX_CHAINED):
+            result = self.pickle(self.buf, pos, hi, None, "unowned", tentative=True)
+            if result is None or not result.stopped or result.end >= hi:
+                return
+            pos = result.end
+
+    def member(self, archive: ZipArchive, m: Entry) -> None:
+        is_pickle = m.name.endswith("pkl")  # data.pkl, constants.pkl, *.debug_pkl
+        if is_pickle and m.size > self.limits.max_pickle_bytes:
+            self.flag("limit", f"pickle member of {m.size} bytes is larger than "
+                      f"max_pickle_bytes={self.limits.max_pickle_bytes}; not scanned", m.name)
+            return
+        cap = min(m.size + 1, self.limits.max_pickle_bytes + 1) if is_pickle else _SNIFF
+        data, why = archive.head(m, cap)
+        if data is None:
+            if why and m.method in (0, 8):
+                self.flag("member", f"cannot be read: {why}", m.name, m.data_offset)
+            return
+        self._check_crc(archive, m, data)
+        if not is_pickle:
+            if not looks_like_pickle(data, self.limits):
+                return
+            if m.size > len(data):
+                data, _ = archive.head(m, min(m.size, self.limits.max_pickle_bytes))
+                if data is None:
+                    return
+        if is_pickle:
+            self.chain(data, 0, min(len(data), m.size), m.name, "member")
+        else:
+            self.pickle(data, 0, len(data), m.name, "member", tentative=True)
+
+    def _check_crc(self, archive: ZipArchive, m: Entry, head: bytes) -> None:
+        if m.method == 8 and len(head) > m.size:
+            self.flag("member", f"inflates to more than the {m.size} bytes declared", m.name,
+                      m.data_offset)
+            return
+        if not archive.has_crc or m.method not in (0, 8) or not m.listed:
+            return
+        key = (m.data_offset, m.compressed_size, m.method, m.size)
+        if key not in self._crcs:
+            self._crcs[key] = self._crc(archive, m, head)
+        crc = self._crcs[key]
+        if crc is not None and crc != m.crc:
+            self.flag("crc", "CRC-32 of the bytes differs from the recorded one (torch does "
+                      "not check it)", m.name, m.data_offset)
+
+    def _crc(self, archive: ZipArchive, m: Entry, head: bytes) -> int | None:
+        if m.data_offset < 0 or m.data_offset + m.compressed_size > self.size:
+            return None  # reported as out of bounds by the ZIP pass
+        if m.method == 0:
+            crc = 0
+            for lo in range(m.data_offset, m.data_offset + m.compressed_size, _CRC_BLOCK):
+                hi = min(lo + _CRC_BLOCK, m.data_offset + m.compressed_size)
+                crc = zlib.crc32(self.buf[lo:hi], crc)
+                self.source.release(lo, hi - lo)  # keep the resident set small
+            return crc
+        if m.size <= len(head):
+            data: bytes | None = head
+        elif m.size <= _CRC_INFLATE_CAP:
+            data, _ = archive.head(m, m.size + 1)
+        else:
+            return None
+        if data is None:
+            return None
+        if len(data) != m.size:
+            self.flag("member", f"inflates to {len(data)} bytes, {m.size} declared", m.name,
+                      m.data_offset)
+            return None
+        return zlib.crc32(data)
+
+    # ---- TAR --------------------------------------------------------------------------
+
+    def tar(self) -> None:
+        """The TAR layout, walked by the reader's own functions in report mode."""
+        archive = TarArchive(self.source, self.limits, mode="report")
+        self.anomalies.extend(archive.anomalies)
+        f = self.findings
+        for dup in archive.duplicates:
+            self.chain_region(dup.offset, dup.offset + dup.size)
+        for name, m in archive.members.items():
+            read = self.reader(name, "TAR")
+            if name == "pickle":
+                end = m.offset + m.size
+                result = self.pickle(self.buf, m.offset, end, name, "TAR object")
+                if result is not None and result.stopped:
+                    check_object_end(result.end, m, f)
+                    if result.end < end:
+                        self.chain_region(result.end, end)
+            elif name == "sys_info":
+                read_sys_info(m, read, f)
+            elif name == "storages":
+                walk_tar_storages(self.source, m, read, self.limits, f)
+            elif name == "tensors":
+                walk_tensors(self.source, m, read, self.limits, f)
+            else:
+                self.chain_region(m.offset, m.offset + m.size)
+
+
+def looks_like_pickle(head: Any, limits: Limits) -> bool:
+    """Whether bytes that need not be a pickle (a member not named .pkl, data around an
+    archive) are one: walked and run, they end at a STOP without a fault; or they open with
+    PROTO and name a well-formed global before breaking (a payload in a broken stream).
+    Tensor bytes pass neither test by chance, so real checkpoints raise no false alarm."""
+    if not head or head[0] not in PICKLE_START:
+        return False
+    probe = scan_stream(head, 0, len(head), limits)
+    if not probe.stopped and probe.end >= len(head) and probe.globals:
+        return True  # the sniffed window ends inside a stream that names globals
+    return plausible(probe, head)
+
+
+def plausible(result: StreamScan, data: Any) -> bool:
+    """A stream worth reporting among bytes that need not be a pickle: it names a global,
+    every name it reads inline is a well-formed dotted name (bytes that merely decode as a
+    GLOBAL cannot be imported) and it is whole, or opens with PROTO and breaks after them."""
+    if not result.globals or not all(
+            g.unresolved or (_NAME.match(g.module) and _NAME.match(g.name))
+            for g in result.globals):
+        return False
+    if result.stopped and not result.problems:
+        return True
+    start = result.start
+    return data[start] == 0x80 and len(data) > start + 1 and 2 <= data[start + 1] <= 5
