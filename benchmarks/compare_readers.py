@@ -12,8 +12,8 @@ Usage::
 
 For each file torch 2.13 reads (REFERENCE.json / the corpus manifest say so), it records
 whether ``torch.load(f, weights_only=True)`` reads it (torch's safe mode), whether
-``torchless.load`` reads it (its values are checked against torch by tests/test_fixtures.py
-and tests/test_corpus.py), and why each refuses. Each torch call runs in a child process
+``torchless.load`` reads it (its values are checked against torch by tests/reader/test_fixtures.py
+and tests/reader/test_corpus.py), and why each refuses. Each torch call runs in a child process
 with a timeout, so that nothing a file does can touch this process.
 """
 

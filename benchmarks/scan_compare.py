@@ -110,7 +110,8 @@ json.dump(out, sys.stdout)
 
 
 def expectation(case: dict[str, Any]) -> str:
-    """'flag', 'clean' or 'other' for a make_hostile manifest entry (as tests/test_scan.py)."""
+    """'flag', 'clean' or 'other' for a make_hostile manifest entry (as tests/scanner/test_scan.py
+    does)."""
     if case["category"] in ("code-exec", "gadget", "scanner-bypass") or \
             case.get("error_class_hint") == "UnsafeGlobalError" or \
             (case.get("marker") and case["expected"] == "reject"):

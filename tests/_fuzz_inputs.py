@@ -1,6 +1,7 @@
 """Inputs for the fuzzers: seed checkpoints, hand-built containers, mutations, opcode streams.
 
-Shared by ``tests/test_fuzz.py`` (hypothesis), ``tests/test_limits_proven.py`` and the atheris
+Shared by ``tests/project/test_fuzz.py`` (hypothesis),
+``tests/reader/test_limits_proven.py`` and the atheris
 harnesses under ``fuzz/``. Standard library only (no torch): the seeds are the real
 checkpoints under ``tests/data`` plus a few containers built here byte by byte (a TAR
 checkpoint, ZIP checkpoints with chosen pickles, plain pickles of stdlib data), so that every

@@ -1,4 +1,5 @@
-"""Subprocess side of tests/test_hostile.py: reads hostile files with torchless, in isolation.
+"""Subprocess side of tests/project/test_hostile.py: reads hostile files with torchless,
+in isolation.
 
 Never imported by pytest. Run as ``python _hostile_worker.py MODE MEM_BYTES [ARGS]`` with the
 working directory set to an empty temp dir, so a payload that escaped could not hurt the

@@ -1,4 +1,4 @@
-"""Torch-side builders for tests/test_nothing_vanishes.py (imports torch: import it only
+"""Torch-side builders for tests/reader/test_nothing_vanishes.py (imports torch: import it only
 through the ``torch`` fixture). Module-level classes, so that torch.save can pickle them and
 torch.load can find them again."""
 

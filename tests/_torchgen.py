@@ -1,4 +1,4 @@
-"""Torch-side builders for tests/test_differential_torch.py.
+"""Torch-side builders for tests/reader/test_differential_torch.py.
 
 This module imports torch at top level, so it is imported only through the
 ``torch`` fixture (never at collection time): without torch the differential

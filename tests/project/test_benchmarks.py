@@ -1,0 +1,301 @@
+"""Every benchmark script runs end to end at a tiny size, so the commands the docs quote keep
+working (docs/benchmarks.md, the README's footnotes).
+
+Each script runs as ``python benchmarks/X.py --quick …`` from the repository root, with the
+interpreter running the tests. The tests check the shape of what it prints: the rows and
+columns the docs promise, numbers where the figures go, and the keys of ``--json``. They never
+check a figure: the machines are noisy, and at this size the figures mean nothing anyway.
+Scripts that need torch skip without it, or fail with TORCHLESS_REQUIRE_TORCH=1 (the ``torch``
+fixture); scan_compare.py needs ``../shared`` (the ``shared_dir`` fixture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+NUMBER = r"\d+(?:\.\d+)?"
+
+
+def _run(script: str, *args: str) -> str:
+    """Run a benchmark script from the repository root; return its stdout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"),
+                                         *filter(None, [env.get("PYTHONPATH")])])
+    cp = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600, check=False)
+    assert cp.returncode == 0, f"{script} {' '.join(args)}: exit {cp.returncode}\n{cp.stderr}"
+    assert "Traceback" not in cp.stderr, cp.stderr
+    return cp.stdout
+
+
+@contextlib.contextmanager
+def _module(script: str) -> Iterator[ModuleType]:
+    """The script imported in this process (to render a table from its --json results); the
+    path and module it adds for its own imports are taken away again afterwards."""
+    name = f"_benchmark_{script}"
+    saved, had = sys.path[:], set(sys.modules)
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{script}.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path[:] = saved
+        for added in (name, "bench_read"):  # convert.py imports bench_read by that name
+            if added not in had:
+                sys.modules.pop(added, None)
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)
+
+
+# ---- bench_read.py ----------------------------------------------------------------------
+
+READ_FILES = ("big", "many", "legacy")
+
+
+def _read_rows(table: str) -> dict[tuple[str, str, str], list[str]]:
+    """The measurement rows of bench_read's table: (file, op, reader) -> the other columns."""
+    rows = {}
+    for line in table.splitlines():
+        cols = line.split()
+        if len(cols) == 13 and cols[0] in READ_FILES and cols[1] in ("list", "read"):
+            rows[cols[0], cols[1], cols[2]] = cols[3:]
+    return rows
+
+
+def _check_read_header(table: str) -> None:
+    head = next(line for line in table.splitlines() if "median s" in line).split()
+    assert head == ["file", "op", "reader", "median", "s", "min", "s", "max", "s", "tl/this",
+                    "xcopy", "base", "MiB", "peak", "MiB", "+op", "MiB", "anon", "MiB",
+                    "file", "MiB"]
+
+
+def test_bench_read_with_torch(torch: ModuleType) -> None:
+    """--json: every reader on every file, agreeing; the ratios against torch are numbers."""
+    # the built-in writer saves the generator's torch import; torch must read its files too
+    results = json.loads(_run("bench_read.py", "--quick", "--writer", "builtin", "--json"))
+    assert {"environment", "config", "files", "imports", "runs", "notes", "summary",
+            "problems"} <= results.keys()
+    assert results["problems"] == []
+    assert results["config"]["reps"] == 1 and results["config"]["big_mib"] == 1
+    assert results["environment"]["torch"] is not None
+    assert set(results["files"]) == set(READ_FILES)
+    for info in results["files"].values():
+        assert all(_positive(info[k]) for k in ("tensors", "tensor_bytes", "file_bytes"))
+    assert set(results["imports"]) == {"plain", "torch", "torchless"}
+    assert all(v["import_s"] >= 0 for v in results["imports"].values())
+
+    want = {(f, op, r) for f in READ_FILES for op in ("list", "read")
+            for r in ("torchless", "torch-mmap", "torch", "copy")
+            if not (r == "copy" and op == "list") and not (r == "torch-mmap" and f == "legacy")}
+    summary = {(row["file"], row["op"], row["reader"]): row for row in results["summary"]}
+    assert set(summary) == want
+    for (_, op, reader), row in summary.items():
+        assert row["n"] == 1
+        assert all(_positive(row[k]) for k in ("median", "min", "max", "peak_mib")), row
+        if reader in ("torch", "torch-mmap"):
+            assert _positive(row["torchless_over_this"]), row
+        else:
+            assert row["torchless_over_this"] is None
+        if op == "read" and reader != "copy":
+            assert _positive(row["over_copy"]), row
+        else:
+            assert row["over_copy"] is None
+    runs = [r for r in results["runs"] if r["reader"] != "copy"]
+    assert runs and all(r["count"] == results["files"][r["file"]]["tensors"] for r in runs)
+
+    # the table the same results print: a torch row has its ratio in the tl/this column
+    with _module("bench_read") as bench_read:
+        table = bench_read.table(results)
+    _check_read_header(table)
+    rows = _read_rows(table)
+    assert set(rows) == want
+    for (_, op, reader), cols in rows.items():
+        assert all(re.fullmatch(NUMBER, c) for c in cols[:3]), cols  # median, min, max
+        tl_this, xcopy = cols[3], cols[4]
+        if reader in ("torch", "torch-mmap"):
+            assert re.fullmatch(NUMBER, tl_this), cols
+        else:
+            assert tl_this == "-", cols
+        if op == "read" and reader != "copy":
+            assert re.fullmatch(NUMBER, xcopy), cols
+        else:
+            assert xcopy == "-", cols
+
+
+def test_bench_read_without_torch() -> None:
+    """--no-torch (what a machine without torch runs): torchless and the copy floor only."""
+    out = _run("bench_read.py", "--quick", "--no-torch")
+    assert re.search(r"^  torch +absent$", out, re.M)
+    assert "isolation      fork; 1 repetitions" in out
+    assert "written by builtin" in out
+    assert "note: torch is not installed (or --no-torch)" in out
+    assert re.search(r"^whole run: \d+ s$", out, re.M)
+    _check_read_header(out)
+    rows = _read_rows(out)
+    assert set(rows) == {(f, op, "torchless") for f in READ_FILES for op in ("list", "read")} \
+        | {(f, "read", "copy") for f in READ_FILES}
+    for (_, op, reader), cols in rows.items():
+        assert all(re.fullmatch(NUMBER, c) for c in cols[:3]), cols
+        assert cols[3] == "-"  # no torch to compare with
+        if op == "read" and reader == "torchless":
+            assert re.fullmatch(NUMBER, cols[4]), cols
+        else:
+            assert cols[4] == "-", cols
+
+
+# ---- convert.py -------------------------------------------------------------------------
+
+CONVERT_METHODS = ("torchless", "torchless-nofsync", "torch", "cp", "cp+sync")
+
+
+def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json: every method's medians, the ratios and the targets; then the table they print.
+    One file (bf16: many tensors of mixed sizes) keeps it to one torch child."""
+    results = json.loads(_run("convert.py", "--quick", "--files", "bf16", "--json"))
+    assert set(results) == {"bf16"}
+    r = results["bf16"]
+    assert {"bytes", "median", "samples", "ratios", "targets"} <= r.keys()
+    assert _positive(r["bytes"])
+    assert set(r["median"]) == set(CONVERT_METHODS)
+    for method in CONVERT_METHODS:
+        assert len(r["samples"][method]) == 1
+        assert all(_positive(r["median"][method][k]) for k in ("seconds", "process", "rss"))
+    assert set(r["ratios"]) == {"torchless/cp", "torchless/cp+sync", "torchless-nofsync/cp",
+                                "torch/torchless-nofsync",
+                                "torch/torchless-nofsync (process)"}
+    assert all(_positive(v) for v in r["ratios"].values())
+    assert len(r["targets"]) == 5 and all(isinstance(v, bool) for v in r["targets"].values())
+
+    with _module("convert") as convert:
+        capsys.readouterr()
+        convert.print_results(results, False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["file", "method", "seconds", "process", "peak", "RSS", "GB/s"]
+    for line, method in zip(lines[1:6], CONVERT_METHODS, strict=True):
+        cols = line.split()
+        assert len(cols) == 7 and cols[:2] == ["bf16", method], cols
+        assert all(re.fullmatch(NUMBER, c) for c in (cols[2], cols[3], cols[4], cols[6])), cols
+        assert cols[5] in ("B", "KiB", "MiB", "GiB"), cols
+    assert len(lines) == 7
+    ratios, _, targets = lines[6].partition("; targets ")
+    assert ratios.startswith("bf16 ")
+    for name in r["ratios"]:
+        assert re.search(re.escape(name) + rf" {NUMBER}(,|$)", ratios), ratios
+    assert len(re.findall(r": (?:yes|NO)(?:, |$)", targets)) == 5, targets
+
+
+# ---- compare_readers.py -----------------------------------------------------------------
+
+
+def test_compare_readers(torch: ModuleType) -> None:
+    out = _run("compare_readers.py", "--quick", "--jobs", "2", "--save-paths")
+    m = re.match(r"(\d+) checkpoints that torch\.load\(weights_only=False\) reads\n"
+                 r"  torch\.load\(weights_only=True\) reads (\d+), refuses (\d+)\n"
+                 r"  torchless\.load reads (\d+), refuses (\d+)\n"
+                 r"  read by torchless but refused by weights_only=True: (\d+)\n", out)
+    assert m, out
+    n, wo_ok, wo_no, tl_ok, tl_no, only_tl = map(int, m.groups())
+    assert n == 2  # --quick: one fixture and one corpus checkpoint
+    assert wo_ok + wo_no == n and tl_ok + tl_no == n and only_tl <= min(wo_no, tl_ok)
+    refusals = re.findall(r"^    weights_only refusal x(\d+): \S", out, re.M)
+    assert sum(map(int, refusals)) == wo_no  # every refusal has its reason (8 at most)
+    saved = re.search(r"^(\d+) files written by the save paths of torch's test_serialization"
+                      r"\.py\n  torch\.load\(weights_only=True\) reads (\d+), refuses (\d+)\n"
+                      r"  torchless\.open reads (\d+) \((\d+) with tensor kinds it lists as "
+                      r"unsupported\), refuses (\d+)\n", out, re.M)
+    assert saved, out
+    s_n, s_wo_ok, s_wo_no, s_ok, s_listed, s_no = map(int, saved.groups())
+    assert s_n == 4 and s_wo_ok + s_wo_no == s_n and s_ok + s_no == s_n and s_listed <= s_ok
+    assert len(re.findall(r"^  torchless refuses ", out, re.M)) == tl_no + s_no
+
+
+# ---- remote_batch.py --------------------------------------------------------------------
+
+
+def test_remote_batch(torch: ModuleType) -> None:
+    out = _run("remote_batch.py", "--quick")
+    m = re.search(rf"^remote inspect of 1 MiB \(128 tensors\): (\d+) requests, ([\d,]+) bytes "
+                  rf"= ({NUMBER}) % of the file, ({NUMBER}) s$", out, re.M)
+    assert m, out
+    assert int(m[1]) >= 1 and int(m[2].replace(",", "")) > 0 and float(m[3]) > 0
+    m = re.search(rf"^convert: local ({NUMBER}) s, over HTTP ({NUMBER}) s \(({NUMBER})x local\), "
+                  rf"(\d+) requests, ({NUMBER}) x the file read; outputs identical: (\w+)$",
+                  out, re.M)
+    assert m, out
+    assert int(m[4]) >= 1 and float(m[5]) > 0
+    assert m[6] == "True"
+    batch = re.findall(rf"^batch convert, (\d+) worker\(s\): ({NUMBER}) files/s, (\d+) MB/s, "
+                       rf"({NUMBER})x one worker \(({NUMBER}) s\)$", out, re.M)
+    assert [int(b[0]) for b in batch] == sorted({1, 2, os.cpu_count() or 1}), out
+    assert batch[0][3] == "1.00"  # one worker against itself
+    assert all(float(b[1]) > 0 for b in batch)
+
+
+# ---- scan_compare.py --------------------------------------------------------------------
+
+SCANNERS = ("torchless", "picklescan", "modelscan")
+
+
+def test_scan_compare(shared_dir: Path) -> None:
+    """Run with this interpreter's environment as VENV: picklescan and modelscan are test
+    dependencies of nothing, so they are usually reported as not installed."""
+    venv = sys.prefix
+    out = _run("scan_compare.py", venv, "--quick")
+    m = re.match(r"(\d+) files to flag, (\d+) not to flag \((.+)\)\n", out)
+    assert m, out
+    must, benign = int(m[1]), int(m[2])
+    assert must > 0 and benign > 0
+    sets = {name: count for name, _, count in (s.partition(": ") for s in m[3].split(", "))}
+    assert {"corpus", "fixtures"} <= sets.keys() and len(sets) == 3  # and the hostile set
+    assert sum(map(int, sets.values())) == must + benign
+
+    lines = out.splitlines()
+    head = lines.index("| scanner | misses (reported clean) | unscanned (error) | false alarms "
+                       "| errors on benign | seconds |")
+    assert lines[head + 1] == "| --- | ---: | ---: | ---: | ---: | ---: |"
+    rows = {}
+    for line in lines[head + 2:head + 2 + len(SCANNERS)]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    assert list(rows) == list(SCANNERS)
+    for tool, cells in rows.items():
+        if tool != "torchless" and cells == ["not installed"] * 5:
+            assert f"{tool}: not installed in {venv}" in lines
+            continue
+        assert all(c.isdigit() for c in cells[:4]), cells
+        assert int(cells[0]) + int(cells[1]) <= must and int(cells[2]) + int(cells[3]) <= benign
+        assert re.fullmatch(r"\d+\.\d\d", cells[4]), cells
+        assert f"{tool} misses: " in out and f"{tool} false alarms: " in out
+
+    per_file = json.loads(_run("scan_compare.py", venv, "--quick", "--json"))
+    assert list(per_file) == list(SCANNERS)
+    assert isinstance(per_file["torchless"], dict)
+    for tool, got in per_file.items():
+        if tool != "torchless" and got == "not installed":
+            assert rows[tool] == ["not installed"] * 5
+            continue
+        assert len(got) == must + benign
+        for path, (outcome, seconds) in got.items():
+            assert Path(path).is_absolute()
+            assert outcome in ("flagged", "clean", "error")
+            assert _positive(seconds)
