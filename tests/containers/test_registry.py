@@ -99,3 +99,14 @@ def test_a_directory_no_layout_reads_is_named(tmp_path: Path) -> None:
     with pytest.raises(torchless.NotACheckpointError, match="directory") as info:
         torchless.open(tmp_path)
     assert "torchless convert DIR" in (info.value.hint or "")
+
+
+@pytest.mark.usefixtures("toy_layouts")
+def test_the_scanner_dispatches_through_the_registry(tmp_path: Path) -> None:
+    """A layout the scanner has no walk for is never called clean: its pickles were not
+    looked at."""
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"TOYMAGIC" + pickle.dumps([1, 2], protocol=2))
+    found = torchless.scan(path).files[0]
+    assert found.status == "anomalous" and found.layout == "toyfile"
+    assert [a.kind for a in found.anomalies] == ["layout"]

@@ -22,7 +22,7 @@ from torchless.io import detect
 from torchless.io.source import Source
 
 __all__ = ["DirectoryLayout", "FileLayout", "find_directory", "find_file", "layouts",
-           "register"]
+           "register", "sniff_file"]
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,9 @@ def layouts() -> tuple[str, ...]:
     return tuple([x.name for x in _FILES] + [x.name for x in _DIRECTORIES])
 
 
-def find_file(source: Source) -> FileLayout:
-    """The layout of ``source``; NotACheckpointError saying what the file is otherwise. A file
-    that starts as one layout and ends as a ZIP archive is refused (torch and a ZIP reader
-    would see different checkpoints in it)."""
+def sniff_file(source: Source) -> FileLayout:
+    """The layout ``source`` starts as; NotACheckpointError saying what the file is otherwise.
+    (The scanner uses this and reports a polyglot; readers use :func:`find_file`.)"""
     head, size = detect.head_of(source), source.size
     found = next((x for x in _FILES if not x.weak and x.sniff(head, size)), None)
     if found is None:
@@ -77,6 +76,13 @@ def find_file(source: Source) -> FileLayout:
     if found is None:
         detect.refuse_unrecognised(source, head)
         raise AssertionError  # pragma: no cover - it always raises
+    return found
+
+
+def find_file(source: Source) -> FileLayout:
+    """The layout of ``source``, for reading: a file that starts as one layout and ends as a
+    ZIP archive is refused (torch and a ZIP reader would see different checkpoints in it)."""
+    found = sniff_file(source)
     if found.name != "zip" and detect.has_zip_tail(source):
         raise AmbiguousArchiveError(
             f"the file starts as a {found.name} checkpoint but ends with a ZIP archive "

@@ -1,29 +1,20 @@
-"""Which layout a file has, from its first bytes (never from its name)."""
+"""What a file's first bytes say: the sniffs of torch's layouts (the container registry tries
+them in order), the known formats that are not checkpoints, and a ZIP archive's end record at
+the end of a file (a polyglot's mark)."""
 
 from __future__ import annotations
-
-from enum import Enum
 
 from torchless.errors import AmbiguousArchiveError, NotACheckpointError, TruncatedInputError
 from torchless.io.source import Source
 
-__all__ = ["LEGACY_MAGIC", "ZIP_EOCD_SIG", "ZIP_EOCD_SIZE", "ZIP_MAX_COMMENT", "Layout",
-           "detect", "has_zip_tail", "head_of", "is_legacy", "is_pickle", "is_tar", "is_zip",
-           "refuse_other_formats", "refuse_unrecognised", "zip_end_records"]
+__all__ = ["LEGACY_MAGIC", "ZIP_EOCD_SIG", "ZIP_EOCD_SIZE", "ZIP_MAX_COMMENT", "has_zip_tail",
+           "head_of", "is_legacy", "is_pickle", "is_tar", "is_zip", "refuse_other_formats",
+           "refuse_unrecognised", "zip_end_records"]
 
 #: The magic number torch's legacy stream starts with (as a pickled int).
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_BINARY = b"\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 _LEGACY_TEXT = b"L" + str(LEGACY_MAGIC).encode() + b"L\n"
-
-
-class Layout(str, Enum):
-    """A container layout torch has written."""
-
-    ZIP = "zip"
-    LEGACY = "legacy"
-    TAR = "tar"
-    PICKLE = "pickle"
 
 
 _OTHER_FORMATS: tuple[tuple[int, bytes, str], ...] = (
@@ -97,20 +88,6 @@ def has_zip_tail(source: Source) -> bool:
     return bool(zip_end_records(source)[1])
 
 
-def detect(source: Source) -> Layout:
-    """Sniff the layout of ``source``; raise NotACheckpointError saying what it is otherwise.
-
-    A file that starts as one layout but ends as a ZIP archive is refused: torch
-    and a ZIP reader would each see a different checkpoint in it.
-    """
-    layout = _detect(source)
-    if layout is not Layout.ZIP and has_zip_tail(source):
-        raise AmbiguousArchiveError(
-            f"the file starts as a {layout.value} checkpoint but ends with a ZIP archive "
-            "(a polyglot: different readers would load different content)")
-    return layout
-
-
 def is_zip(head: bytes, size: int) -> bool:
     return head.startswith(b"PK\x03\x04")
 
@@ -167,16 +144,3 @@ def head_of(source: Source) -> bytes:
     if source.size == 0:
         raise TruncatedInputError("the file is empty")
     return bytes(source.read(0, min(source.size, 512), "file header"))
-
-
-def _detect(source: Source) -> Layout:
-    head, size = head_of(source), source.size
-    for layout, sniff in ((Layout.ZIP, is_zip), (Layout.LEGACY, is_legacy),
-                          (Layout.TAR, is_tar)):
-        if sniff(head, size):
-            return layout
-    refuse_other_formats(head, size)
-    if is_pickle(head, size):
-        return Layout.PICKLE
-    refuse_unrecognised(source, head)
-    raise AssertionError  # pragma: no cover - refuse_unrecognised always raises

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable
 from typing import Any
 
+from torchless.containers import registry
 from torchless.containers.legacy import declared_storages, read_header, walk_storages
 from torchless.containers.storages import PickleReader
 from torchless.containers.tar import (
@@ -21,7 +23,7 @@ from torchless.containers.ziparchive import Entry, ZipArchive
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
-from torchless.io.detect import Layout, _detect, has_zip_tail
+from torchless.io.detect import has_zip_tail
 from torchless.io.source import Source
 from torchless.scanner.pickles import StreamScan, scan_stream
 
@@ -69,29 +71,33 @@ class LayoutScans:
             return self.npy()
         zip_tail = has_zip_tail(self.source)
         try:
-            layout: Layout | None = _detect(self.source)
+            layout: str | None = registry.sniff_file(self.source).name
         except NotACheckpointError:
             if not zip_tail and not self._looks_like_pickle():
                 raise
-            layout = None if zip_tail else Layout.PICKLE
+            layout = None if zip_tail else "pickle"
         except CheckpointError:
             if not zip_tail:
                 raise
             layout = None
-        if layout is not None and layout is not Layout.ZIP and zip_tail:
-            self.flag("polyglot", f"the file starts as a {layout.value} checkpoint and ends "
+        if layout is not None and layout != "zip" and zip_tail:
+            self.flag("polyglot", f"the file starts as a {layout} checkpoint and ends "
                       "with a ZIP archive: torch and ZIP readers load different content")
-        if layout is Layout.LEGACY:
-            self.legacy()
-        elif layout is Layout.TAR:
-            self.tar()
-        elif layout is Layout.PICKLE:
-            self.chain(self.buf, 0, self.size, None, "plain")
-        if layout is Layout.ZIP or zip_tail:
-            name = self.zip(skip_prefix=layout is not None and layout is not Layout.ZIP)
-            return name if layout in (None, Layout.ZIP) else f"{layout.value}+zip"
+        walks: dict[str, Callable[[], None]] = {
+            "legacy": self.legacy, "tar": self.tar,
+            "pickle": lambda: self.chain(self.buf, 0, self.size, None, "plain")}
+        if layout is not None and layout != "zip":
+            walk = walks.get(layout)
+            if walk is None:  # a registered layout the scanner has no walk for
+                self.flag("layout", f"no scanner walk for the {layout} layout: its pickles "
+                          "were not looked at")
+            else:
+                walk()
+        if layout == "zip" or zip_tail:
+            name = self.zip(skip_prefix=layout is not None and layout != "zip")
+            return name if layout in (None, "zip") else f"{layout}+zip"
         assert layout is not None
-        return str(layout.value)
+        return layout
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
