@@ -32,6 +32,7 @@ from torchless.errors import (
 
 if TYPE_CHECKING:
     from torchless.api.batch import BatchResult, batch
+    from torchless.api.safeopen import safe_open
     from torchless.conversion.api import convert, verify
     from torchless.conversion.common import (
         ConversionReport,
@@ -47,6 +48,12 @@ if TYPE_CHECKING:
     from torchless.reader.checkpoint import Checkpoint, load, open
     from torchless.rules.resolver import GlobalRecord
     from torchless.scanner.files import ScanReport, scan
+
+
+def _api_safeopen() -> Any:
+    from torchless.api import safeopen as module
+
+    return module
 
 
 def _api_batch() -> Any:
@@ -143,6 +150,7 @@ _WHERE: dict[str, Callable[[], Any]] = {
     "load": _reader_checkpoint,
     "open": _reader_checkpoint,
     "register_type": _inert_schema,
+    "safe_open": _api_safeopen,
     "save": _inert_store,
     "scan": _scanner_files,
     "verify": _conversion_api,
@@ -150,6 +158,10 @@ _WHERE: dict[str, Callable[[], Any]] = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "torch":  # the torch.load drop-in, a module (it imports torch when called)
+        from torchless import torch as drop_in
+
+        return drop_in
     loader = _WHERE.get(name)
     if loader is None:
         raise AttributeError(f"module 'torchless' has no attribute {name!r}")
@@ -201,6 +213,7 @@ __all__ = [
     "load",
     "open",
     "register_type",
+    "safe_open",
     "save",
     "scan",
     "verify",

@@ -28,6 +28,7 @@ from torchless.io.source import Source
 from torchless.model.graph import finish, flatten
 from torchless.model.interop import to_torch
 from torchless.model.tensor import Tensor, UnsupportedTensor, with_attrs
+from torchless.reader import formats
 from torchless.rules.resolver import GlobalRecord, TorchResolver
 
 __all__ = ["Checkpoint", "ReadOptions", "load", "open"]
@@ -38,7 +39,9 @@ class Checkpoint:
 
     Attributes:
         path: the file.
-        format: ``"zip"``, ``"torchscript"``, ``"legacy"``, ``"tar"`` or ``"pickle"``.
+        format: ``"zip"``, ``"torchscript"``, ``"legacy"``, ``"tar"``, ``"pickle"``;
+            ``"safetensors"`` (plain or inert) and ``"index"`` (a sharded checkpoint's
+            ``*.index.json``) for files torchless and Hugging Face write.
         tree: the whole saved object, with :class:`Tensor` leaves, modules saved
             whole replaced by their ``state_dict()``, and unknown objects as
             :class:`Opaque` records.
@@ -160,6 +163,14 @@ def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_n
         found = registry.find_directory(path)
         return _read(path, found.name, lambda: found.open(path, limits, verify_crc), None,
                      limits, strict, allow, root_name)
+    if isinstance(path, str) and not is_remote(path):
+        kind = formats.sniff(path)
+        if kind is not None:  # torchless's own outputs: safetensors, inert, index files
+            opened: Checkpoint = formats.open_other(
+                kind, path, limits,
+                lambda shard: _open(shard, limits, strict, allow, root_name, verify_crc),
+                Checkpoint)
+            return opened
     source = RemoteSource(path) if is_remote(path) else Source(path)
     try:
         layout = registry.find_file(source)
