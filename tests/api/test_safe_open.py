@@ -1,0 +1,167 @@
+"""torchless.safe_open behaves as safetensors.safe_open (the oracle) on the same tensors: over
+safetensors files, inert files, torch checkpoints and index files, for each framework."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import torchless
+from torchless.api.safeopen import SafeOpenError
+
+from ..conftest import require
+
+#: Index forms safetensors' PySafeSlice takes (negative ones it refuses).
+INDEXES: list[Any] = [0, 2, (1,), (slice(None), 2), (Ellipsis, 1), (slice(0, 2, 2),),
+                      (slice(1, 3), slice(None), slice(0, 4, 3)), slice(None), Ellipsis,
+                      (0, slice(1, 2), 3), (slice(5, 9),)]
+
+
+def _arrays() -> dict[str, np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(7)
+    return {"b.weight": rng.standard_normal((4, 3, 5)).astype(np.float32),
+            "a.bias": np.arange(6, dtype=np.int64) - 3,
+            "c.mask": rng.integers(0, 2, (3, 2)).astype(bool),
+            "d.half": rng.standard_normal((2, 8)).astype(np.float16)}
+
+
+@pytest.fixture(scope="module")
+def st() -> ModuleType:
+    return require("safetensors")
+
+
+def _same(ours: Any, theirs: Any) -> None:
+    assert type(ours) is type(theirs)
+    assert ours.dtype == theirs.dtype and tuple(ours.shape) == tuple(theirs.shape)
+    if isinstance(theirs, np.ndarray):
+        assert ours.tobytes() == theirs.tobytes()
+    else:  # torch (the values are finite: equal values are equal bits)
+        import torch
+
+        assert torch.equal(ours, theirs)
+
+
+def _parity(st: ModuleType, ours_path: Path, theirs_path: Path, framework: str = "np",
+            metadata: bool = True) -> None:
+    with torchless.safe_open(ours_path, framework) as ours, \
+            st.safe_open(str(theirs_path), framework) as theirs:
+        assert ours.keys() == theirs.keys()
+        if metadata:
+            assert ours.metadata() == theirs.metadata()
+        for name in theirs.keys():
+            _same(ours.get_tensor(name), theirs.get_tensor(name))
+            mine, ref = ours.get_slice(name), theirs.get_slice(name)
+            assert mine.get_shape() == ref.get_shape() and mine.get_dtype() == ref.get_dtype()
+            for index in INDEXES:
+                try:
+                    want = ref[index]
+                except Exception:  # out of range for this tensor's rank
+                    continue
+                _same(mine[index], want)
+
+
+def test_plain_safetensors_file(st: ModuleType, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file(_arrays(), str(path), metadata={"format": "np", "note": "x"})
+    _parity(st, path, path)
+    bare = tmp_path / "bare.safetensors"
+    save_file(_arrays(), str(bare))
+    _parity(st, bare, bare)  # metadata() is None for both
+    with torchless.safe_open(bare, "np") as f:
+        assert f.metadata() is None
+        with st.safe_open(str(bare), "np") as g:
+            assert f.offset_keys() == g.offset_keys()
+
+
+def test_inert_file(st: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "inert.safetensors"
+    torchless.save({"model": _arrays(), "epoch": 3, "cfg": {"lr": 0.1}}, path)
+    _parity(st, path, path)  # the entries and __metadata__ safetensors sees, tree included
+
+
+def test_missing_name_is_a_key_error(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file(_arrays(), str(path))
+    with torchless.safe_open(path, "np") as f:
+        for call in (f.get_tensor, f.get_slice):
+            with pytest.raises(SafeOpenError, match="does not contain tensor nope") as info:
+                call("nope")
+            assert isinstance(info.value, KeyError)
+            assert isinstance(info.value, torchless.CheckpointError)
+        with pytest.raises(TypeError):
+            f.get_slice("b.weight")[[0, 1]]
+    with pytest.raises(ValueError, match="framework"):
+        torchless.safe_open(path, "tf")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_torch_checkpoint_reads_like_its_safetensors_twin(
+        st: ModuleType, torch: ModuleType, tmp_path: Path, framework: str) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {k: torch.from_numpy(v) for k, v in _arrays().items()}
+    tensors["e.bf16"] = torch.randn(3, 4).to(torch.bfloat16)
+    torch.save(tensors, tmp_path / "m.bin")
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    _parity(st, tmp_path / "m.bin", tmp_path / "m.safetensors", framework, metadata=False)
+    with torchless.safe_open(tmp_path / "m.bin", framework) as f:
+        assert f.metadata() == {"format": "pt"}
+        if framework == "pt":
+            assert type(f.get_tensor("e.bf16")) is torch.Tensor
+
+
+@pytest.mark.torch
+def test_index_files(st: ModuleType, torch: ModuleType, tmp_path: Path) -> None:
+    """A sharded checkpoint through its index, safetensors shards and .bin shards: the
+    union of the shards as safetensors reads them one by one."""
+    from safetensors.torch import save_file
+
+    arrays = _arrays()
+    names = list(arrays)
+    parts = [names[:2], names[2:]]
+    wmap_st, wmap_bin = {}, {}
+    for i, part in enumerate(parts, 1):
+        shard = {n: torch.from_numpy(arrays[n]) for n in part}
+        save_file(shard, str(tmp_path / f"model-0000{i}-of-00002.safetensors"))
+        torch.save(shard, tmp_path / f"pytorch_model-0000{i}-of-00002.bin")
+        wmap_st.update({n: f"model-0000{i}-of-00002.safetensors" for n in part})
+        wmap_bin.update({n: f"pytorch_model-0000{i}-of-00002.bin" for n in part})
+    meta = {"total_size": sum(a.nbytes for a in arrays.values())}
+    for name, wmap in (("model.safetensors.index.json", wmap_st),
+                       ("pytorch_model.bin.index.json", wmap_bin)):
+        (tmp_path / name).write_text(json.dumps({"metadata": meta, "weight_map": wmap}))
+        with torchless.safe_open(tmp_path / name, "np") as f:
+            assert f.keys() == sorted(names)
+            assert f.metadata() == {"total_size": str(meta["total_size"])}
+            for n in names:
+                with st.safe_open(str(tmp_path / wmap_st[n]), "np") as g:
+                    _same(f.get_tensor(n), g.get_tensor(n))
+                    _same(f.get_slice(n)[1:], g.get_slice(n)[1:])
+
+
+@pytest.mark.parametrize("framework", ["jax", "mlx"])
+def test_jax_and_mlx(st: ModuleType, tmp_path: Path, framework: str) -> None:
+    require("jax" if framework == "jax" else "mlx.core")
+    from safetensors.numpy import save_file
+
+    arrays = {k: v for k, v in _arrays().items() if v.dtype != np.int64}  # JAX narrows int64
+    path = tmp_path / "m.safetensors"
+    save_file(arrays, str(path))
+    fw = "flax" if framework == "jax" else "mlx"
+    with torchless.safe_open(path, framework) as f, st.safe_open(str(path), fw) as g:
+        for name in g.keys():
+            a, b = f.get_tensor(name), g.get_tensor(name)
+            assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+            s = f.get_slice(name)[1:]
+            assert np.array_equal(np.asarray(s), np.asarray(g.get_slice(name)[1:]))
