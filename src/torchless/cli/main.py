@@ -224,6 +224,12 @@ def _run_inspect_many(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _run_inspect(args: argparse.Namespace) -> int:
+    from torchless.cli.inspecting import run_inspect
+
+    return run_inspect(args, _limits(args))
+
+
 def _run_verify(args: argparse.Namespace) -> int:
     from torchless.cli.show import verify_json, verify_text
     from torchless.conversion.api import verify
@@ -262,9 +268,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ins = sub.add_parser(
         "inspect", help="show what a checkpoint holds",
-        description="Show a checkpoint's format, tensors (name, dtype, shape, size), totals "
-                    "by dtype, other values and the globals kept as inert records.",
+        description="Show a checkpoint's format, the known structures of a training "
+                    "checkpoint (Lightning, optimizers, schedulers, RNG states, an HF "
+                    "Trainer's trainer_state.json beside it), tensors (name, dtype, shape, "
+                    "size), totals by dtype, other values and the globals kept as inert "
+                    "records. Long lists end with a line saying how many more --all shows.",
         epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n"
+               "  torchless inspect model.pt --tree --filter '*.weight'\n"
+               "  torchless inspect model.pt --html -o report.html\n"
                "  torchless inspect https://example.org/model.pt   # a few range requests\n"
                "  torchless inspect ./checkpoints/ -j 4            # one line per file\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -274,7 +285,19 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                      help="with several files: inspect them in N worker processes")
     ins.add_argument("--json", action="store_true", help="print a JSON document")
-    ins.add_argument("--all", action="store_true", help="list every tensor (default: 100)")
+    ins.add_argument("--all", action="store_true",
+                     help="list every tensor and value (default: the first 100 of each, and "
+                          "a line saying how many more)")
+    ins.add_argument("--tree", action="store_true",
+                     help="print the saved object as an indented tree with tensor shapes")
+    ins.add_argument("--filter", metavar="GLOB",
+                     help="only the tensors whose flat name matches GLOB (e.g. "
+                          "'model.layers.*.weight'); with --tree, the branches that lead to "
+                          "them")
+    ins.add_argument("--html", action="store_true",
+                     help="write a self-contained HTML report (sortable tensor table, "
+                          "treemap of bytes by module, dtype totals, scan verdict) to -o FILE")
+    ins.add_argument("-o", "--output", metavar="FILE", help="with --html: the page to write")
     _add_reading(ins)
     conv = sub.add_parser(
         "convert", help="write a checkpoint's tensors as a safetensors file",
@@ -360,27 +383,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _is_batch(args.src) and args.report is not None:
             parser.error("--report writes one line per file for several SRC or a directory "
                          "of checkpoints; with one SRC, --json prints its summary")
+    if args.command == "inspect":
+        if args.html and not args.output:
+            parser.error("--html writes a page: name it with -o FILE")
+        if args.output and not args.html:
+            parser.error("-o/--output goes with --html")
+        if (args.html or args.tree) and (len(args.file) > 1 or os.path.isdir(args.file[0])):
+            parser.error("--html and --tree take one checkpoint file")
     if vars(args).get("jobs", 1) < 1:
         parser.error("-j/--jobs must be at least 1")
     try:
         if args.command == "inspect" and (len(args.file) > 1 or os.path.isdir(args.file[0])):
             return _run_inspect_many(args)
         if args.command == "inspect":
-            from torchless.cli.show import inspect_json, inspect_text
-            from torchless.reader import checkpoint as _checkpoint
-
-            ckpt = _checkpoint.open(args.file[0], strict=args.strict,
-                                    allow_globals=args.allow_global, limits=_limits(args),
-                                    verify_crc=args.verify_crc)
-            with ckpt:
-                if args.json:
-                    json.dump(inspect_json(ckpt), sys.stdout, indent=1)
-                    sys.stdout.write("\n")
-                else:
-                    inspect_text(ckpt, sys.stdout, 10**9 if args.all else 100)
-        elif args.command == "convert":
+            return _run_inspect(args)
+        if args.command == "convert":
             return _run_convert(args)
-        elif args.command == "verify":
+        if args.command == "verify":
             return _run_verify(args)
         elif args.command == "scan":
             return _run_scan(args)

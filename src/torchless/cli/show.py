@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fnmatch
 import sys
 import time
 import types
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_error
+from torchless.cli.summary import as_json, compact, structures
 from torchless.core.text import line_writer
 from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor, UnsupportedTensor
@@ -145,7 +147,9 @@ def describe_format(ckpt: _checkpoint.Checkpoint) -> str:
 
 
 def short(value: Any, width: int = 60) -> str:
-    if isinstance(value, Opaque):
+    if isinstance(value, Described):
+        text = str(value)
+    elif isinstance(value, Opaque):
         text = f"<{value.class_path}>"
     elif isinstance(value, Global):
         text = f"<global {value.path}>"
@@ -156,15 +160,22 @@ def short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
+def values(tree: Any, limit: int | None = None) -> Iterator[tuple[str, Any]]:
     """(flat name, value) for values that are not tensors, in walk order (the walker's names),
-    each container expanded once (a second path to it shows as a shared reference)."""
+    each container expanded once (a second path to it shows as a shared reference). Known
+    bulk records (RNG states, long lists of numbers) are one value, described by
+    :func:`.summary.compact`; an inert record (:class:`Opaque`) is one line and its fields."""
     seen: set[int] = set()
     stack: list[tuple[str, Any]] = [("", tree)]
     count = 0
-    while stack and count < limit:
+    while stack and (limit is None or count < limit):
         name, obj = stack.pop()
         if isinstance(obj, (Tensor, UnsupportedTensor, ModuleDict)):
+            continue
+        bulk = compact(obj)
+        if bulk is not None:
+            yield name or "<root>", Described(bulk)
+            count += 1
             continue
         if isinstance(obj, (list, tuple)) and len(obj) <= 16 and all(
                 isinstance(v, (str, int, float, bool, type(None))) for v in obj):
@@ -182,6 +193,10 @@ def values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
             if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
                 yield name, f"{type(obj).__name__}({len(vars(obj))} fields)"
                 count += 1
+            elif isinstance(obj, Opaque):
+                n = len(obj.state) if isinstance(obj.state, dict) else len(kids)
+                yield name or "<root>", Described(f"<{obj.class_path}> ({n} fields)")
+                count += 1
             elif not kids:
                 yield name or "<root>", obj
                 count += 1
@@ -191,7 +206,12 @@ def values(tree: Any, limit: int) -> Iterator[tuple[str, Any]]:
         count += 1
 
 
-_EXPANDED = (dict, list, tuple, collections.deque, argparse.Namespace, types.SimpleNamespace)
+class Described(str):
+    """A value shown by its description (printed as is, not quoted)."""
+
+
+_EXPANDED = (dict, list, tuple, collections.deque, argparse.Namespace, types.SimpleNamespace,
+             Opaque)
 
 
 def shared_keys(ckpt: _checkpoint.Checkpoint) -> set[str]:
@@ -199,11 +219,15 @@ def shared_keys(ckpt: _checkpoint.Checkpoint) -> set[str]:
     return {n for n, t in ckpt.tensors.items() if users[id(t.storage)] > 1}
 
 
-def inspect_json(ckpt: _checkpoint.Checkpoint) -> dict[str, Any]:
+def inspect_json(ckpt: _checkpoint.Checkpoint, pattern: str | None = None) -> dict[str, Any]:
+    """Everything inspect knows, complete (nothing is cut in JSON); ``pattern`` (a glob)
+    picks the tensors listed."""
     shared = shared_keys(ckpt)
     totals: dict[str, dict[str, int]] = {}
     tensors = []
     for name, t in ckpt.tensors.items():
+        if pattern is not None and not fnmatch.fnmatchcase(name, pattern):
+            continue
         tot = totals.setdefault(t.dtype.name, {"count": 0, "bytes": 0})
         tot["count"] += 1
         tot["bytes"] += t.nbytes
@@ -213,22 +237,40 @@ def inspect_json(ckpt: _checkpoint.Checkpoint) -> dict[str, Any]:
             "contiguous": t.is_contiguous(), "shared_storage": name in shared,
             "parameter": t.is_parameter, "requires_grad": t.requires_grad,
         })
-    return {
+    doc: dict[str, Any] = {
         "path": ckpt.path, "format": ckpt.format, "description": describe_format(ckpt),
-        "info": dict(ckpt.info), "tensor_count": len(tensors),
+        "info": dict(ckpt.info), "summary": as_json(structures(ckpt.tree, ckpt.path)),
+        "tensor_count": len(tensors),
         "total_bytes": sum(t["nbytes"] for t in tensors), "tensors": tensors,
         "totals_by_dtype": totals, "unsupported": dict(ckpt.unsupported),
         "opaque_globals": sorted({g.module + "." + g.name for g in ckpt.opaque}),
-        "values": {k: short(v, 200) for k, v in values(ckpt.tree, 200)},
+        "values": {k: short(v, 200) for k, v in values(ckpt.tree)},
     }
+    if pattern is not None:
+        doc["filter"] = pattern
+        doc["tensors_in_file"] = len(ckpt.tensors)
+    return doc
 
 
-def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
-    data = inspect_json(ckpt)
+def _more(w: Any, hidden: int, what: str) -> None:
+    if hidden > 0:
+        w(f"  … {hidden} more {what} (use --all)\n")
+
+
+def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int,
+                 pattern: str | None = None) -> None:
+    """The summary of known structures first, then tensors, dtype totals, other values and
+    inert records; a list cut at ``max_rows`` says how many more there are."""
+    data = inspect_json(ckpt, pattern)
     w = line_writer(out)
     w(f"{ckpt.path}\n")
     w(f"  format: {data['description']}\n")
-    w(f"  tensors: {data['tensor_count']}, {human(data['total_bytes'])}\n")
+    matched = f" matching {pattern!r} (of {len(ckpt.tensors)})" if pattern else ""
+    w(f"  tensors: {data['tensor_count']}{matched}, {human(data['total_bytes'])}\n")
+    if data["summary"]:
+        w("\n  summary:\n")
+        for item in data["summary"]:
+            w(f"    {item['text']}\n")
     rows = data["tensors"]
     if rows:
         name_w = min(60, max(len(r["name"]) for r in rows))
@@ -244,8 +286,7 @@ def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
             shape = "x".join(map(str, r["shape"])) or "scalar"
             w(f"  {r['name']:<{name_w}}  {r['dtype']:<14} {shape:<20} "
               f"{human(r['nbytes']):>10}  {' '.join(notes)}\n")
-        if len(rows) > max_rows:
-            w(f"  ... {len(rows) - max_rows} more (use --all or --json)\n")
+        _more(w, len(rows) - max_rows, "tensors")
         w("\n  by dtype:\n")
         for dt, tot in sorted(data["totals_by_dtype"].items()):
             w(f"    {dt:<14} {tot['count']:>6} tensors  {human(tot['bytes']):>10}\n")
@@ -253,11 +294,12 @@ def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
         w("\n  unsupported tensors (not readable):\n")
         for name, kind in data["unsupported"].items():
             w(f"    {name}: {kind}\n")
-    shown = list(values(ckpt.tree, 40))
+    shown = list(data["values"].items())
     if shown:
         w("\n  other values:\n")
-        for name, value in shown:
-            w(f"    {name}: {short(value)}\n")
+        for name, value in shown[:max_rows]:
+            w(f"    {name}: {value if len(value) <= 60 else value[:57] + '...'}\n")
+        _more(w, len(shown) - max_rows, "values")
     if data["opaque_globals"]:
         w("\n  kept as inert records (never imported or called):\n")
         for g in data["opaque_globals"]:

@@ -1,0 +1,146 @@
+"""``inspect`` worth reading: known structures first (Lightning keys, optimizer and scheduler
+state, callbacks, RNG states, an HF Trainer's trainer_state.json beside the file), inert
+records with their fields, no silent truncation, --all, --tree and --filter. Checkpoints are
+written by torch with the keys Lightning and the HF Trainer write."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from torchless.cli.main import main
+
+pytestmark = pytest.mark.torch
+
+
+@dataclasses.dataclass
+class TrainingArguments:  # the HF class's shape: a dataclass pickled with its fields
+    output_dir: str = "out"
+    learning_rate: float = 5e-5
+    num_train_epochs: float = 3.0
+    seed: int = 42
+
+
+def _lightning(torch: ModuleType, path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    torch.save({
+        "epoch": 3, "global_step": 1200, "pytorch-lightning_version": "2.6.0",
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "callbacks": {"ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'}": {"k": 1},
+                      "EarlyStopping{'monitor': 'val_loss'}": {"wait_count": 0}},
+        "optimizer_states": [opt.state_dict()], "lr_schedulers": [sched.state_dict()],
+        "hparams_name": "kwargs",
+        "hyper_parameters": argparse.Namespace(lr=1e-3, hidden=16)}, path)
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(args) == 0
+    return capsys.readouterr().out
+
+
+def test_lightning_summary_comes_first(torch: ModuleType, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    _lightning(torch, tmp_path / "last.ckpt")
+    out = _run(["inspect", str(tmp_path / "last.ckpt")], capsys)
+    summary = out[out.index("summary:"):out.index("  name ")]
+    assert "Lightning checkpoint (lightning 2.6.0): epoch 3, global_step 1200" in summary
+    assert "hyper_parameters (Namespace): lr=0.001, hidden=16" in summary
+    assert "optimizer (optimizer_states.0): 2 params in 1 group; lr=0.001" in summary
+    assert "state for 2 params (exp_avg, exp_avg_sq, step)" in summary
+    assert "scheduler (lr_schedulers.0): step_size=10, gamma=0.5" in summary
+    assert "callbacks: ModelCheckpoint, EarlyStopping" in summary
+    doc = json.loads(_run(["inspect", str(tmp_path / "last.ckpt"), "--json"], capsys))
+    kinds = [s["kind"] for s in doc["summary"]]
+    assert kinds == ["lightning", "config", "optimizer", "scheduler", "callbacks"]
+
+
+def test_rng_states_and_trainer_files(torch: ModuleType, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    random.seed(1)
+    np.random.seed(1)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(),
+                "cpu": torch.get_rng_state()}, tmp_path / "rng_state.pth")
+    (tmp_path / "trainer_state.json").write_text(json.dumps({
+        "global_step": 500, "epoch": 1.5, "best_metric": 0.25,
+        "log_history": [{"loss": 0.9, "step": 10}, {"loss": 0.5, "step": 500}]}))
+    out = _run(["inspect", str(tmp_path / "rng_state.pth")], capsys)
+    assert "numpy: numpy MT19937 state (625 ints)" in out
+    assert "python: python random state (625 ints)" in out
+    assert "RNG states: python, numpy, cpu" in out
+    assert ("HF Trainer state (trainer_state.json): global_step=500, epoch=1.5, "
+            "best_metric=0.25; 2 log entries, last: loss=0.5, step=500") in out
+    assert len(out.splitlines()) < 40  # not 625 lines of key material
+
+
+def test_inert_records_show_their_fields(torch: ModuleType, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    torch.save(TrainingArguments(), tmp_path / "training_args.bin")
+    out = _run(["inspect", str(tmp_path / "training_args.bin")], capsys)
+    assert "TrainingArguments> (4 fields)" in out
+    for field, value in (("output_dir", "'out'"), ("learning_rate", "5e-05"),
+                         ("num_train_epochs", "3.0"), ("seed", "42")):
+        assert f"    {field}: {value}\n" in out
+    doc = json.loads(_run(["inspect", str(tmp_path / "training_args.bin"), "--json"], capsys))
+    assert doc["values"]["seed"] == "42" and doc["values"]["output_dir"] == "'out'"
+
+
+def test_nothing_is_cut_silently(torch: ModuleType, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    torch.save({f"w{i:03d}": torch.zeros(1) for i in range(130)}
+               | {f"v{i:03d}": i for i in range(120)}, tmp_path / "many.pt")
+    out = _run(["inspect", str(tmp_path / "many.pt")], capsys)
+    assert "  … 30 more tensors (use --all)\n" in out and "w129" not in out
+    assert "  … 20 more values (use --all)\n" in out and "v119" not in out
+    full = _run(["inspect", str(tmp_path / "many.pt"), "--all"], capsys)
+    assert "more tensors" not in full and "w129" in full and "v119: 119" in full
+    doc = json.loads(_run(["inspect", str(tmp_path / "many.pt"), "--json"], capsys))
+    assert len(doc["tensors"]) == 130 and len(doc["values"]) == 120
+
+
+def test_tree_and_filter(torch: ModuleType, tmp_path: Path,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    w = torch.zeros(3, 2)
+    torch.save({"model": {"a.weight": w, "a.bias": torch.zeros(3), "b.weight": w.t()},
+                "step": 7, "tags": ["x", "y"]}, tmp_path / "m.pt")
+    tree = _run(["inspect", str(tmp_path / "m.pt"), "--tree"], capsys)
+    assert tree.splitlines() == [
+        "dict (3)",
+        "  model: dict (3)",
+        "    a.weight: Tensor float32 3x2",
+        "    a.bias: Tensor float32 3",
+        "    b.weight: Tensor float32 2x3",
+        "  step: 7",
+        "  tags: ['x', 'y']"]
+    picked = _run(["inspect", str(tmp_path / "m.pt"), "--tree", "--filter", "*.weight"], capsys)
+    assert picked.splitlines() == ["dict (3)", "  model: dict (3)",
+                                   "    a.weight: Tensor float32 3x2",
+                                   "    b.weight: Tensor float32 2x3"]
+    doc = json.loads(_run(["inspect", str(tmp_path / "m.pt"), "--json", "--filter",
+                           "model.a.*"], capsys))
+    assert [t["name"] for t in doc["tensors"]] == ["model.a.weight", "model.a.bias"]
+    assert doc["tensors_in_file"] == 3
+    text = _run(["inspect", str(tmp_path / "m.pt"), "--filter", "*.bias"], capsys)
+    assert "tensors: 1 matching '*.bias' (of 3)" in text
+
+
+def test_options_that_need_each_other(tmp_path: Path) -> None:
+    tiny = str(Path(__file__).resolve().parents[2] / "examples" / "tiny.pt")
+    for bad in (["--html"], ["-o", str(tmp_path / "x.html")]):
+        with pytest.raises(SystemExit) as info:
+            main(["inspect", tiny, *bad])
+        assert info.value.code == 2
+    assert not (tmp_path / "x.html").exists()
+
+
