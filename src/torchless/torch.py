@@ -40,7 +40,8 @@ def _import_torch() -> Any:
 def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None,
          pickle_module: Any = None, *, weights_only: bool | None = None,
          mmap: bool | None = None, limits: Limits | None = None, strict: bool = False,
-         allow_globals: tuple[str, ...] = (), **pickle_load_args: Any) -> Any:
+         allow_globals: tuple[str, ...] = (), verify_crc: bool = False,
+         **pickle_load_args: Any) -> Any:
     """``torch.load`` without running pickle code.
 
     Args:
@@ -55,7 +56,10 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
             whichever value is given; unknown classes come back as inert records instead
             of being refused.
         mmap: accepted and ignored: tensors are private, writable copies of the file's bytes.
-        limits, strict, allow_globals: as for :func:`torchless.open`.
+        limits: as for :func:`torchless.open`.
+        strict: as for :func:`torchless.open`.
+        allow_globals: as for :func:`torchless.open`.
+        verify_crc: as for :func:`torchless.open`.
         pickle_load_args: ``encoding`` (``"latin1"`` / ``"bytes"`` for Python 2 files) is
             accepted; torchless decodes Python 2 strings its own way.
 
@@ -75,9 +79,10 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
 
     if isinstance(f, (str, os.PathLike)) and formats.sniff(os.fspath(f)) == "safetensors":
         obj = _checkpoint.load(f, tensors="torch", limits=limits, strict=strict,
-                               allow_globals=allow_globals)
+                               allow_globals=allow_globals, verify_crc=verify_crc)
         return _relocate(obj, torch, map_location)
-    return _Loader(torch, map_location, limits or Limits()).load(f, strict, allow_globals)
+    return _Loader(torch, map_location, limits or Limits()).load(f, strict, allow_globals,
+                                                                  verify_crc)
 
 
 @contextlib.contextmanager
@@ -129,12 +134,13 @@ class _Loader:
         self.dtypes = torch_dtypes(torch)
         self.storages: dict[int, Any] = {}
 
-    def load(self, f: Any, strict: bool, allow: tuple[str, ...]) -> Any:
+    def load(self, f: Any, strict: bool, allow: tuple[str, ...], verify_crc: bool) -> Any:
         from torchless.errors import CheckpointError
         from torchless.model.graph import finish
         from torchless.reader import checkpoint as _checkpoint
 
-        ckpt = _checkpoint.open(f, limits=self.limits, strict=strict, allow_globals=allow)
+        ckpt = _checkpoint.open(f, limits=self.limits, strict=strict, allow_globals=allow,
+                                verify_crc=verify_crc)
         with ckpt:
             if ckpt.unsupported:
                 name, kind = next(iter(ckpt.unsupported.items()))

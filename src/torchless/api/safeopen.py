@@ -54,12 +54,15 @@ class safe_open:
         framework: ``"np"``, ``"pt"`` (torch, imported when a tensor is read), ``"jax"``
             (or ``"flax"``) or ``"mlx"``.
         device: ``"cpu"``, or for ``"pt"`` any torch device string.
-        limits, strict, allow_globals: as for :func:`torchless.open`.
+        limits: as for :func:`torchless.open`.
+        strict: as for :func:`torchless.open`.
+        allow_globals: as for :func:`torchless.open`.
+        verify_crc: as for :func:`torchless.open`.
     """
 
     def __init__(self, path: str | os.PathLike[str], framework: str, device: str = "cpu", *,
                  limits: Limits | None = None, strict: bool = False,
-                 allow_globals: tuple[str, ...] = ()) -> None:
+                 allow_globals: tuple[str, ...] = (), verify_crc: bool = False) -> None:
         if framework not in FRAMEWORKS:
             raise ValueError(f"framework {framework!r} is invalid (one of "
                              f"{', '.join(FRAMEWORKS)})")
@@ -70,7 +73,7 @@ class safe_open:
         self.device = device
         self._convert = _converter(self.framework, device)
         self._ckpt = _checkpoint.open(path, limits=limits, strict=strict,
-                                      allow_globals=allow_globals)
+                                      allow_globals=allow_globals, verify_crc=verify_crc)
         self._meta: dict[str, str] | None = None
         if self._ckpt.format == "safetensors":  # the entries and metadata safetensors sees
             self._tensors, self._meta = formats.entry_tensors(

@@ -47,6 +47,8 @@ def _fmt(v: Any, width: int = 40) -> str:
         return f"tensor {v.dtype.name} {'x'.join(map(str, v.shape)) or 'scalar'}"
     if isinstance(v, Opaque):
         return f"<{v.class_path}>"
+    if type(v) is float:
+        return format(v, ".6g")
     text = compact(v) or repr(v)
     return text if len(text) <= width else text[:width - 3] + "..."
 
