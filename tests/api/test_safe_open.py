@@ -165,3 +165,106 @@ def test_jax_and_mlx(st: ModuleType, tmp_path: Path, framework: str) -> None:
             assert np.array_equal(np.asarray(a), np.asarray(b))
             s = f.get_slice(name)[1:]
             assert np.array_equal(np.asarray(s), np.asarray(g.get_slice(name)[1:]))
+
+
+def _resident(path: Path) -> int:
+    """Bytes of ``path`` in the page cache (mincore(2) over a fresh map of the file)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+        view = np.frombuffer(m, np.uint8)
+        pages = -(-size // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec) == 0
+        del view
+        return sum(v & 1 for v in vec) * mmap.PAGESIZE
+
+
+def test_a_slice_reads_only_the_pages_it_covers(tmp_path: Path) -> None:
+    """The page cache is emptied of the file, a slice of one row is read, and only a small
+    part of the 64 MiB tensor is in memory (the kernel's read-ahead around it); reading the
+    whole tensor brings in all of it, so the measurement can tell the two apart."""
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("mincore(2) through the C library: measured on Linux")
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "big.safetensors"
+    big = np.arange(8192 * 2048, dtype=np.float32).reshape(8192, 2048)
+    save_file({"big": big}, str(path))
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if _resident(path) > big.nbytes // 16:
+        pytest.skip("this file system keeps the file in memory (tmpfs): nothing to measure")
+    with torchless.safe_open(path, "np") as f:
+        row = f.get_slice("big")[5000:5001]
+        assert np.array_equal(row, big[5000:5001])
+        after_slice = _resident(path)
+        assert np.array_equal(f.get_tensor("big"), big)
+        after_all = _resident(path)
+    assert after_slice < big.nbytes // 4, after_slice
+    assert after_all > big.nbytes * 0.9, after_all
+
+
+class _NpyDirectory:
+    """A toy directory layout (one raw float32 file per tensor, shapes in a JSON file): what
+    a registered directory container (DCP …) hands the reader."""
+
+    format = "npydir"
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def load(self, resolver: Any) -> Any:
+        from torchless.core.dtypes import by_torch_name
+        from torchless.model.tensor import Storage, Tensor
+
+        f32 = by_torch_name("float32")
+        shapes = json.loads((self.path / "shapes.json").read_text())
+        out = {}
+        for name, shape in shapes.items():
+            raw = (self.path / f"{name}.raw").read_bytes()
+            storage = Storage(name, f32, len(raw), lambda r=raw: r)
+            stride = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+            out[name] = Tensor(storage, f32, tuple(shape), stride, 0)
+        return out
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        raise AssertionError("no pickle here")
+
+    def describe(self, resolver: Any) -> dict[str, Any]:
+        return {}
+
+    def module_hook(self) -> Any:
+        return lambda obj: None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_registered_directory_layout_just_works(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchless.containers import registry
+
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(2, np.float32)}
+    for name, arr in arrays.items():
+        (tmp_path / f"{name}.raw").write_bytes(arr.tobytes())
+    (tmp_path / "shapes.json").write_text(json.dumps({k: list(v.shape)
+                                                      for k, v in arrays.items()}))
+    layout = registry.DirectoryLayout(
+        "npydir", lambda p: Path(p, "shapes.json").is_file(),
+        lambda p, limits, crc: _NpyDirectory(p))
+    monkeypatch.setattr(registry, "_DIRECTORIES", [layout])
+    with torchless.safe_open(tmp_path, "np") as f:
+        assert f.keys() == ["b", "w"] and f.metadata() == {"format": "pt"}
+        _same(f.get_tensor("w"), arrays["w"])
+        _same(f.get_slice("w")[1:, ::2], arrays["w"][1:, ::2])
