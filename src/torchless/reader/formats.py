@@ -14,6 +14,7 @@ import builtins
 import json
 import math
 import os
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,8 @@ MAX_INDEX_BYTES = 64 << 20
 def sniff(path: str) -> str | None:
     """``"safetensors"``, ``"index"`` (a JSON object with a ``weight_map``) or None."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # never read a device or a pipe here: the torch path refuses it
         with builtins.open(path, "rb") as f:
             head = f.read(512)
             size = os.fstat(f.fileno()).st_size
