@@ -82,6 +82,10 @@ def test_rng_states_and_trainer_files(torch: ModuleType, tmp_path: Path,
     assert ("HF Trainer state (trainer_state.json): global_step=500, epoch=1.5, "
             "best_metric=0.25; 2 log entries, last: loss=0.5, step=500") in out
     assert len(out.splitlines()) < 40  # not 625 lines of key material
+    tree = _run(["inspect", str(tmp_path / "rng_state.pth"), "--tree"], capsys)
+    assert tree.splitlines() == ["dict (3)", "  python: python random state (625 ints)",
+                                 "  numpy: numpy MT19937 state (625 ints)",
+                                 "  cpu: Tensor uint8 5056"]
 
 
 def test_inert_records_show_their_fields(torch: ModuleType, tmp_path: Path,
