@@ -97,6 +97,8 @@ POLICY_DEVIATIONS: dict[str, tuple[str, str]] = {
 READ_ONCE_SUPPORTED = {
     "tar_benign": "note: 'reject is acceptable if TAR support is dropped, with "
                   "UnsupportedFormatError'; torchless reads TAR checkpoints",
+    "fmt_safetensors_as_pt": "torchless reads safetensors files (its own outputs) whatever "
+                             "their name, with no pickle in them",
 }
 
 # ---------------------------------------------------------------------------
@@ -164,6 +166,7 @@ EXPECTED: dict[str, dict[str, np.ndarray]] = {
     "torch_benign_rich_legacy": _RICH,
     "torch_torchscript_real": {"w": np.ones(2, dtype=np.float32)},
     "fmt_plain_list_pickle": {},
+    "fmt_safetensors_as_pt": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)},
 }
 #: id -> non-tensor values load() must return, by flat name, as repr().
 EXPECTED_LOADED: dict[str, dict[str, str]] = {
@@ -714,7 +717,8 @@ def test_corpus_sample(rel: str, hostile: Hostile, outcomes: Outcomes) -> None:
 AUDIT_WARMUP = ("torch_benign_rich", "torch_benign_rich_legacy", "torch_benign_nested",
                 "torch_torchscript_real", "zip_deflated_benign", "zip_zip64_benign",
                 "geo_big_endian", "geo_all_dtypes", "nested_checkpoint", "legacy_benign",
-                "st_state_dict_metadata_build", "fmt_plain_list_pickle")
+                "st_state_dict_metadata_build", "fmt_plain_list_pickle",
+                "fmt_safetensors_as_pt")
 
 #: Codecs torchless's own code decodes with (constant names, never taken from a file). Python
 #: imports a codec's ``encodings.*`` module on first use, so they are looked up before the

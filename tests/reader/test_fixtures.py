@@ -41,11 +41,7 @@ FORMATS_BY_MAGIC = {
 #: torch.load reads safetensors files; torchless is a reader of torch checkpoints and tells
 #: the user to use the safetensors package (issue 3: "a clear message for what is not a
 #: checkpoint at all (safetensors, …)").
-POLICY_REFUSALS = {
-    "burn/examples/import-model-weights/weights/mnist.safetensors": "safetensors file",
-}
-
-OK = sorted(k for k, v in REFERENCE.items() if v["ok"] and k not in POLICY_REFUSALS)
+OK = sorted(k for k, v in REFERENCE.items() if v["ok"])
 REFUSED = sorted(k for k, v in REFERENCE.items() if not v["ok"])
 
 
@@ -177,10 +173,3 @@ def test_unreadable_files_are_refused(name: str) -> None:
             reader(FIXTURES / name)
         assert type(info.value) is not torchless.CheckpointError, (
             f"a bare CheckpointError (torchless's wrapper for its own bugs): {info.value}")
-
-
-@pytest.mark.parametrize("name", sorted(POLICY_REFUSALS))
-def test_policy_refusals_say_what_the_file_is(name: str) -> None:
-    assert REFERENCE[name]["ok"]
-    with pytest.raises(torchless.NotACheckpointError, match=POLICY_REFUSALS[name]):
-        torchless.open(FIXTURES / name)
