@@ -148,3 +148,21 @@ def test_options_that_need_each_other(tmp_path: Path) -> None:
     assert not (tmp_path / "x.html").exists()
 
 
+
+
+def test_odd_shapes_never_break_the_summary() -> None:
+    """Structures that only look like known ones (from any file) are described or left out,
+    never a crash; a huge value is clipped before it is printed."""
+    from torchless.cli.summary import compact, structures
+
+    tree = {"optimizer": {"state": 5, "param_groups": [{"params": 3}, "x"]},
+            "a": (np.arange(3), np.zeros(624), 1, 2, 3), "b": (np.arange(2), (1,) * 625, None),
+            "hyper_parameters": {"blob": b"x" * 10**6, "name": "y" * 10**6},
+            "callbacks": {"Only{": 1}, "epoch": np.arange(2)}
+    found = dict(structures(tree, ""))
+    assert found["optimizer"] == "optimizer (optimizer): 0 params in 2 groups"
+    assert len(found["config"]) < 200 and "blob=b'xxxx" in found["config"]
+    assert found["callbacks"] == "callbacks: Only"
+    assert compact(tree["a"]) is None and compact(tree["b"]) is None
+    assert compact(("MT19937", np.zeros(624, np.uint32), 0, 0, 0.0)) == \
+        "numpy MT19937 state (625 ints)"

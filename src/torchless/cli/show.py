@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_error
-from torchless.cli.summary import as_json, compact, structures
+from torchless.cli.summary import as_json, clipped_repr, compact, structures
 from torchless.core.text import line_writer
 from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor, UnsupportedTensor
@@ -153,7 +153,9 @@ def short(value: Any, width: int = 60) -> str:
         text = f"<{value.class_path}>"
     elif isinstance(value, Global):
         text = f"<global {value.path}>"
-    elif isinstance(value, (str, int, float, bool, type(None), bytes, list, tuple)):
+    elif isinstance(value, (str, bytes)):
+        text = clipped_repr(value, width)
+    elif isinstance(value, (int, float, bool, type(None), list, tuple)):
         text = repr(value)
     else:
         text = f"<{type(value).__name__}>"

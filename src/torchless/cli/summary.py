@@ -18,7 +18,7 @@ from torchless.core.limits import Limits
 from torchless.model.tensor import Tensor
 from torchless.pickle.values import Opaque
 
-__all__ = ["as_json", "compact", "structures", "trainer_state"]
+__all__ = ["as_json", "clipped_repr", "compact", "structures", "trainer_state"]
 
 #: trainer_state.json keeps the whole log history; past this it is not read.
 MAX_TRAINER_STATE = 16 << 20
@@ -26,13 +26,14 @@ MAX_TRAINER_STATE = 16 << 20
 
 def compact(value: Any) -> str | None:
     """A one-line description of a value that is a known bulk record, else None."""
-    if isinstance(value, tuple) and len(value) == 5 and value[0] == "MT19937" and isinstance(
-            value[1], np.ndarray) and value[1].size == 624:
+    if isinstance(value, tuple) and len(value) == 5 and isinstance(value[0], str) and value[
+            0] == "MT19937" and isinstance(value[1], np.ndarray) and value[1].size == 624:
         return "numpy MT19937 state (625 ints)"
-    if isinstance(value, dict) and value.get("bit_generator") and isinstance(
+    if isinstance(value, dict) and isinstance(value.get("bit_generator"), str) and isinstance(
             value.get("state"), dict):
         return f"numpy {value['bit_generator']} bit generator state"
-    if isinstance(value, tuple) and len(value) == 3 and value[0] in (2, 3) and isinstance(
+    if isinstance(value, tuple) and len(value) == 3 and type(value[0]) is int and value[
+            0] in (2, 3) and isinstance(
             value[1], tuple) and len(value[1]) == 625 and all(type(x) is int for x in value[1]):
         return "python random state (625 ints)"
     if isinstance(value, (list, tuple)) and len(value) > 16 and all(
@@ -49,8 +50,16 @@ def _fmt(v: Any, width: int = 40) -> str:
         return f"<{v.class_path}>"
     if type(v) is float:
         return format(v, ".6g")
-    text = compact(v) or repr(v)
+    text = compact(v) or clipped_repr(v, width)
     return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def clipped_repr(v: Any, width: int) -> str:
+    """repr of ``v``, of at most about ``width`` characters of a long str or bytes value
+    (never the repr of a megabyte to print forty characters of it)."""
+    if isinstance(v, (str, bytes, bytearray)) and len(v) > width:
+        return repr(v[:width]) + "..."
+    return repr(v)
 
 
 def _fields(obj: Any) -> dict[str, Any] | None:
@@ -75,7 +84,8 @@ def _optimizer(name: str, sd: dict[Any, Any]) -> str:
     state = sd.get("state")
     parts = []
     if isinstance(groups, list):
-        n = sum(len(g.get("params", ())) for g in groups if isinstance(g, dict))
+        n = sum(len(p) for g in groups if isinstance(g, dict)
+                for p in [g.get("params", ())] if isinstance(p, (list, tuple)))
         parts.append(f"{n} params in {len(groups)} group{'s' * (len(groups) != 1)}")
         if groups and isinstance(groups[0], dict):
             first = {k: v for k, v in groups[0].items() if k in (

@@ -10,7 +10,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from torchless.cli.summary import compact
+from torchless.cli.summary import clipped_repr, compact
 from torchless.core.text import line_writer
 from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor, UnsupportedTensor
@@ -31,7 +31,9 @@ def _inline(obj: Any) -> bool:
 
 def _label(obj: Any) -> str:
     if _inline(obj):
-        text = repr(obj)
+        inner = ", ".join(clipped_repr(v, 80) for v in obj)
+        text = f"[{inner}]" if isinstance(obj, list) else (
+            f"({inner},)" if len(obj) == 1 else f"({inner})")
         return text if len(text) <= 80 else text[:77] + "..."
     if isinstance(obj, Tensor):
         kind = "Parameter" if obj.is_parameter else "Tensor"
@@ -49,7 +51,7 @@ def _label(obj: Any) -> str:
     if isinstance(obj, _BRANCHES):
         n = len(obj) if hasattr(obj, "__len__") else len(vars(obj))
         return f"{type(obj).__name__} ({n})"
-    text = repr(obj)
+    text = clipped_repr(obj, 80)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
