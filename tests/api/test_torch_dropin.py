@@ -164,6 +164,10 @@ def test_file_objects_and_map_location_forms(torch: ModuleType, tmp_path: Path) 
     got = tt.load(tmp_path / "m.pt", map_location=mine)
     assert sorted(calls) == sorted(ref_calls)  # once per storage, as torch calls it
     assert got["c"].tolist() == [7, 7] and torch.equal(got["a"], want["a"])
+    if not torch.cuda.is_available():  # a location this machine lacks: torch's own error
+        for loader in (torch.load, tt.load):
+            with pytest.raises(RuntimeError, match="CUDA"):
+                loader(tmp_path / "m.pt", map_location={"cpu": "cuda:0"})
     with pytest.raises(ValueError, match="never unpickles"):
         tt.load(tmp_path / "m.pt", pickle_module=pickle)
 
