@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from torchless.conversion.common import ConversionReport
+    from torchless.conversion.hfdir import DirectoryReport
 
 __all__ = ["main"]
 
@@ -59,7 +60,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
             "limits": _limits(args), "strict": args.strict,
-            "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc}
+            "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
+            "link_files": not args.copy_files}
 
 
 def _limit(text: str) -> tuple[str, int]:
@@ -123,6 +125,7 @@ def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionRepor
 
 def _run_convert(args: argparse.Namespace) -> int:
     from torchless.cli.show import Bar, report_json, report_text
+    from torchless.conversion.hfdir import DirectoryReport
 
     if _is_batch(args.src):
         return _run_batch(args)
@@ -133,11 +136,30 @@ def _run_convert(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     if args.json:
-        json.dump(report_json(report), sys.stdout, indent=1)
+        doc = report_json(report)
+        if isinstance(report, DirectoryReport):
+            doc["converted"] = [report_json(r) for r in report.converted]
+            doc["brought"] = [{"src": s, "dst": d, "how": how} for s, d, how in report.brought]
+            doc["left_out"] = list(report.left_out)
+        json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         report_text(report, sys.stdout)
+        if isinstance(report, DirectoryReport):
+            _directory_text(report)
     return 0
+
+
+def _directory_text(report: DirectoryReport) -> None:
+    """What became of the rest of a model directory: one line per file."""
+    w = line_writer(sys.stdout)
+    for r in report.converted:
+        inert = f"; inert records: {', '.join(r.opaque)}" if r.opaque else ""
+        w(f"  converted {r.src} -> {r.dst} ({r.tensors} tensors and its object tree{inert})\n")
+    for src, dst, how in report.brought:
+        w(f"  {how} {src} -> {dst}\n")
+    for path in report.left_out:
+        w(f"  left out (hidden or a directory): {path}\n")
 
 
 def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
@@ -304,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="leave out tensors safetensors cannot hold (complex128 …)")
     conv.add_argument("--verify", action="store_true",
                       help="re-read both files afterwards and compare every tensor")
+    conv.add_argument("--copy-files", action="store_true",
+                      help="model directory to -o DIR: copy its other files (config.json, "
+                           "tokenizer …) instead of hard-linking them")
     conv.add_argument("--weights-only", action="store_true",
                       help="write the tensors only, not the rest of the object (epochs, "
                            "optimizer state, configs …) as an inert tree")

@@ -44,11 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from torchless.conversion import hftied as _hftied
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
     compare,
-    prepare,
     safetensors_data,
     select,
     verify_unpublished,
@@ -105,7 +105,8 @@ def convert_layout(
         ckpts = [stack.enter_context(read.open(p)) for p in layout.sources]
         if layout.expected is not None:
             check_index(layout, ckpts)
-        parts = [prepare(c, key, dedupe, skip_unsupported) for c in ckpts]
+        tied = _hftied.tie_word_embeddings(os.path.dirname(layout.sources[0]) or ".")
+        parts = [_hftied.prepare(c, key, dedupe, skip_unsupported, tied) for c in ckpts]
         owner: dict[str, int] = {}
         for i, (written, _, _, aliases) in enumerate(parts):
             for name in [*written, *aliases]:

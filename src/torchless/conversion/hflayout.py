@@ -158,6 +158,10 @@ def resolve(spath: str, dst: str | None) -> Layout:
         index_name = os.path.basename(spath)
         out_dir = dst if dst is not None else directory
     else:  # one checkpoint file, resharded
+        if dst is not None and (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
+            # -o names a directory: transformers' names inside it
+            base = "model.safetensors"
+            return Layout([spath], None, None, dst, base, [base], None)
         out = dst if dst is not None else default_dst(spath)
         base = os.path.basename(out)
         return Layout([spath], None, None, os.path.dirname(out) or ".", base, [base], None)
