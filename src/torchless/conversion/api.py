@@ -4,7 +4,6 @@ whole object, or a flat weights file), or a model directory through :mod:`.hf`."
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 import urllib.parse
@@ -161,8 +160,7 @@ def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, d
     converted = tuple(_convert(src, out, None, force, dedupe, skip_unsupported, verify, None,
                                tree, read) for src, out in rest.checkpoints)
     brought = _hfdir.bring(rest.files, link=link_files, force=force)
-    base = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
-    return _hfdir.DirectoryReport(**base, converted=converted, brought=tuple(brought),
+    return _hfdir.DirectoryReport(**vars(report), converted=converted, brought=tuple(brought),
                                   left_out=tuple(rest.left_out))
 
 
