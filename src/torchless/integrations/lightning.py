@@ -30,10 +30,8 @@ try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.fabric.utilities.cloud_io import get_filesystem
 except ImportError:  # the standalone packages
-    from lightning_fabric.plugins.io.checkpoint_io import (  # type: ignore[no-redef]
-        CheckpointIO,
-    )
-    from lightning_fabric.utilities.cloud_io import get_filesystem  # type: ignore[no-redef]
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning_fabric.utilities.cloud_io import get_filesystem
 
 __all__ = ["InertCheckpointIO"]
 
