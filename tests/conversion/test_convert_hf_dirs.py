@@ -194,6 +194,8 @@ def test_trainer_checkpoint_with_pytorch_model_bin(torch: ModuleType, tmp_path: 
     assert np.array_equal(rng["numpy"][1], want_rng["numpy"][1])
     assert torchless.load(out / "scheduler.safetensors") == sched.state_dict()
     assert torchless.load(out / "custom_checkpoint_0.safetensors")["step"] == 10
+    # verify finds the weights among the other converted files
+    assert main(["verify", str(ckpt), str(out)]) == 0
     # in place: beside the sources
     assert main(["convert", str(ckpt)]) == 0
     assert (ckpt / "optimizer.safetensors").is_file()
