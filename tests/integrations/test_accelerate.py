@@ -112,6 +112,8 @@ def test_load_state_parity(accelerate: ModuleType, tmp_path: Path, safe: bool) -
     pickles = {"optimizer.bin", "scheduler.bin", "random_states_0.pkl",
                "custom_checkpoint_0.pkl", *([] if safe else ["pytorch_model.bin"])}
     assert set(done) == pickles
+    if not safe:  # the weights as transformers names them, loadable as they are
+        assert done["pytorch_model.bin"] == "model.safetensors"
     assert not [n for n in os.listdir(tmp_path / "inert") if n.endswith((".bin", ".pkl"))]
     # the oracle: accelerate's own load_state of the original, then training on
     oracle = _setup(accelerate, 5)

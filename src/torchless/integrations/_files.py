@@ -14,7 +14,8 @@ from typing import Any
 
 from torchless.conversion import api as _api
 from torchless.conversion.common import OpaqueObjectWarning, safetensors_data
-from torchless.conversion.hfdir import CHECKPOINT_SUFFIXES
+from torchless.conversion.hfdir import CHECKPOINT_SUFFIXES, DirectoryReport
+from torchless.conversion.hflayout import is_model_dir, resolve
 from torchless.errors import ConversionError
 from torchless.inert import schema as _inert
 from torchless.pickle.values import Opaque
@@ -34,19 +35,33 @@ def torch_module() -> Any:
 
 def convert_dir(directory: str, *, remove_originals: bool) -> dict[str, str]:
     """Each checkpoint file of ``directory`` (top level) -> its inert ``<stem>.safetensors``
-    beside it, verified; with ``remove_originals`` the pickles are then deleted. Returns
-    {source name: output name}. An earlier output is replaced."""
+    beside it, verified (the weights of a model directory, ``pytorch_model*.bin``, as
+    transformers names them: ``model*.safetensors``); with ``remove_originals`` the pickles
+    (and a ``*.bin.index.json``) are then deleted. Returns {source name: output name}. An
+    earlier output is replaced."""
     done: dict[str, str] = {}
     names = sorted(n for n in os.listdir(directory)
                    if n.endswith(CHECKPOINT_SUFFIXES) and not n.startswith(".")
                    and os.path.isfile(os.path.join(directory, n)))
+    removed = list(names)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpaqueObjectWarning)
+        if is_model_dir(directory):
+            layout = resolve(directory, None)
+            report = _api.convert(directory, force=True, verify=True)
+            assert isinstance(report, DirectoryReport)
+            for r in report.converted:
+                done[os.path.basename(r.src)] = os.path.basename(r.dst)
+            for source in layout.sources:
+                done[os.path.basename(source)] = os.path.basename(report.dst)
+            if layout.index_path is not None:
+                removed.append(os.path.basename(layout.index_path))
         for name in names:
-            report = _api.convert(os.path.join(directory, name), force=True, verify=True)
-            done[name] = os.path.basename(report.dst)
+            if name not in done:
+                report = _api.convert(os.path.join(directory, name), force=True, verify=True)
+                done[name] = os.path.basename(report.dst)
     if remove_originals:
-        for name in names:
+        for name in removed:
             os.unlink(os.path.join(directory, name))
     return done
 
