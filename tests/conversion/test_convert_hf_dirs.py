@@ -108,6 +108,11 @@ def _model_dir(torch: ModuleType, root: Path) -> dict[str, bytes]:
     for name, data in others.items():
         (root / name).write_bytes(data)
     (root / ".gitattributes").write_text("*.bin lfs\n")
+    # as in a hub cache snapshot: a relative symlink to a blob
+    (root.parent / "blobs").mkdir()
+    (root.parent / "blobs" / "abc").write_bytes(b"SPM")
+    (root / "tokenizer.model").symlink_to(Path("..") / "blobs" / "abc")
+    others["tokenizer.model"] = b"SPM"
     (root / "sub").mkdir()
     return others
 
@@ -123,6 +128,7 @@ def test_convert_dir_brings_the_other_files(torch: ModuleType, tmp_path: Path,
     for name, data in others.items():
         assert (out / name).read_bytes() == data
         assert os.path.samefile(out / name, src / name)      # hard links by default
+        assert not (out / name).is_symlink()
         assert f"linked {src / name} -> {out / name}" in text
     assert f"left out (hidden or a directory): {src / '.gitattributes'}" in text
     assert f"left out (hidden or a directory): {src / 'sub'}" in text

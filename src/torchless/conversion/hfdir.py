@@ -127,8 +127,8 @@ def _same(src: str, dst: str) -> bool:
 def _link(src: str, dst: str, force: bool) -> bool:
     """A hard link at ``dst`` (False where links cannot be made: then the file is copied)."""
     tmp = f"{dst}.{os.getpid()}.link.tmp" if force else dst
-    try:
-        os.link(src, tmp)
+    try:  # to the file itself: link() would link a symlink (a hub cache's, relative)
+        os.link(os.path.realpath(src), tmp)
     except FileExistsError:
         raise ConversionError("the output file exists (use force=True / --force to "
                               "replace it)", path=dst, hint=EXISTS_HINT) from None

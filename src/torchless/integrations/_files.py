@@ -117,7 +117,7 @@ def restore_dir(src: str, dst: str) -> dict[str, str]:
         if os.path.lexists(target):
             os.unlink(target)
         try:
-            os.link(path, target)
+            os.link(os.path.realpath(path), target)
             done[name] = "linked"
         except OSError:
             shutil.copyfile(path, target)
