@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from torchless.conversion.common import ConversionReport
-    from torchless.conversion.hfdir import DirectoryReport
 
 __all__ = ["main"]
 
@@ -124,8 +123,8 @@ def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionRepor
 
 
 def _run_convert(args: argparse.Namespace) -> int:
+    from torchless.cli.dirreport import directory_json, directory_text
     from torchless.cli.show import Bar, report_json, report_text
-    from torchless.conversion.hfdir import DirectoryReport
 
     if _is_batch(args.src):
         return _run_batch(args)
@@ -136,30 +135,12 @@ def _run_convert(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     if args.json:
-        doc = report_json(report)
-        if isinstance(report, DirectoryReport):
-            doc["converted"] = [report_json(r) for r in report.converted]
-            doc["brought"] = [{"src": s, "dst": d, "how": how} for s, d, how in report.brought]
-            doc["left_out"] = list(report.left_out)
-        json.dump(doc, sys.stdout, indent=1)
+        json.dump(directory_json(report, report_json(report)), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         report_text(report, sys.stdout)
-        if isinstance(report, DirectoryReport):
-            _directory_text(report)
+        directory_text(report, sys.stdout)
     return 0
-
-
-def _directory_text(report: DirectoryReport) -> None:
-    """What became of the rest of a model directory: one line per file."""
-    w = line_writer(sys.stdout)
-    for r in report.converted:
-        inert = f"; inert records: {', '.join(r.opaque)}" if r.opaque else ""
-        w(f"  converted {r.src} -> {r.dst} ({r.tensors} tensors and its object tree{inert})\n")
-    for src, dst, how in report.brought:
-        w(f"  {how} {src} -> {dst}\n")
-    for path in report.left_out:
-        w(f"  left out (hidden or a directory): {path}\n")
 
 
 def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
