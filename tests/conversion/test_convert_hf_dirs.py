@@ -113,7 +113,11 @@ def _model_dir(torch: ModuleType, root: Path) -> dict[str, bytes]:
     (root.parent / "blobs" / "abc").write_bytes(b"SPM")
     (root / "tokenizer.model").symlink_to(Path("..") / "blobs" / "abc")
     others["tokenizer.model"] = b"SPM"
-    (root / "sub").mkdir()
+    (root / "checkpoint-5").mkdir()                        # a checkpoint: left out
+    (root / "checkpoint-5" / "optimizer.pt").write_bytes(b"x")
+    (root / "1_Pooling").mkdir()                           # plain files: brought
+    (root / "1_Pooling" / "config.json").write_bytes(b'{"pooling": "mean"}')
+    others["1_Pooling/config.json"] = b'{"pooling": "mean"}'
     return others
 
 
@@ -124,14 +128,16 @@ def test_convert_dir_brings_the_other_files(torch: ModuleType, tmp_path: Path,
     out = tmp_path / "out"
     assert main(["convert", str(src), "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert sorted(os.listdir(out)) == sorted([*others, "model.safetensors"])
+    assert sorted(os.listdir(out)) == sorted(
+        {*(n.split("/")[0] for n in others), "model.safetensors"})
     for name, data in others.items():
         assert (out / name).read_bytes() == data
         assert os.path.samefile(out / name, src / name)      # hard links by default
         assert not (out / name).is_symlink()
         assert f"linked {src / name} -> {out / name}" in text
-    assert f"left out (hidden or a directory): {src / '.gitattributes'}" in text
-    assert f"left out (hidden or a directory): {src / 'sub'}" in text
+    left = "left out (hidden, or a directory holding checkpoints)"
+    assert f"{left}: {src / '.gitattributes'}" in text
+    assert f"{left}: {src / 'checkpoint-5'}" in text
     # --copy-files: separate files, same bytes
     assert main(["convert", str(src), "-o", str(tmp_path / "copy"), "--copy-files"]) == 0
     assert f"copied {src / 'config.json'}" in capsys.readouterr().out

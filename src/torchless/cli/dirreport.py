@@ -34,4 +34,4 @@ def directory_text(report: ConversionReport, out: Any) -> None:
     for src, dst, how in report.brought:
         w(f"  {how} {src} -> {dst}\n")
     for path in report.left_out:
-        w(f"  left out (hidden or a directory): {path}\n")
+        w(f"  left out (hidden, or a directory holding checkpoints): {path}\n")

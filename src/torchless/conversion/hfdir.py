@@ -11,8 +11,11 @@ OUTDIR is a loadable model directory and nothing is skipped without a word:
   OUTDIR, with its object tree, as ``convert FILE`` does;
 * every other top-level file is hard-linked into OUTDIR (copied where a link cannot be
   made, e.g. across filesystems), or copied with ``link_files=False`` / ``--copy-files``
-  (a hard link is the same file: editing one edits the other). Hidden files and
-  subdirectories are left out, and listed. Converting in place (no OUTDIR) brings nothing.
+  (a hard link is the same file: editing one edits the other). A subdirectory of plain
+  files (sentence-transformers' ``1_Pooling/``, a tokenizer folder) is brought the same
+  way; hidden entries and subdirectories holding weights or checkpoints (``checkpoint-500/``,
+  a pipeline's ``unet/``: convert those on their own) are left out, and listed. Converting
+  in place (no OUTDIR) brings nothing.
 
 Every output name is checked before anything is written: an existing file is refused
 without ``force`` (one already the same file as its source is left as it is).
@@ -43,7 +46,7 @@ class DirectoryReport(ConversionReport):
     converted: tuple[ConversionReport, ...] = ()
     #: (source, output, ``"linked"`` or ``"copied"``) for each other file brought over
     brought: tuple[tuple[str, str, str], ...] = ()
-    #: hidden files and subdirectories of SRC not brought over
+    #: hidden entries and subdirectories holding checkpoints, not brought over
     left_out: tuple[str, ...] = ()
 
 
@@ -67,7 +70,15 @@ def plan(src_dir: str, out_dir: str, weights: list[str], outputs: list[str]) -> 
         path = os.path.join(src_dir, name)
         if os.path.abspath(path) in skip or (name in used and same):
             continue
-        if name.startswith(".") or os.path.isdir(path) or not os.path.isfile(path):
+        if os.path.isdir(path) and not name.startswith(".") and not same:
+            inner = _plain_files(path)
+            if inner is None:
+                left_out.append(path)
+            else:
+                files += [(f, os.path.join(out_dir, os.path.relpath(f, src_dir)))
+                          for f in inner]
+            continue
+        if name.startswith(".") or not os.path.isfile(path):
             left_out.append(path)
             continue
         if name.endswith(CHECKPOINT_SUFFIXES):
@@ -89,6 +100,21 @@ def plan(src_dir: str, out_dir: str, weights: list[str], outputs: list[str]) -> 
     return Plan(checkpoints, files, [] if same else left_out)
 
 
+def _plain_files(directory: str) -> list[str] | None:
+    """The files under a subdirectory (``1_Pooling/``, a tokenizer folder), or None when it
+    holds weights or checkpoints (``checkpoint-500/``, ``unet/``: convert those on their
+    own) or hidden entries."""
+    found: list[str] = []
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        for name in [*dirs, *names]:
+            if name.startswith(".") or name.endswith((*CHECKPOINT_SUFFIXES, ".safetensors",
+                                                      ".index.json")):
+                return None
+        found += [os.path.join(root, n) for n in sorted(names)]
+    return found
+
+
 def check_free(p: Plan, force: bool) -> None:
     """Refuse, before anything is written, outputs that exist (unless ``force``)."""
     if force:
@@ -106,6 +132,11 @@ def bring(files: list[tuple[str, str]], *, link: bool,
     """Hard-link (or copy) each file to its output; each appears whole or not at all."""
     done: list[tuple[str, str, str]] = []
     for src, dst in files:
+        try:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+        except OSError as e:
+            raise ConversionError(f"cannot create a directory: {e.strerror or e}",
+                                  path=os.path.dirname(dst)) from None
         if _same(src, dst):
             done.append((src, dst, "linked"))
             continue
