@@ -27,7 +27,7 @@ def transformers() -> ModuleType:
     return require("transformers")
 
 
-def _trainer(transformers: ModuleType, out: Path, callbacks: list[Any]) -> Any:
+def _trainer(transformers: ModuleType, out: Path, callbacks: list[Any], safe: bool) -> Any:
     import torch
 
     torch.manual_seed(0)
@@ -41,7 +41,7 @@ def _trainer(transformers: ModuleType, out: Path, callbacks: list[Any]) -> Any:
         output_dir=str(out), max_steps=6, save_steps=3, per_device_train_batch_size=2,
         learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=2, report_to=[],
         use_cpu=True, seed=0, logging_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0, save_safetensors=True)
+        dataloader_num_workers=0, save_safetensors=safe)
     return transformers.Trainer(model=model, args=args, train_dataset=data,
                                 callbacks=callbacks)
 
@@ -73,12 +73,13 @@ def _same(a: Any, b: Any) -> None:
         assert a == b
 
 
-def test_resume_parity(transformers: ModuleType, tmp_path: Path) -> None:
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
+def test_resume_parity(transformers: ModuleType, tmp_path: Path, safe: bool) -> None:
     from torchless.integrations.transformers import InertCheckpointCallback, restore_checkpoint
 
-    _trainer(transformers, tmp_path / "plain", []).train()
+    _trainer(transformers, tmp_path / "plain", [], safe).train()
     callback = InertCheckpointCallback()
-    _trainer(transformers, tmp_path / "inert", [callback]).train()
+    _trainer(transformers, tmp_path / "inert", [callback], safe).train()
     ckpt = tmp_path / "inert" / "checkpoint-3"
     assert sorted(os.listdir(ckpt)) == sorted([
         "config.json", "generation_config.json", "model.safetensors", "trainer_state.json",
@@ -87,14 +88,16 @@ def test_resume_parity(transformers: ModuleType, tmp_path: Path) -> None:
     assert callback.converted[str(ckpt)] == {
         "optimizer.pt": "optimizer.safetensors", "scheduler.pt": "scheduler.safetensors",
         "rng_state.pth": "rng_state.safetensors",
-        "training_args.bin": "training_args.safetensors"}
-    oracle_trainer = _trainer(transformers, tmp_path / "a", [])
+        "training_args.bin": "training_args.safetensors",
+        **({} if safe else {"pytorch_model.bin": "model.safetensors"})}
+    oracle_trainer = _trainer(transformers, tmp_path / "a", [], safe)
     oracle_trainer.train(resume_from_checkpoint=str(tmp_path / "plain" / "checkpoint-3"))
     oracle = _final(oracle_trainer)
     restored = restore_checkpoint(ckpt, tmp_path / "restored")
-    assert sorted(n for n in os.listdir(restored) if n.endswith((".pt", ".pth"))) == [
-        "optimizer.pt", "rng_state.pth", "scheduler.pt"]
-    resumed_trainer = _trainer(transformers, tmp_path / "b", [])
+    assert sorted(n for n in os.listdir(restored) if n.endswith((".pt", ".pth", ".bin"))) == [
+        "optimizer.pt", *([] if safe else ["pytorch_model.bin"]), "rng_state.pth",
+        "scheduler.pt"]
+    resumed_trainer = _trainer(transformers, tmp_path / "b", [], safe)
     resumed_trainer.train(resume_from_checkpoint=restored)
     assert oracle["step"] == 6
     _same(_final(resumed_trainer), oracle)

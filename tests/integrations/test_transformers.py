@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,8 @@ def transformers_5() -> Path:
         f"transformers-{TRANSFORMERS_5}")
     if (cache / "transformers").is_dir():
         return cache
+    if cache.exists():  # an interrupted install
+        shutil.rmtree(cache)
     partial = cache.with_name(cache.name + f".{os.getpid()}.partial")
     run = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target",
                           str(partial), f"transformers=={TRANSFORMERS_5}"],

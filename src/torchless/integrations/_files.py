@@ -6,7 +6,9 @@ pickle)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -15,7 +17,7 @@ from typing import Any
 from torchless.conversion import api as _api
 from torchless.conversion.common import OpaqueObjectWarning, safetensors_data
 from torchless.conversion.hfdir import CHECKPOINT_SUFFIXES, DirectoryReport
-from torchless.conversion.hflayout import is_model_dir, resolve
+from torchless.conversion.hflayout import is_model_dir, read_index, resolve
 from torchless.errors import ConversionError
 from torchless.inert import schema as _inert
 from torchless.pickle.values import Opaque
@@ -66,15 +68,19 @@ def convert_dir(directory: str, *, remove_originals: bool) -> dict[str, str]:
     return done
 
 
-def _inert_source(path: str) -> str | None:
-    """The file an inert ``path`` was converted from (its ``source``), or None for a plain
-    safetensors file (model weights, read by the framework as they are)."""
+def _source(path: str) -> tuple[str | None, bool]:
+    """The file ``path`` was converted from (its ``source``: a checkpoint file name, or
+    None), and whether it holds an inert tree (else it holds weights only)."""
     with safetensors_data(path) as (header, _):
         meta = header.metadata
     source = meta.get("source")
-    if _inert.TREE_KEY not in meta or not source or os.path.basename(source) != source:
-        return None
-    return source if source.endswith(CHECKPOINT_SUFFIXES) else None
+    if not source or os.path.basename(source) != source or ", " in source or (
+            not source.endswith(CHECKPOINT_SUFFIXES)):
+        return None, False
+    return source, _inert.TREE_KEY in meta
+
+
+_SHARD = re.compile(r"-\d+-of-\d+(?=\.bin$)")
 
 
 def has_opaque(obj: Any, depth: int = 0) -> bool:
@@ -98,12 +104,20 @@ def restore_dir(src: str, dst: str) -> dict[str, str]:
     torch = torch_module()
     os.makedirs(dst, exist_ok=True)
     done: dict[str, str] = {}
+    shards: dict[str, str] = {}     # weights file -> the .bin it was converted from
+    indexes: list[str] = []
     for name in sorted(os.listdir(src)):
         path = os.path.join(src, name)
         if not os.path.isfile(path) or name.startswith("."):
             continue
-        source = _inert_source(path) if name.endswith(".safetensors") else None
-        if source is not None:
+        source, inert = _source(path) if name.endswith(".safetensors") else (None, False)
+        if source is not None and not inert:
+            # weights converted from pytorch_model*.bin: a Trainer saving with
+            # save_safetensors=False reads that name, so it is rebuilt beside the link
+            torch.save(_checkpoint.load(path, tensors="torch"), os.path.join(dst, source))
+            done[source] = f"rebuilt from {name}"
+            shards[name] = source
+        elif source is not None:
             obj = _checkpoint.load(path, tensors="torch")
             if has_opaque(obj):
                 done[source] = "left out (holds inert records of unknown classes)"
@@ -111,6 +125,8 @@ def restore_dir(src: str, dst: str) -> dict[str, str]:
             torch.save(obj, os.path.join(dst, source))
             done[source] = f"rebuilt from {name}"
             continue
+        if name.endswith(".safetensors.index.json"):
+            indexes.append(path)
         if name.endswith(CHECKPOINT_SUFFIXES):  # a pickle left beside: never passed on
             continue
         target = os.path.join(dst, name)
@@ -122,4 +138,13 @@ def restore_dir(src: str, dst: str) -> dict[str, str]:
         except OSError:
             shutil.copyfile(path, target)
             done[name] = "copied"
+    for path in indexes:  # the .bin index beside rebuilt .bin shards
+        wmap = {k: shards.get(v) for k, v in read_index(path).items()}
+        if wmap and all(wmap.values()):
+            first = next(iter(wmap.values()))
+            assert first is not None
+            name = _SHARD.sub("", first) + ".index.json"
+            with open(os.path.join(dst, name), "w") as f:
+                json.dump({"metadata": {}, "weight_map": wmap}, f, indent=2, sort_keys=True)
+            done[name] = f"rebuilt from {os.path.basename(path)}"
     return done
