@@ -325,8 +325,9 @@ def test_max_shard_size_reshards_dir(torch: ModuleType, tmp_path: Path) -> None:
                                    for i in g}
     assert index["metadata"] == {"total_size": sum(_nbytes(t) for t in every.values())}
     _assert_equal(torch, _load_all(torch, tmp_path / "out", names), every)
-    assert sorted(os.listdir(tmp_path / "out")) == sorted([*names,
-                                                           "model.safetensors.index.json"])
+    # with the directory's other files, linked: a loadable model directory
+    assert sorted(os.listdir(tmp_path / "out")) == sorted([
+        *names, "model.safetensors.index.json", "config.json", "tokenizer.json"])
 
 
 # ---- CLI and batches ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ SRC = REPO / "src" / "torchless"
 LAYERS: dict[str, int] = {
     "errors": 0, "_version": 0, "core": 0, "io": 1, "pickle": 2, "model": 3, "rules": 4,
     "containers": 5, "write": 6, "inert": 7, "reader": 8, "conversion": 9, "scanner": 9,
-    "api": 10, "torch": 10, "cli": 11,
+    "api": 10, "torch": 10, "cli": 11, "integrations": 12,
 }
 
 

@@ -31,7 +31,8 @@ def test_version_is_defined_once() -> None:
 
 def test_extras_the_docs_name_exist() -> None:
     extras = set(PROJECT["optional-dependencies"])
-    assert {"remote", "torch", "dask", "test", "docs", "lint"} <= extras
+    assert {"remote", "torch", "dask", "test", "docs", "lint", "lightning", "transformers",
+            "accelerate"} <= extras
     named = set()
     for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
         named |= set(re.findall(r"torchless\[([\w-]+)\]", doc.read_text()))

@@ -59,7 +59,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
             "limits": _limits(args), "strict": args.strict,
-            "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc}
+            "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
+            "link_files": not args.copy_files}
 
 
 def _limit(text: str) -> tuple[str, int]:
@@ -122,6 +123,7 @@ def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionRepor
 
 
 def _run_convert(args: argparse.Namespace) -> int:
+    from torchless.cli.dirreport import directory_json, directory_text
     from torchless.cli.show import Bar, report_json, report_text
 
     if _is_batch(args.src):
@@ -133,10 +135,11 @@ def _run_convert(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     if args.json:
-        json.dump(report_json(report), sys.stdout, indent=1)
+        json.dump(directory_json(report, report_json(report)), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         report_text(report, sys.stdout)
+        directory_text(report, sys.stdout)
     return 0
 
 
@@ -327,6 +330,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="leave out tensors safetensors cannot hold (complex128 …)")
     conv.add_argument("--verify", action="store_true",
                       help="re-read both files afterwards and compare every tensor")
+    conv.add_argument("--copy-files", action="store_true",
+                      help="model directory to -o DIR: copy its other files (config.json, "
+                           "tokenizer …) instead of hard-linking them")
     conv.add_argument("--weights-only", action="store_true",
                       help="write the tensors only, not the rest of the object (epochs, "
                            "optimizer state, configs …) as an inert tree")

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
 from torchless.conversion import hf as _hf
+from torchless.conversion import hfdir as _hfdir
+from torchless.conversion import hflayout as _hflayout
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
@@ -59,6 +61,7 @@ def convert(
     strict: bool = False,
     allow_globals: Iterable[str] = (),
     verify_crc: bool = False,
+    link_files: bool = True,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -72,7 +75,12 @@ def convert(
     SRC may also be a Hugging Face model directory (``pytorch_model.bin`` or shards with a
     ``*.bin.index.json``) or such an index file; DST is then an output directory (default:
     SRC's directory) and the outputs follow transformers' naming (see
-    :mod:`torchless.conversion.hf`).
+    :mod:`torchless.conversion.hf`); ``dedupe`` keeps the names transformers keeps for tied
+    weights. The directory's other checkpoint files (a Trainer's ``optimizer.pt``,
+    ``scheduler.pt``, ``rng_state.pth``, ``training_args.bin`` …) are converted too, and its
+    other files (``config.json``, tokenizer …) hard-linked into DST, so DST loads with
+    ``from_pretrained``; the report is then a
+    :class:`~torchless.conversion.hfdir.DirectoryReport` saying what each became.
 
     Args:
         src: the checkpoint (any layout torchless reads).
@@ -92,6 +100,8 @@ def convert(
         verify_crc: as for :func:`torchless.open`.
         allow_globals: ``module.name`` globals the policy would refuse, kept as inert
             records for a file you trust (as in :func:`torchless.open`); never called.
+        link_files: for a model directory converted into another directory: hard-link its
+            other files there (``False``: copy them).
 
     Raises:
         ConversionError: the output cannot be written as asked, or ``verify`` failed (no
@@ -109,7 +119,12 @@ def convert(
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     try:
         local_dir = not is_remote(spath) and os.path.isdir(spath)
-        if local_dir or spath.endswith(".index.json") or max_shard_size is not None:
+        if local_dir:
+            return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
+                                force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
+                                verify=verify, progress=progress, max_shard_size=max_shard_size,
+                                tree=tree, read=read, link_files=link_files)
+        if spath.endswith(".index.json") or max_shard_size is not None:
             return _hf.convert_layout(
                 spath, None if dst is None else os.fspath(dst), key=key, force=force,
                 dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
@@ -125,6 +140,28 @@ def convert(
                                    "memory") from e
     except Exception as e:  # a bug of ours: reported as one, never as a refusal
         raise InternalError.wrap(e, "converting", spath) from e
+
+
+def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, dedupe: bool,
+                 skip_unsupported: bool, verify: bool,
+                 progress: Callable[[int, int], None] | None, max_shard_size: int | str | None,
+                 tree: bool, read: ReadOptions, link_files: bool) -> _hfdir.DirectoryReport:
+    """The weights through :mod:`.hf`, then the rest of the directory (:mod:`.hfdir`)."""
+    layout = _hflayout.resolve(spath, dst)
+    weights = [*layout.sources, *([layout.index_path] if layout.index_path else [])]
+    stem = _hflayout.stem(layout.base)
+    names = [*layout.outputs, layout.base, stem + ".safetensors.index.json",
+             *([layout.out_index] if layout.out_index else [])]
+    rest = _hfdir.plan(spath, layout.out_dir, weights, names)
+    _hfdir.check_free(rest, force)
+    report = _hf.convert_layout(spath, dst, key=key, force=force, dedupe=dedupe,
+                                skip_unsupported=skip_unsupported, verify=verify,
+                                progress=progress, max_shard_size=max_shard_size, read=read)
+    converted = tuple(_convert(src, out, None, force, dedupe, skip_unsupported, verify, None,
+                               tree, read) for src, out in rest.checkpoints)
+    brought = _hfdir.bring(rest.files, link=link_files, force=force)
+    return _hfdir.DirectoryReport(**vars(report), converted=converted, brought=tuple(brought),
+                                  left_out=tuple(rest.left_out))
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,

@@ -24,14 +24,16 @@ Conventions followed (those of transformers ``save_pretrained``, huggingface_hub
   ``json.dumps(index, indent=2, sort_keys=True) + "\\n"``, with ``total_size`` the sum of
   the tensor bytes written. Every shard's ``__metadata__`` has ``format: pt`` and ``source``
   (the source file name(s)); ``dedupe`` aliases are recorded in the shard holding the kept
-  tensor and are not listed in ``weight_map``.
+  tensor and are not listed in ``weight_map``; which name of a tied weight is kept is
+  transformers' choice (:mod:`.hftied`).
 
 Every shard and the index are written (and, with ``verify``, checked) before any of them is
 published, then published together (:func:`torchless.write.atomic.commit`): the shards first and
 the index last, so an index never names a missing shard; with ``force``, an existing index
 is moved aside before the first shard is replaced. Any failure, at any point, leaves the
-directory as it was: nothing of this run, and every file it would have replaced. Other files
-(``config.json`` …) are never touched.
+directory as it was: nothing of this run, and every file it would have replaced. The
+source directory's other files (``config.json`` …) are never touched; :mod:`.hfdir` brings
+them, and converts its other checkpoint files, for a directory SRC.
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from torchless.conversion import hftied as _hftied
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
     compare,
-    prepare,
     safetensors_data,
     select,
     verify_unpublished,
@@ -105,7 +107,8 @@ def convert_layout(
         ckpts = [stack.enter_context(read.open(p)) for p in layout.sources]
         if layout.expected is not None:
             check_index(layout, ckpts)
-        parts = [prepare(c, key, dedupe, skip_unsupported) for c in ckpts]
+        tied = _hftied.tie_word_embeddings(os.path.dirname(layout.sources[0]) or ".")
+        parts = [_hftied.prepare(c, key, dedupe, skip_unsupported, tied) for c in ckpts]
         owner: dict[str, int] = {}
         for i, (written, _, _, aliases) in enumerate(parts):
             for name in [*written, *aliases]:

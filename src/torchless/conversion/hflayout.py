@@ -31,6 +31,8 @@ WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 #: single-file weights looked for in a directory, in this order
 _SINGLE_NAMES = (WEIGHTS_NAME, "diffusion_pytorch_model.bin")
+#: their outputs: the weights of a directory that also holds other converted files
+_SINGLE_OUTPUTS = ("model.safetensors", "diffusion_pytorch_model.safetensors")
 _MAX_INDEX_BYTES = 100_000_000
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
@@ -158,6 +160,10 @@ def resolve(spath: str, dst: str | None) -> Layout:
         index_name = os.path.basename(spath)
         out_dir = dst if dst is not None else directory
     else:  # one checkpoint file, resharded
+        if dst is not None and (dst.endswith(("/", os.sep)) or os.path.isdir(dst)):
+            # -o names a directory: transformers' names inside it
+            base = "model.safetensors"
+            return Layout([spath], None, None, dst, base, [base], None)
         out = dst if dst is not None else default_dst(spath)
         base = os.path.basename(out)
         return Layout([spath], None, None, os.path.dirname(out) or ".", base, [base], None)
@@ -256,6 +262,9 @@ def outputs(dpath: str) -> tuple[list[str], dict[str, str] | None]:
             dpath = os.path.join(dpath, indexes[0])
         else:
             files = [n for n in names if n.endswith(".safetensors")]
+            weights = [n for n in files if n in _SINGLE_OUTPUTS]
+            if len(files) > 1 and len(weights) == 1:  # beside converted optimizer.pt …
+                files = weights
             if len(files) != 1:
                 raise ConversionError(
                     "expected one *.safetensors file or a *.safetensors.index.json here, "

@@ -1,0 +1,103 @@
+"""The Hugging Face Trainer with InertCheckpointCallback: every pickle of each checkpoint-N/
+becomes an inert file, and resuming through restore_checkpoint gives exactly what resuming
+from the Trainer's own checkpoint gives (the oracle: that run's parameters, optimizer and
+scheduler states, and torch / NumPy / Python RNG states after training)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from ..conftest import require
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+
+@pytest.fixture(scope="module")
+def transformers() -> ModuleType:
+    require("torch")
+    return require("transformers")
+
+
+def _trainer(transformers: ModuleType, out: Path, callbacks: list[Any], safe: bool) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50,
+                                     n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    g = torch.Generator().manual_seed(3)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 50, (12, 8),
+                                                                         generator=g)]
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=6, save_steps=3, per_device_train_batch_size=2,
+        learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=2, report_to=[],
+        use_cpu=True, seed=0, logging_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0, save_safetensors=safe)
+    return transformers.Trainer(model=model, args=args, train_dataset=data,
+                                callbacks=callbacks)
+
+
+def _final(trainer: Any) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    return {"model": trainer.model.state_dict(), "opt": trainer.optimizer.state_dict(),
+            "sched": trainer.lr_scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+            "np_rng": np.random.get_state()[1].tolist(), "py_rng": random.getstate(),
+            "step": trainer.state.global_step}
+
+
+def _same(a: Any, b: Any) -> None:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
+def test_resume_parity(transformers: ModuleType, tmp_path: Path, safe: bool) -> None:
+    from torchless.integrations.transformers import InertCheckpointCallback, restore_checkpoint
+
+    _trainer(transformers, tmp_path / "plain", [], safe).train()
+    callback = InertCheckpointCallback()
+    _trainer(transformers, tmp_path / "inert", [callback], safe).train()
+    ckpt = tmp_path / "inert" / "checkpoint-3"
+    assert sorted(os.listdir(ckpt)) == sorted([
+        "config.json", "generation_config.json", "model.safetensors", "trainer_state.json",
+        "optimizer.safetensors", "scheduler.safetensors", "rng_state.safetensors",
+        "training_args.safetensors"])
+    assert callback.converted[str(ckpt)] == {
+        "optimizer.pt": "optimizer.safetensors", "scheduler.pt": "scheduler.safetensors",
+        "rng_state.pth": "rng_state.safetensors",
+        "training_args.bin": "training_args.safetensors",
+        **({} if safe else {"pytorch_model.bin": "model.safetensors"})}
+    oracle_trainer = _trainer(transformers, tmp_path / "a", [], safe)
+    oracle_trainer.train(resume_from_checkpoint=str(tmp_path / "plain" / "checkpoint-3"))
+    oracle = _final(oracle_trainer)
+    restored = restore_checkpoint(ckpt, tmp_path / "restored")
+    assert sorted(n for n in os.listdir(restored) if n.endswith((".pt", ".pth", ".bin"))) == [
+        "optimizer.pt", *([] if safe else ["pytorch_model.bin"]), "rng_state.pth",
+        "scheduler.pt"]
+    resumed_trainer = _trainer(transformers, tmp_path / "b", [], safe)
+    resumed_trainer.train(resume_from_checkpoint=restored)
+    assert oracle["step"] == 6
+    _same(_final(resumed_trainer), oracle)
