@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torchless.containers.base import Container, PlainPickle
 from torchless.containers.legacy import LegacyStream
 from torchless.containers.tar import TorchTar
-from torchless.containers.torchzip import TorchZip
+from torchless.containers.zipkinds import open_zip
 from torchless.core.limits import Limits
 from torchless.errors import AmbiguousArchiveError, NotACheckpointError
 from torchless.io import detect
@@ -105,8 +105,7 @@ def find_directory(path: str) -> DirectoryLayout:
     return found
 
 
-register(FileLayout("zip", detect.is_zip,
-                    lambda s, lim, crc: TorchZip(s, lim, verify_crc=crc)))
+register(FileLayout("zip", detect.is_zip, open_zip))  # torch.save, .pt2, torch.package
 register(FileLayout("legacy", detect.is_legacy, lambda s, lim, crc: LegacyStream(s, lim)))
 register(FileLayout("tar", detect.is_tar, lambda s, lim, crc: TorchTar(s, lim)))
 register(FileLayout("pickle", detect.is_pickle, lambda s, lim, crc: PlainPickle(s, lim),

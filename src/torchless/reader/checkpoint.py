@@ -38,7 +38,8 @@ class Checkpoint:
 
     Attributes:
         path: the file.
-        format: ``"zip"``, ``"torchscript"``, ``"legacy"``, ``"tar"`` or ``"pickle"``.
+        format: ``"zip"``, ``"torchscript"``, ``"pt2"`` (torch.export.save), ``"package"``
+            (torch.package), ``"legacy"``, ``"tar"`` or ``"pickle"``.
         tree: the whole saved object, with :class:`Tensor` leaves, modules saved
             whole replaced by their ``state_dict()``, and unknown objects as
             :class:`Opaque` records.
@@ -205,6 +206,11 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
                 + (", pickle protocol 0/1" if proto is None else f", pickle protocol {proto}"))
     if fmt == "pickle":
         return "plain pickle (no tensor storage container)"
+    if fmt == "pt2":
+        return (f"PT2 archive version {info.get('archive_version')} written by "
+                "torch.export.save (torch >= 2.5): weights and constants, the graph not read")
+    if fmt == "package":
+        return "torch.package archive written by PackageExporter (its modules never imported)"
     records = set(info.get("records", ()))
     if fmt == "torchscript":
         return "TorchScript archive written by torch.jit.save (torch >= 1.0)"
