@@ -35,6 +35,7 @@ from torchless.inert.schema import (
     default_types,
 )
 from torchless.model.graph import ModuleDict
+from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import children
 from torchless.pickle.values import NOTSET, Global, Opaque
@@ -79,12 +80,13 @@ class Encoder:
     def __init__(self, *, types: TypeRegistry | None = None, limits: Limits | None = None,
                  names: Mapping[int, str] | None = None,
                  skipped: Mapping[int, str] | None = None,
-                 reserved: Iterable[str] = ()) -> None:
+                 reserved: Iterable[str] = (), records: bool = True) -> None:
         self.types = types if types is not None else default_types
         self.limits = limits if limits is not None else Limits()
         self.names = dict(names or {})
         self.skipped = dict(skipped or {})
         self.reserved = set(reserved)           # names taken by entries written beside
+        self.records = records                  # sparse … tensors with their parts, or named
         self.tensors: dict[str, Tensor] = {}
         self.opaque: dict[str, int] = {}        # class path -> count, for warnings
         self._counts: dict[int, int] = {}
@@ -127,7 +129,8 @@ class Encoder:
             return {"$global": ["torch", obj.name]}
         if isinstance(obj, Global):
             return {"$global": [obj.module, obj.name]}
-        if isinstance(obj, UnsupportedTensor):
+        if isinstance(obj, UnsupportedTensor) and not (
+                self.records and isinstance(obj, TensorRecord)):
             return {"$unsupported": {"kind": obj.kind}}
         if isinstance(obj, slice):
             parts = [obj.start, obj.stop, obj.step]
@@ -205,7 +208,9 @@ class Encoder:
             if n:
                 continue
             self._keep.append(obj)
-            if self._structural(obj):
+            if isinstance(obj, TensorRecord):
+                stack.append((obj.fields, path))
+            elif self._structural(obj):
                 stack.extend((c, path) for _, c in children(obj))
             elif self.types.by_type(type(obj)) is not None:
                 stack.append((self._lower(obj, path), path))
@@ -251,6 +256,8 @@ class Encoder:
                 for k, v in items]
 
     def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
+        if isinstance(obj, TensorRecord):
+            return {"$record": {"kind": obj.kind, "fields": self._value(obj.fields, path, d)}}
         if self._is_tensor(obj):
             return {"$tensor": self._tensor(obj, path, d)}
         if isinstance(obj, np.ndarray):
