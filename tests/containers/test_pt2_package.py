@@ -203,3 +203,13 @@ def test_package_with_no_pickle_is_named(torch: Any, tmp_path: Path) -> None:
     with pytest.raises(torchless.ArchiveFormatError, match=r"torch\.package archive with no "
                                                          r"pickled resource"):
         torchless.open(path)
+
+
+def test_an_unpacked_archive_directory_is_named(torch: Any, tmp_path: Path) -> None:
+    path = tmp_path / "m.pt2"
+    _export(torch, path)
+    with zipfile.ZipFile(path) as z:
+        z.extractall(tmp_path / "unpacked")
+    for where in (tmp_path / "unpacked", next((tmp_path / "unpacked").iterdir())):
+        with pytest.raises(torchless.NotACheckpointError, match=r"PT2 archive .* unpacked"):
+            torchless.open(where)

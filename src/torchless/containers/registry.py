@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torchless.containers.base import Container, PlainPickle
 from torchless.containers.legacy import LegacyStream
 from torchless.containers.tar import TorchTar
-from torchless.containers.zipkinds import open_zip
+from torchless.containers.zipkinds import extracted_archive, open_zip
 from torchless.core.limits import Limits
 from torchless.errors import AmbiguousArchiveError, NotACheckpointError
 from torchless.io import detect
@@ -92,6 +92,12 @@ def find_file(source: Source) -> FileLayout:
 
 def find_directory(path: str) -> DirectoryLayout:
     found = next((x for x in _DIRECTORIES if x.sniff(path)), None)
+    unpacked = extracted_archive(path) if found is None else None
+    if unpacked is not None:
+        raise NotACheckpointError(
+            f"a directory holding {unpacked} unpacked: torchless reads the archive file",
+            path=path, hint="open the archive file itself (or zip the directory back, its "
+                            "members under one top directory, without compression)")
     if found is None:
         model_dir = any(name.endswith((".bin", ".safetensors", ".index.json"))
                         for name in os.listdir(path))

@@ -5,6 +5,8 @@ A ZIP archive that is none of them is refused with what it holds."""
 
 from __future__ import annotations
 
+import os
+
 from torchless.containers.base import Container
 from torchless.containers.package import PackageArchive, is_package
 from torchless.containers.pt2 import Pt2Archive
@@ -14,7 +16,7 @@ from torchless.core.limits import Limits
 from torchless.errors import ArchiveFormatError
 from torchless.io.source import Source
 
-__all__ = ["open_zip"]
+__all__ = ["extracted_archive", "open_zip"]
 
 
 def open_zip(source: Source, limits: Limits, verify_crc: bool) -> Container:
@@ -34,3 +36,27 @@ def open_zip(source: Source, limits: Limits, verify_crc: bool) -> Container:
                  f"members here: {', '.join(list(entries)[:5])}"
                  + (" …" if len(entries) > 5 else ""))
     return TorchZip(source, limits, verify_crc=verify_crc, archive=archive)
+
+
+#: A record that marks the root of each kind of torch ZIP archive, and what it is.
+_ROOT_RECORDS = (("archive_format", "a PT2 archive (torch.export.save)"),
+                 (".data/extern_modules", "a torch.package archive"),
+                 ("data.pkl", "a torch.save checkpoint"))
+
+
+def extracted_archive(path: str) -> str | None:
+    """What a directory is if it is a torch ZIP archive unpacked (its root, or the one
+    directory every member lies in): torchless reads the archive file, not its members."""
+    for root in (path, *_only_subdirectory(path)):
+        for record, what in _ROOT_RECORDS:
+            if os.path.isfile(os.path.join(root, record)):
+                return what
+    return None
+
+
+def _only_subdirectory(path: str) -> list[str]:
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    return [os.path.join(path, names[0])] if len(names) == 1 else []
