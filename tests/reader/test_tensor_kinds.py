@@ -168,6 +168,20 @@ def test_parameter_of_a_meta_tensor_keeps_requires_grad(torch: Any, ko: Any,
     assert as_torch["weight"].device.type == "meta"
 
 
+def test_parameter_records_stay_parameters(torch: Any, ko: Any, tmp_path: Path) -> None:
+    path = tmp_path / "params.pt"
+    made = {"meta": torch.nn.Parameter(torch.empty(2, 3, device="meta")),
+            "frozen": torch.nn.Parameter(torch.empty(2, device="meta"), requires_grad=False)}
+    torch.save(made, path)
+    theirs = _torch_load(torch, path)
+    ours = torchless.load(path, tensors="torch")
+    for name, t in theirs.items():
+        assert isinstance(ours[name], torch.nn.Parameter)
+        assert ours[name].requires_grad == t.requires_grad
+        _check(ko, ours[name], t)
+        _check(ko, torchless.load(path)[name], t)
+
+
 def _reduced(torch: Any, func: Any, args: tuple[Any, ...]) -> bytes:
     """A torch.save file whose one object pickles as ``func(*args)`` (storages as torch
     writes them), for arguments torch itself would never write."""

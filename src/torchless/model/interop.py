@@ -82,16 +82,15 @@ def record_to_torch(rec: TensorRecord, torch: Any) -> Any:
         out = torch.nested.nested_tensor_from_jagged(
             part("values"), part("offsets"), part("lengths"), jagged_dim=f["ragged_idx"],
             **seqlens)
-        if f["requires_grad"]:
-            out.requires_grad_(True)
         for k, v in (f.get("attrs") or {}).items():
             setattr(out, k, v)
-        return out
     elif kind == "meta":
-        return torch.empty_strided(f["shape"], f["stride"], dtype=torch_dtypes(torch)[
-            f["dtype"]], device="meta", requires_grad=f["requires_grad"])
+        out = torch.empty_strided(f["shape"], f["stride"], dtype=torch_dtypes(torch)[
+            f["dtype"]], device="meta")
     else:
         raise UnsupportedError(f"no torch tensor for a {kind} record")
+    if f.get("parameter"):
+        return torch.nn.Parameter(out, requires_grad=bool(f.get("requires_grad")))
     if f.get("requires_grad"):
         out.requires_grad_(True)
     return out

@@ -22,7 +22,7 @@ The fields of each kind (the names of torch's accessors)::
     jagged                values, offsets, lengths, ragged_idx, metadata, attrs
     meta                  dtype, shape, stride
 
-and ``requires_grad`` for every kind.
+and ``requires_grad`` for every kind (``parameter``: True for a ``torch.nn.Parameter``).
 """
 
 from __future__ import annotations

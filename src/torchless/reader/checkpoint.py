@@ -300,7 +300,7 @@ def load(
                 try:
                     if isinstance(t, TensorRecord):
                         out = record_to_torch(t, torch) if torch is not None else t.map(
-                            lambda c: np.array(c.numpy()) if copy else c.numpy())
+                            lambda c: with_attrs(np.array(c.numpy()) if copy else c.numpy(), c))
                     elif torch is not None:
                         out = to_torch(t, torch)
                     else:

@@ -127,6 +127,9 @@ class TorchRules(Resolver):
             raise PickleError(f"{f} takes 3 or 4 arguments, got {len(a)}")
         data, requires_grad = a[0], a[1]
         self._tensor_flags(f, requires_grad, a[2], None)
+        if isinstance(data, TensorRecord):  # a Parameter of a meta / sparse … tensor
+            return TensorRecord(data.kind, {**data.fields, "requires_grad": requires_grad,
+                                            "parameter": True})
         if isinstance(data, UnsupportedTensor):
             return data
         if not isinstance(data, Tensor):
