@@ -218,3 +218,40 @@ def test_malformed_kinds_are_refused(torch: Any, tmp_path: Path, bad: str) -> No
         path.write_bytes(_reduced(torch, *made[bad]))
     with pytest.raises(torchless.PickleError):
         torchless.open(path)
+
+
+def _record(kind: str, **fields: Any) -> torchless.TensorRecord:
+    return torchless.TensorRecord(kind, {"requires_grad": False, **fields})
+
+
+@pytest.mark.parametrize("bad", ["nested_outside", "jagged_offsets", "quantized_shape",
+                                 "packed_shape", "coo_index"])
+def test_hostile_records_are_refused_before_torch_sees_them(torch: Any, tmp_path: Path,
+                                                            bad: str) -> None:
+    """An inert file's record rebuilt with tensors='torch': a view torch would not check
+    (a nested component past its buffer, jagged offsets past the values) or a size with no
+    data behind it (torch would allocate it) is refused."""
+    i64 = np.int64
+    records = {
+        "nested_outside": _record("nested", values=np.zeros(4, np.float32),
+                                  sizes=np.array([[2, 3]], i64), strides=np.array([[3, 1]], i64),
+                                  offsets=np.array([0], i64)),
+        "jagged_offsets": _record("jagged", values=np.zeros((3, 2), np.float32),
+                                  offsets=np.array([0, 2, 9], i64), lengths=None, ragged_idx=1,
+                                  metadata={}, attrs=None),
+        "quantized_shape": _record("quantized", dtype="qint8", qscheme="per_tensor_affine",
+                                   scale=0.1, zero_point=0, axis=None, shape=(100000, 100000),
+                                   stride=(100000, 1), storage_offset=0,
+                                   int_repr=np.zeros(4, np.int8)),
+        "packed_shape": _record("quantized", dtype="quint4x2", qscheme="per_tensor_affine",
+                                scale=0.1, zero_point=0, axis=None, shape=(100000, 100000),
+                                stride=(100000, 1), storage_offset=0,
+                                packed=np.zeros(4, np.uint8)),
+        "coo_index": _record("sparse_coo", indices=np.array([[5]], i64),
+                             values=np.ones(1, np.float32), shape=(2,), is_coalesced=None),
+    }
+    path = tmp_path / "hostile.safetensors"
+    torchless.save({"t": records[bad]}, path)
+    assert isinstance(torchless.load(path)["t"], torchless.TensorRecord)  # data: harmless
+    with pytest.raises(torchless.CheckpointError, match="cannot rebuild"):
+        torchless.load(path, tensors="torch")

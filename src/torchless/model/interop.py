@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from torchless.errors import UnsupportedError
+from torchless.errors import TensorGeometryError, UnsupportedError
 from torchless.model.chunks import chunks
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Tensor
@@ -60,6 +60,15 @@ def record_to_torch(rec: TensorRecord, torch: Any) -> Any:
         value = f.get(key)
         return None if value is None else _torch_part(value, torch)
 
+    try:
+        return _rebuild(rec, torch, part)
+    except (ValueError, RuntimeError, TypeError, KeyError, IndexError) as e:
+        raise TensorGeometryError(f"torch cannot rebuild this {rec.kind} tensor: "
+                                  f"{type(e).__name__}: {e}") from None
+
+
+def _rebuild(rec: TensorRecord, torch: Any, part: Callable[[str], Any]) -> Any:
+    f = rec.fields
     kind = rec.kind
     if kind == "sparse_coo":
         out = torch.sparse_coo_tensor(part("indices"), part("values"), f["shape"],
@@ -74,9 +83,16 @@ def record_to_torch(rec: TensorRecord, torch: Any) -> Any:
     elif kind == "quantized":
         out = _quantized(rec, torch, part)
     elif kind == "nested":
-        out = torch._nested_view_from_buffer(part("values").contiguous(), part("sizes"),
-                                             part("strides"), part("offsets"))
+        values, sizes, strides, offsets = (part(k) for k in ("values", "sizes", "strides",
+                                                              "offsets"))
+        _check_nested(values.numel(), sizes.numpy(), strides.numpy(), offsets.numpy())
+        out = torch._nested_view_from_buffer(values.contiguous(), sizes, strides, offsets)
     elif kind == "jagged":
+        ragged = f["ragged_idx"]
+        dims = part("values").shape
+        if type(ragged) is not int or not 1 <= ragged <= len(dims):
+            raise ValueError(f"ragged index {ragged!r} outside the values' dims")
+        _check_offsets(part("offsets").numpy(), int(dims[ragged - 1]))
         cache = f.get("metadata") or {}
         seqlens = {k: _seqlen(cache.get(k)) for k in ("min_seqlen", "max_seqlen")}
         out = torch.nested.nested_tensor_from_jagged(
@@ -116,13 +132,39 @@ def _quantized(rec: TensorRecord, torch: Any, part: Callable[[str], Any]) -> Any
                                                         dtype=qdtype)
     if f.get("packed") is not None:
         raw, offset, stride = part("packed"), f["storage_offset"], tuple(f["stride"])
+        if math.prod(shape) > 8 * raw.numel():  # at most 8 values a byte (2-bit: 4)
+            raise ValueError(f"{list(shape)} packed values in {raw.numel()} bytes")
     else:
         raw = part("int_repr").contiguous()
+        if tuple(raw.shape) != shape:
+            raise ValueError(f"int_repr of shape {list(raw.shape)} for size {list(shape)}")
         offset, stride = 0, tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
     storage = torch.storage.TypedStorage(wrap_storage=raw.untyped_storage(), dtype=qdtype,
                                          _internal=True)
     out.set_(storage, offset, shape, stride)
     return out
+
+
+def _check_nested(numel: int, sizes: Any, strides: Any, offsets: Any) -> None:
+    """Each component's view lies inside the buffer (torch's _nested_view_from_buffer does
+    not check: a file could make it read past the buffer)."""
+    sizes, strides, offsets = (np.asarray(x) for x in (sizes, strides, offsets))
+    if sizes.shape != strides.shape or sizes.ndim != 2 or offsets.shape != (sizes.shape[0],):
+        raise ValueError("nested sizes, strides and offsets do not fit")
+    for size, stride, offset in zip(sizes.tolist(), strides.tolist(), offsets.tolist(),
+                                    strict=True):  # Python ints: no overflow
+        if min([*size, *stride, offset], default=0) < 0:
+            raise ValueError("negative nested sizes, strides or offsets")
+        last = offset + sum((n - 1) * st for n, st in zip(size, stride, strict=True))
+        if all(size) and last >= numel:
+            raise ValueError("a nested component lies outside its buffer")
+
+
+def _check_offsets(offsets: Any, n: int) -> None:
+    """A jagged tensor's offsets rise from 0 within its values (torch does not check)."""
+    o = np.asarray(offsets, dtype=np.int64)
+    if o.ndim != 1 or not o.size or o[0] < 0 or o[-1] > n or (np.diff(o) < 0).any():
+        raise ValueError("jagged offsets do not rise within the values")
 
 
 def _seqlen(value: Any) -> int | None:
