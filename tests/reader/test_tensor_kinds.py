@@ -137,6 +137,11 @@ def test_kind_is_a_record_equal_to_torch(torch: Any, ko: Any, written: dict[str,
     np.testing.assert_array_equal(back["w"], np.ones(2, np.float32))
     _check(ko, torchless.load(inert, tensors="torch")["t"], theirs)
 
+    live = tmp_path / "live.safetensors"  # torch's own tensor, saved by torchless
+    torchless.save({"t": theirs}, live)
+    _check(ko, torchless.load(live)["t"], theirs)
+    _check(ko, torchless.load(live, tensors="torch")["t"], theirs)
+
 
 def test_records_in_one_file_and_convert_names_them(torch: Any, tmp_path: Path) -> None:
     path = tmp_path / "all.pt"

@@ -35,6 +35,7 @@ from torchless.inert.schema import (
     default_types,
 )
 from torchless.model.graph import ModuleDict
+from torchless.model.interop import torch_to_record
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import children
@@ -93,6 +94,7 @@ class Encoder:
         self._ids: dict[int, int] = {}
         self._active: set[int] = set()
         self._lowered: dict[int, Any] = {}      # registered state / Opaque record, by id
+        self._records: dict[int, TensorRecord | None] = {}  # of torch tensors, by id
         self._next_id = 0
         self._keep: list[Any] = []              # objects made while encoding, kept alive
         self._torch = _torch()
@@ -173,6 +175,19 @@ class Encoder:
             return {"$tuple" if type(obj) is tuple else "$frozenset": []}
         return _NOT_ATOM
 
+    def _record(self, obj: Any) -> TensorRecord | None:
+        """A record, or the record of a torch tensor that is not one strided array (made
+        once per tensor, so both passes see the same parts)."""
+        if isinstance(obj, TensorRecord):
+            return obj
+        t = self._torch
+        if t is None or not isinstance(obj, t.Tensor):
+            return None
+        k = id(obj)
+        if k not in self._records:
+            self._records[k] = torch_to_record(obj, t)
+        return self._records[k]
+
     def _is_tensor(self, obj: Any) -> bool:
         t = self._torch
         return isinstance(obj, Tensor) or (t is not None and isinstance(obj, t.Tensor))
@@ -208,8 +223,9 @@ class Encoder:
             if n:
                 continue
             self._keep.append(obj)
-            if isinstance(obj, TensorRecord):
-                stack.append((obj.fields, path))
+            record = self._record(obj)
+            if record is not None:
+                stack.append((record.fields, path))
             elif self._structural(obj):
                 stack.extend((c, path) for _, c in children(obj))
             elif self.types.by_type(type(obj)) is not None:
@@ -256,8 +272,10 @@ class Encoder:
                 for k, v in items]
 
     def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
-        if isinstance(obj, TensorRecord):
-            return {"$record": {"kind": obj.kind, "fields": self._value(obj.fields, path, d)}}
+        record = self._record(obj)
+        if record is not None:
+            return {"$record": {"kind": record.kind,
+                                "fields": self._value(record.fields, path, d)}}
         if self._is_tensor(obj):
             return {"$tensor": self._tensor(obj, path, d)}
         if isinstance(obj, np.ndarray):

@@ -14,7 +14,7 @@ from torchless.model.chunks import chunks
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Tensor
 
-__all__ = ["record_to_torch", "to_torch", "torch_dtypes"]
+__all__ = ["record_to_torch", "to_torch", "torch_dtypes", "torch_to_record"]
 
 
 def torch_dtypes(torch: Any) -> dict[str, Any]:
@@ -179,3 +179,54 @@ def _torch_part(value: Any, torch: Any) -> Any:
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.array(value))
     return value
+
+
+def torch_to_record(t: Any, torch: Any) -> TensorRecord | None:
+    """The record of a torch tensor that is not one strided array (what ``torch.save``
+    would pickle of it), or None for a strided tensor. Its parts stay torch tensors."""
+    rg = bool(t.requires_grad)
+    extra = {"parameter": True} if isinstance(t, torch.nn.Parameter) else {}
+    if t.device.type == "meta":
+        return TensorRecord("meta", {"dtype": str(t.dtype).removeprefix("torch."),
+                                     "shape": tuple(t.shape), "stride": tuple(t.stride()),
+                                     "requires_grad": rg, **extra})
+    if t.is_quantized:
+        q = str(t.qscheme()).removeprefix("torch.")
+        f: dict[str, Any] = {"dtype": str(t.dtype).removeprefix("torch."), "qscheme": q,
+                             "shape": tuple(t.shape), "stride": tuple(t.stride()),
+                             "storage_offset": t.storage_offset(), "requires_grad": rg}
+        if q == "per_tensor_affine":
+            f.update(scale=t.q_scale(), zero_point=t.q_zero_point(), axis=None)
+        else:
+            f.update(scale=t.q_per_channel_scales(), zero_point=t.q_per_channel_zero_points(),
+                     axis=t.q_per_channel_axis())
+        if t.dtype in (torch.quint4x2, torch.quint2x4):
+            f["packed"] = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+        else:
+            f["int_repr"] = t.int_repr()
+        return TensorRecord("quantized", {**f, **extra})
+    if t.is_nested:
+        if t.layout == torch.jagged:
+            return TensorRecord("jagged", {
+                "values": t._values, "offsets": t._offsets, "lengths": t._lengths,
+                "ragged_idx": t._ragged_idx, "metadata": dict(t._metadata_cache),
+                "attrs": None, "requires_grad": rg, **extra})
+        return TensorRecord("nested", {
+            "values": t.values(), "sizes": t._nested_tensor_size(),
+            "strides": t._nested_tensor_strides(),
+            "offsets": t._nested_tensor_storage_offsets(), "requires_grad": rg, **extra})
+    kind = str(t.layout).removeprefix("torch.")
+    shape = tuple(t.shape)
+    if kind == "sparse_coo":
+        return TensorRecord(kind, {"indices": t._indices(), "values": t._values(),
+                                   "shape": shape, "is_coalesced": t.is_coalesced(),
+                                   "requires_grad": rg, **extra})
+    if kind in ("sparse_csr", "sparse_bsr"):
+        return TensorRecord(kind, {"crow_indices": t.crow_indices(),
+                                   "col_indices": t.col_indices(), "values": t.values(),
+                                   "shape": shape, "requires_grad": rg, **extra})
+    if kind in ("sparse_csc", "sparse_bsc"):
+        return TensorRecord(kind, {"ccol_indices": t.ccol_indices(),
+                                   "row_indices": t.row_indices(), "values": t.values(),
+                                   "shape": shape, "requires_grad": rg, **extra})
+    return None
