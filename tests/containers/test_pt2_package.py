@@ -213,3 +213,32 @@ def test_an_unpacked_archive_directory_is_named(torch: Any, tmp_path: Path) -> N
     for where in (tmp_path / "unpacked", next((tmp_path / "unpacked").iterdir())):
         with pytest.raises(torchless.NotACheckpointError, match=r"PT2 archive .* unpacked"):
             torchless.open(where)
+
+
+def test_pt2_tensor_subclass_records_are_read_as_nested_checkpoints(
+        torch: Any, tmp_path: Path) -> None:
+    """A tensor subclass weight is a torch.save archive inside its record: read with the
+    same rules as a .pt file of it (a wrapper subclass is listed by its kind)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = torch.nn.Parameter(TwoTensor(torch.ones(2), torch.zeros(2)))
+            self.register_buffer("plain", torch.arange(3.))
+
+        def forward(self, x: Any) -> Any:
+            return x + self.p + self.plain[:2]
+
+    path, alone = tmp_path / "sub.pt2", tmp_path / "p.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(M(), (torch.ones(2),))
+        torch.export.save(ep, path)
+        torch.save(ep.state_dict["p"], alone)
+    with torchless.open(alone) as ckpt:
+        want = dict(ckpt.unsupported)
+    with torchless.open(path) as ckpt:
+        assert dict(ckpt.unsupported) == {"p": want[""]}
+        _same(torch, ckpt.tensors["plain"], ep.state_dict["plain"])
+        assert any(g.name == "TwoTensor" for g in ckpt.opaque)

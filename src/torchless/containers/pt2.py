@@ -8,7 +8,8 @@ Layout (``torch/export/pt2_archive/``, archive version 0)::
     <prefix>/data/weights/<model>_weights_config.json     fqn -> payload (path, tensor meta)
     <prefix>/data/weights/weight_<n>                 raw bytes of one storage
     <prefix>/data/constants/<model>_constants_config.json fqn -> payload
-    <prefix>/data/constants/tensor_<n>               raw bytes (or a torch.save blob)
+    <prefix>/data/constants/tensor_<n>               raw bytes (a tensor subclass: a
+                                                     torch.save archive, read as one)
     <prefix>/data/constants/opaque_obj_<n>           a plain pickle of a Python object
     <prefix>/data/constants/custom_obj_<n>           a TorchScript-pickled script object
     <prefix>/data/sample_inputs/<model>.pt           torch.save of the example inputs
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchless.containers.torchzip import member_storage
+from torchless.containers.torchzip import TorchZip, member_storage
 from torchless.containers.ziparchive import ZipArchive
 from torchless.core import dtypes as _dtypes
 from torchless.core import jsondepth
@@ -39,7 +40,7 @@ from torchless.errors import (
 )
 from torchless.io.source import Source
 from torchless.model.graph import ModuleHook, module_state_dict
-from torchless.model.tensor import Storage, UnsupportedTensor, make_tensor
+from torchless.model.tensor import Storage, make_tensor
 from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
@@ -193,7 +194,7 @@ class Pt2Archive:
             raise ArchiveFormatError(f"constant {fqn!r} is in {path[:60]!r}, neither a "
                                      "tensor nor an object record")
         if meta.get("use_pickle") is True:
-            return UnsupportedTensor("tensor subclass (pickled inside the .pt2 archive)")
+            return self._pickled(member, resolver)
         tm = meta.get("tensor_meta")
         if not isinstance(tm, dict):
             raise ArchiveFormatError(f"payload {fqn!r} has no tensor_meta")
@@ -213,6 +214,23 @@ class Pt2Archive:
         if meta.get("is_param"):
             return t.with_flags(requires_grad=requires_grad, is_parameter=True)
         return t
+
+    def _pickled(self, member: str, resolver: TorchResolver) -> Any:
+        """A tensor subclass ``torch.save``d into one record: that nested archive read as a
+        checkpoint of its own, with the same rules (its globals join the archive's)."""
+        name = self.prefix + member
+        size = self.archive.entries[name].size
+        if size > self.limits.max_pickle_bytes:
+            raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, size, name)
+        inner = TorchZip(MemberSource(f"{self.source.path}:{name}",
+                                      self.archive.data(name, check_crc=self.archive.has_crc)),
+                         self.limits, verify_crc=self.check)
+        nested = TorchResolver(self.limits, inner.persistent_load, strict=resolver.strict,
+                               allow=resolver.allow)
+        try:
+            return inner.load(nested)
+        finally:
+            resolver.globals.extend(nested.globals)
 
     def _storage(self, member: str, key: str, dtype: DType, location: str) -> Storage:
         """The storage of one raw record: its dtype is that of the first payload naming it
@@ -246,6 +264,23 @@ class Pt2Archive:
 
     def module_hook(self) -> ModuleHook:
         return module_state_dict
+
+
+class MemberSource(Source):
+    """The bytes of one archive member, read as a file of their own (a ``torch.save``
+    archive stored inside a ``.pt2``)."""
+
+    def __init__(self, path: str, data: memoryview | bytes) -> None:
+        self.path = path
+        self._bytes = bytes(data)
+        self.size = len(self._bytes)
+        self.identity = (-1, id(self))  # no file: never the same as an output's
+        self._mmap = None
+        self._view = memoryview(self._bytes)
+
+    @property
+    def raw(self) -> bytes:
+        return self._bytes
 
 
 def _dtype(fqn: str, code: Any) -> DType:
