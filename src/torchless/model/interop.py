@@ -79,7 +79,9 @@ def _rebuild(rec: TensorRecord, torch: Any, part: Callable[[str], Any]) -> Any:
         out = torch.sparse_compressed_tensor(
             part("crow_indices" if row else "ccol_indices"),
             part("col_indices" if row else "row_indices"), part("values"), f["shape"],
-            layout=getattr(torch, kind), check_invariants=True)
+            layout={"sparse_csr": torch.sparse_csr, "sparse_bsr": torch.sparse_bsr,
+                    "sparse_csc": torch.sparse_csc, "sparse_bsc": torch.sparse_bsc}[kind],
+            check_invariants=True)
     elif kind == "quantized":
         out = _quantized(rec, torch, part)
     elif kind == "nested":
