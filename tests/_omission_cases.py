@@ -129,7 +129,7 @@ UNSUPPORTED: dict[str, tuple[Callable[[], Any], dict[str, str], dict[str, tuple[
     "nested_jagged": (
         lambda: {"n": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)],
                                                  layout=torch.jagged), "w": torch.ones(1)},
-        {"n": "nested (jagged)"}, {"w": ("w",)}),
+        {"n": "jagged"}, {"w": ("w",)}),
     "wrapper_subclass": (lambda: {"t": _two_tensor(), "w": torch.ones(1)},
                          {"t": "wrapper-subclass"}, {"w": ("w",)}),
 }

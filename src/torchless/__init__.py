@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from torchless.core.limits import Limits
     from torchless.inert.schema import TypeRegistry, register_type
     from torchless.inert.store import save
+    from torchless.model.kinds import TensorRecord
     from torchless.model.tensor import Tensor, UnsupportedTensor
     from torchless.pickle.values import Global, Opaque
     from torchless.reader.checkpoint import Checkpoint, load, open
@@ -98,6 +99,12 @@ def _inert_store() -> Any:
     return module
 
 
+def _model_kinds() -> Any:
+    from torchless.model import kinds as module
+
+    return module
+
+
 def _model_tensor() -> Any:
     from torchless.model import tensor as module
 
@@ -142,6 +149,7 @@ _WHERE: dict[str, Callable[[], Any]] = {
     "OpaqueObjectWarning": _conversion_common,
     "ScanReport": _scanner_files,
     "Tensor": _model_tensor,
+    "TensorRecord": _model_kinds,
     "TypeRegistry": _inert_schema,
     "UnsupportedTensor": _model_tensor,
     "VerifyReport": _conversion_common,
@@ -199,6 +207,7 @@ __all__ = [
     "StorageError",
     "Tensor",
     "TensorGeometryError",
+    "TensorRecord",
     "TruncatedInputError",
     "TypeRegistry",
     "UnsafeGlobalError",

@@ -153,6 +153,43 @@ class TestTorchScript(ContainerContract):
             torchless.open(file, strict=True)
 
 
+class TestPt2(ContainerContract):
+    """torch.export.save: the weights are raw records named by a JSON config."""
+
+    format = "pt2"
+    layout = "zip"
+
+    def make(self, torch: Any, path: Path) -> None:
+        class M(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.register_buffer("w", _state(torch)["w"])
+                self.register_buffer("b", _state(torch)["b"])
+
+            def forward(self, x: Any) -> Any:
+                return x + self.w.sum() + self.b.sum()
+
+        ep = torch.export.export(M(), (torch.zeros(1),))
+        torch.export.save(ep, path)
+
+
+class TestPackage(ContainerContract):
+    """torch.package: the storages are .data/<key>.storage records."""
+
+    format = "package"
+    layout = "zip"
+
+    def make(self, torch: Any, path: Path) -> None:
+        import warnings
+
+        from torch.package import PackageExporter
+
+        with warnings.catch_warnings(), PackageExporter(str(path)) as pe:
+            warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+            pe.extern(["torch.**", "collections", "builtins"])
+            pe.save_pickle("res", "obj.pkl", _state(torch))
+
+
 class TestPlainPickle(ContainerContract):
     format = "pickle"
     layout = "pickle"

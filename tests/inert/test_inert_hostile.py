@@ -258,6 +258,13 @@ MALFORMED: dict[str, str] = {
     "$objarray negative": '{"$objarray": {"shape": [-1], "items": []}}',
     "$objarray items object": '{"$objarray": {"shape": [1], "items": {"a": 1}}}',
     "$unsupported number": '{"$unsupported": {"kind": 1}}',
+    "$record kind": '{"$record": {"kind": "os.system", "fields": {}}}',
+    "$record kind number": '{"$record": {"kind": 1, "fields": {}}}',
+    "$record fields list": '{"$record": {"kind": "meta", "fields": []}}',
+    "$record fields text": '{"$record": {"kind": "meta", "fields": "x"}}',
+    "$record missing fields": '{"$record": {"kind": "meta"}}',
+    "$record extra": '{"$record": {"kind": "meta", "fields": {}, "x": 1}}',
+    "$record fields keys": '{"$record": {"kind": "meta", "fields": {"$dict": [[1, 2]]}}}',
     # ids and references
     "$id text": '{"$id": "a", "$list": []}',
     "$id float": '{"$id": 1.5, "$list": []}',

@@ -104,6 +104,11 @@ def test_unknown_tensor_kinds_are_listed_and_the_rest_is_read(
         assert set(ckpt.tensors) == set(readable)
         for name, where in readable.items():
             _check_tensor(oc, ckpt.tensors[name], oc.follow(theirs, where), name)
+        for name, record in ckpt.records.items():  # its parts are torch's
+            from tests import _kinds_oracle as ko
+
+            assert not ko.differences(ko.parts_of_record(record.map(lambda t: t.numpy())),
+                                      ko.torch_parts(theirs[name]))
 
 
 def test_load_keeps_tensor_attributes(torch: ModuleType, oc: ModuleType,

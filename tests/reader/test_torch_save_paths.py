@@ -9,8 +9,9 @@ each file:
   walks the torch object and never calls torchless), each tensor with torch's dtype, shape
   and bytes; set members compare as a multiset under the set's name.
 - ``test_load_matches_torch``: ``torchless.load`` gives torch's plain values (ints, strs,
-  lists, dicts …; arrays where torch has tensors, compared by bytes), or refuses with
-  UnsupportedError where torch holds tensors torchless does not read.
+  lists, dicts …; arrays where torch has tensors, compared by bytes; a TensorRecord with
+  torch's parts where torch has a sparse, quantized, nested or meta tensor), or refuses
+  with UnsupportedError where torch holds tensors torchless does not read.
 - ``test_no_silent_omission``: every tensor and storage torch's object reaches is in
   ``.tensors`` or ``.unsupported`` under its expected name; also run over every fixture and
   corpus file torch.load can read (``test_no_silent_omission_real_file``).
@@ -250,8 +251,16 @@ def _plain_mismatches(en: ModuleType, exp: Any, act: Any, where: str,
     torch objects are not compared: torchless keeps them as inert records)."""
     import torch
 
+    from tests import _kinds_oracle as ko
+
     if id(exp) in active:
         return []
+    if isinstance(exp, torch.Tensor) and en.unsupported_kind(exp) in ko.RECORD_KINDS:
+        if not isinstance(act, torchless.TensorRecord):
+            return [f"{where}: {type(act).__name__} where torch has a "
+                    f"{en.unsupported_kind(exp)} tensor"]
+        return [f"{where}: {d}" for d in ko.differences(ko.parts_of_record(act),
+                                                        ko.torch_parts(exp))]
     if isinstance(exp, torch.Tensor) or isinstance(exp, (torch.TypedStorage,
                                                         torch.UntypedStorage)):
         leaf = en.leaf_of(exp)
@@ -298,7 +307,10 @@ def test_load_matches_torch(name: str, generated: dict[str, Any], oracle: Any,
                             en: ModuleType) -> None:
     case = generated[name].case
     obj, exp = oracle(name)
-    unsupported = [n for n, leaf in exp.leaves if leaf.kind == "unsupported"]
+    from tests._kinds_oracle import RECORD_KINDS
+
+    unsupported = [n for n, leaf in exp.leaves
+                   if leaf.kind == "unsupported" and leaf.why not in RECORD_KINDS]
     try:
         got = torchless.load(generated[name].path)
     except torchless.UnsupportedError as e:

@@ -245,6 +245,7 @@ def inspect_json(ckpt: _checkpoint.Checkpoint, pattern: str | None = None) -> di
         "tensor_count": len(tensors),
         "total_bytes": sum(t["nbytes"] for t in tensors), "tensors": tensors,
         "totals_by_dtype": totals, "unsupported": dict(ckpt.unsupported),
+        "records": {k: _record_row(r) for k, r in ckpt.records.items()},
         "opaque_globals": sorted({g.module + "." + g.name for g in ckpt.opaque}),
         "values": {k: short(v, 200) for k, v in values(ckpt.tree)},
     }
@@ -292,9 +293,18 @@ def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int,
         w("\n  by dtype:\n")
         for dt, tot in sorted(data["totals_by_dtype"].items()):
             w(f"    {dt:<14} {tot['count']:>6} tensors  {human(tot['bytes']):>10}\n")
-    if data["unsupported"]:
+    if data["records"]:
+        w("\n  sparse, quantized, nested and meta tensors (records of their parts; "
+          "not for safetensors):\n")
+        for name, row in data["records"].items():
+            parts = ", ".join(f"{k} {p['dtype']} {'x'.join(map(str, p['shape'])) or 'scalar'}"
+                              for k, p in row["parts"].items())
+            shape = "x".join(map(str, row["shape"])) if row["shape"] is not None else "?"
+            w(f"    {name}: {row['kind']} {shape}{': ' + parts if parts else ''}\n")
+    unreadable = {k: v for k, v in data["unsupported"].items() if k not in data["records"]}
+    if unreadable:
         w("\n  unsupported tensors (not readable):\n")
-        for name, kind in data["unsupported"].items():
+        for name, kind in unreadable.items():
             w(f"    {name}: {kind}\n")
     shown = list(data["values"].items())
     if shown:
@@ -306,3 +316,11 @@ def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int,
         w("\n  kept as inert records (never imported or called):\n")
         for g in data["opaque_globals"]:
             w(f"    {g}\n")
+
+
+def _record_row(rec: Any) -> dict[str, Any]:
+    """A sparse, quantized, nested or meta tensor: its kind, shape and parts."""
+    shape = rec.fields.get("shape")
+    return {"kind": rec.kind, "shape": None if shape is None else list(shape),
+            "parts": {k: {"dtype": t.dtype.name, "shape": list(t.shape)}
+                      for k, t in rec.components() if hasattr(t, "storage")}}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torchless.containers.base import Container, PlainPickle
 from torchless.containers.legacy import LegacyStream
 from torchless.containers.tar import TorchTar
-from torchless.containers.torchzip import TorchZip
+from torchless.containers.zipkinds import extracted_archive, open_zip
 from torchless.core.limits import Limits
 from torchless.errors import AmbiguousArchiveError, NotACheckpointError
 from torchless.io import detect
@@ -92,6 +92,12 @@ def find_file(source: Source) -> FileLayout:
 
 def find_directory(path: str) -> DirectoryLayout:
     found = next((x for x in _DIRECTORIES if x.sniff(path)), None)
+    unpacked = extracted_archive(path) if found is None else None
+    if unpacked is not None:
+        raise NotACheckpointError(
+            f"a directory holding {unpacked} unpacked: torchless reads the archive file",
+            path=path, hint="open the archive file itself (or zip the directory back, its "
+                            "members under one top directory, without compression)")
     if found is None:
         model_dir = any(name.endswith((".bin", ".safetensors", ".index.json"))
                         for name in os.listdir(path))
@@ -105,8 +111,7 @@ def find_directory(path: str) -> DirectoryLayout:
     return found
 
 
-register(FileLayout("zip", detect.is_zip,
-                    lambda s, lim, crc: TorchZip(s, lim, verify_crc=crc)))
+register(FileLayout("zip", detect.is_zip, open_zip))  # torch.save, .pt2, torch.package
 register(FileLayout("legacy", detect.is_legacy, lambda s, lim, crc: LegacyStream(s, lim)))
 register(FileLayout("tar", detect.is_tar, lambda s, lim, crc: TorchTar(s, lim)))
 register(FileLayout("pickle", detect.is_pickle, lambda s, lim, crc: PlainPickle(s, lim),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchless.containers.ziparchive import ZipArchive
+from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.errors import (
     AmbiguousArchiveError,
@@ -39,7 +40,7 @@ from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["TorchZip"]
+__all__ = ["TorchZip", "archive_prefix", "member_storage"]
 
 #: Highest ``version`` record torch 2.x writes is single-digit; anything far beyond
 #: is a file from the future or a lie.
@@ -59,31 +60,26 @@ class _ScriptClass:
 class TorchZip:
     """Reads one torch ZIP checkpoint: the object pickle and its storages."""
 
-    def __init__(self, source: Source, limits: Limits, *, verify_crc: bool = False) -> None:
+    def __init__(self, source: Source, limits: Limits, *, verify_crc: bool = False,
+                 archive: ZipArchive | None = None) -> None:
         self.source = source
         self.limits = limits
         self.verify_crc = verify_crc
-        self.archive = ZipArchive(source, limits)
-        entries = list(self.archive.entries)
-        if not entries:
-            raise ArchiveFormatError("the ZIP archive has no members")
-        first = entries[0]
-        if "/" not in first:
-            raise ArchiveFormatError(
-                f"archive member {first!r} is not in a subdirectory (torch requires one)")
-        self.prefix = first.split("/", 1)[0] + "/"
-        for name in entries:
-            if not name.startswith(self.prefix):
-                raise AmbiguousArchiveError(
-                    f"archive member {name!r} lies outside the prefix {self.prefix!r} "
-                    "(several checkpoints in one archive)")
+        self.archive = archive if archive is not None else ZipArchive(source, limits)
+        self.prefix = archive_prefix(self.archive)
         self.has_crc = self.archive.has_crc
         self.is_torchscript = self._has("constants.pkl")
-        if not self._has("data.pkl"):
-            raise ArchiveFormatError(f"no {self.prefix}data.pkl in the archive")
+        if not self._has(self.object_record):
+            raise ArchiveFormatError(f"no {self.prefix}{self.object_record} in the archive")
         self.version = self._version()
         self.byteorder = self._byteorder()
         self._storages: dict[str, Storage] = {}
+
+    #: The record holding the object pickle; storages are ``storage_member(key)``.
+    object_record = "data.pkl"
+
+    def storage_member(self, key: str) -> str:
+        return f"{self.prefix}data/{key}"
 
     @property
     def format(self) -> str:
@@ -129,7 +125,7 @@ class TorchZip:
     # ---- the object -----------------------------------------------------------------
 
     def load(self, resolver: TorchResolver) -> Any:
-        name = self.prefix + "data.pkl"
+        name = self.prefix + self.object_record
         declared = self.archive.entries[name].size
         if declared > self.limits.max_pickle_bytes:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
@@ -171,7 +167,7 @@ class TorchZip:
                     f"storage {key!r} is used as {known.dtype!r} x {known.nbytes} bytes and as "
                     f"{dtype!r} x {nbytes} bytes")
             return known
-        name = f"{self.prefix}data/{key}"
+        name = self.storage_member(key)
         entry = self.archive.entries.get(name)
         if entry is None:
             raise StorageError(f"storage {key!r} has no record {name!r} in the archive")
@@ -179,16 +175,8 @@ class TorchZip:
             raise StorageError(
                 f"storage {key!r} declares {numel} x {dtype.itemsize} = {nbytes} bytes, "
                 f"its record holds {entry.size}")
-        check = self.verify_crc and self.has_crc
-        archive = self.archive  # not self: the loader must not keep the storage table alive
-        # a deflated or remote storage can also be read block by block (converting, in
-        # bounded memory)
-        stream: Callable[[int], Iterator[memoryview | bytes]] | None = (
-            (lambda chunk: archive.iter_member(name, chunk, check_crc=check))
-            if archive.is_deflated(name) or archive.source.remote else None)
-        storage = Storage(key, dtype, nbytes,
-                          lambda: archive.data(name, check_crc=check),
-                          location=location, byteorder=self.byteorder, stream=stream)
+        storage = member_storage(self.archive, name, key, dtype, nbytes, location,
+                                 self.byteorder, self.verify_crc and self.has_crc)
         self._storages[key] = storage
         return storage
 
@@ -247,3 +235,34 @@ class TorchZip:
             return out
 
         return hook
+
+
+def archive_prefix(archive: ZipArchive) -> str:
+    """The one directory every member of a torch ZIP archive lies in (torch takes it from
+    the first entry)."""
+    entries = list(archive.entries)
+    if not entries:
+        raise ArchiveFormatError("the ZIP archive has no members")
+    first = entries[0]
+    if "/" not in first:
+        raise ArchiveFormatError(
+            f"archive member {first!r} is not in a subdirectory (torch requires one)")
+    prefix = first.split("/", 1)[0] + "/"
+    for name in entries:
+        if not name.startswith(prefix):
+            raise AmbiguousArchiveError(
+                f"archive member {name!r} lies outside the prefix {prefix!r} "
+                "(several checkpoints in one archive)")
+    return prefix
+
+
+def member_storage(archive: ZipArchive, name: str, key: str, dtype: DType, nbytes: int,
+                   location: str, byteorder: str, check: bool) -> Storage:
+    """A storage over archive member ``name`` (its size already checked), read when first
+    used; a deflated or remote member can also be read block by block (converting, in
+    bounded memory). The loaders hold the archive, never the container's storage table."""
+    stream: Callable[[int], Iterator[memoryview | bytes]] | None = (
+        (lambda chunk: archive.iter_member(name, chunk, check_crc=check))
+        if archive.is_deflated(name) or archive.source.remote else None)
+    return Storage(key, dtype, nbytes, lambda: archive.data(name, check_crc=check),
+                   location=location, byteorder=byteorder, stream=stream)

@@ -236,7 +236,7 @@ def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None,
         else:
             names.setdefault(id(t), aliases.get(name, name))
     encoder = _inert_write.Encoder(limits=limits, names=names, skipped=skipped,
-                                   reserved={*tensors, *reserved})
+                                   reserved={*tensors, *reserved}, records=False)
     try:
         return encoder, encoder.encode(root)
     except CheckpointError as e:

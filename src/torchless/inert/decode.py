@@ -42,7 +42,8 @@ from torchless.inert.schema import (
     default_types,
 )
 from torchless.model.graph import ModuleDict
-from torchless.model.interop import to_torch, torch_dtypes
+from torchless.model.interop import record_to_torch, to_torch, torch_dtypes
+from torchless.model.kinds import KINDS, TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor, with_attrs
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.stdlib import system_zone
@@ -706,6 +707,24 @@ def _h_unsupported(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     return UnsupportedTensor(f["kind"])
 
 
+def _h_record(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
+    f = _fields(p, {"kind", "fields"}, set(), "$record")
+    if f["kind"] not in KINDS:
+        raise FormatError(f"$record kind {str(f['kind'])[:40]!r} is not one of "
+                          f"{', '.join(KINDS)}")
+    fields = dec.value(f["fields"], depth)
+    if type(fields) is not dict or not all(type(k) is str for k in fields):
+        raise FormatError("$record fields are an object")
+    record = TensorRecord(f["kind"], fields)
+    if dec.mode != "torch":
+        return record
+    try:
+        return record_to_torch(record, dec.torch)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
+        raise FormatError(f"torch cannot rebuild this {f['kind']} record: "
+                          f"{type(e).__name__}: {e}") from None
+
+
 _HANDLERS: dict[str, Callable[[_Decoder, Any, int, int | None], Any]] = {
     "$int": _h_int, "$float": _h_float, "$complex": _h_complex, "$bytes": _h_bytes,
     "$bytearray": _h_bytearray, "$tuple": _h_tuple, "$list": _h_list, "$dict": _h_dict,
@@ -717,7 +736,7 @@ _HANDLERS: dict[str, Callable[[_Decoder, Any, int, int | None], Any]] = {
     "$ndarray": _h_ndarray, "$objarray": _h_objarray, "$npscalar": _h_npscalar,
     "$npdtype": _h_npdtype, "$dtype": _h_dtype, "$device": _h_device, "$size": _h_size,
     "$global": _h_global, "$opaque": _h_opaque, "$obj": _h_obj,
-    "$unsupported": _h_unsupported,
+    "$unsupported": _h_unsupported, "$record": _h_record,
 }
 
 

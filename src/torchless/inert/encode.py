@@ -35,6 +35,8 @@ from torchless.inert.schema import (
     default_types,
 )
 from torchless.model.graph import ModuleDict
+from torchless.model.interop import torch_to_record
+from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import children
 from torchless.pickle.values import NOTSET, Global, Opaque
@@ -79,18 +81,20 @@ class Encoder:
     def __init__(self, *, types: TypeRegistry | None = None, limits: Limits | None = None,
                  names: Mapping[int, str] | None = None,
                  skipped: Mapping[int, str] | None = None,
-                 reserved: Iterable[str] = ()) -> None:
+                 reserved: Iterable[str] = (), records: bool = True) -> None:
         self.types = types if types is not None else default_types
         self.limits = limits if limits is not None else Limits()
         self.names = dict(names or {})
         self.skipped = dict(skipped or {})
         self.reserved = set(reserved)           # names taken by entries written beside
+        self.records = records                  # sparse … tensors with their parts, or named
         self.tensors: dict[str, Tensor] = {}
         self.opaque: dict[str, int] = {}        # class path -> count, for warnings
         self._counts: dict[int, int] = {}
         self._ids: dict[int, int] = {}
         self._active: set[int] = set()
         self._lowered: dict[int, Any] = {}      # registered state / Opaque record, by id
+        self._records: dict[int, TensorRecord | None] = {}  # of torch tensors, by id
         self._next_id = 0
         self._keep: list[Any] = []              # objects made while encoding, kept alive
         self._torch = _torch()
@@ -127,7 +131,8 @@ class Encoder:
             return {"$global": ["torch", obj.name]}
         if isinstance(obj, Global):
             return {"$global": [obj.module, obj.name]}
-        if isinstance(obj, UnsupportedTensor):
+        if isinstance(obj, UnsupportedTensor) and not (
+                self.records and isinstance(obj, TensorRecord)):
             return {"$unsupported": {"kind": obj.kind}}
         if isinstance(obj, slice):
             parts = [obj.start, obj.stop, obj.step]
@@ -170,6 +175,19 @@ class Encoder:
             return {"$tuple" if type(obj) is tuple else "$frozenset": []}
         return _NOT_ATOM
 
+    def _record(self, obj: Any) -> TensorRecord | None:
+        """A record, or the record of a torch tensor that is not one strided array (made
+        once per tensor, so both passes see the same parts)."""
+        if isinstance(obj, TensorRecord):
+            return obj
+        t = self._torch
+        if t is None or not isinstance(obj, t.Tensor):
+            return None
+        k = id(obj)
+        if k not in self._records:
+            self._records[k] = torch_to_record(obj, t)
+        return self._records[k]
+
     def _is_tensor(self, obj: Any) -> bool:
         t = self._torch
         return isinstance(obj, Tensor) or (t is not None and isinstance(obj, t.Tensor))
@@ -205,7 +223,10 @@ class Encoder:
             if n:
                 continue
             self._keep.append(obj)
-            if self._structural(obj):
+            record = self._record(obj)
+            if record is not None:
+                stack.append((record.fields, path))
+            elif self._structural(obj):
                 stack.extend((c, path) for _, c in children(obj))
             elif self.types.by_type(type(obj)) is not None:
                 stack.append((self._lower(obj, path), path))
@@ -251,6 +272,10 @@ class Encoder:
                 for k, v in items]
 
     def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
+        record = self._record(obj)
+        if record is not None:
+            return {"$record": {"kind": record.kind,
+                                "fields": self._value(record.fields, path, d)}}
         if self._is_tensor(obj):
             return {"$tensor": self._tensor(obj, path, d)}
         if isinstance(obj, np.ndarray):

@@ -26,7 +26,8 @@ from torchless.io.detect import looks_like_safetensors
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.model.graph import finish, flatten
-from torchless.model.interop import to_torch
+from torchless.model.interop import record_to_torch, to_torch
+from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Tensor, UnsupportedTensor, with_attrs
 from torchless.reader import formats
 from torchless.rules.resolver import GlobalRecord, TorchResolver
@@ -39,15 +40,20 @@ class Checkpoint:
 
     Attributes:
         path: the file.
-        format: ``"zip"``, ``"torchscript"``, ``"legacy"``, ``"tar"``, ``"pickle"``;
-            ``"safetensors"`` (plain or inert) and ``"index"`` (a sharded checkpoint's
-            ``*.index.json``) for files torchless and Hugging Face write.
+        format: ``"zip"``, ``"torchscript"``, ``"pt2"`` (torch.export.save), ``"package"``
+            (torch.package), ``"legacy"``, ``"tar"``, ``"pickle"``; ``"safetensors"`` (plain
+            or inert) and ``"index"`` (a sharded checkpoint's ``*.index.json``) for files
+            torchless and Hugging Face write.
         tree: the whole saved object, with :class:`Tensor` leaves, modules saved
             whole replaced by their ``state_dict()``, and unknown objects as
             :class:`Opaque` records.
         tensors: every tensor by flat name (dict keys and sequence indices joined by '.').
-        unsupported: tensors torchless will not read (sparse, quantized …) by flat name,
-            with what kind they are.
+        unsupported: tensors that are not one array, by flat name, with what kind they
+            are: sparse (``sparse_coo`` …), ``quantized``, ``nested``, ``jagged``, ``meta``
+            (each also in ``records``), and kinds torchless does not read at all (a wrapper
+            subclass, an uninitialized parameter …).
+        records: the sparse, quantized, nested, jagged and meta tensors by flat name, as
+            :class:`TensorRecord` objects holding their component tensors.
         opaque: the globals kept as inert records (class paths and offsets).
         info: container details (archive prefix, format version, byte order …).
     """
@@ -62,12 +68,16 @@ class Checkpoint:
         self.tensors: Mapping[str, Tensor] = MappingProxyType(tensors)
         self.unsupported: Mapping[str, str] = MappingProxyType(
             {k: v.kind for k, v in unsupported.items()})
+        self.records: Mapping[str, TensorRecord] = MappingProxyType(
+            {k: v for k, v in unsupported.items() if isinstance(v, TensorRecord)})
         self.globals: tuple[GlobalRecord, ...] = tuple(globals_)
         self.opaque: tuple[GlobalRecord, ...] = tuple(g for g in globals_ if g.verdict == "opaque")
         self.info = MappingProxyType(info)
 
     def numpy(self, name: str) -> np.ndarray[Any, Any]:
         """One tensor as a read-only ndarray."""
+        if name in self.records:
+            raise self.records[name].error(name).add_context(path=self.path)
         if name in self.unsupported:
             raise UnsupportedError(f"{self.unsupported[name]} tensors are not supported",
                                    path=self.path, member=name)
@@ -216,6 +226,11 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
                 + (", pickle protocol 0/1" if proto is None else f", pickle protocol {proto}"))
     if fmt == "pickle":
         return "plain pickle (no tensor storage container)"
+    if fmt == "pt2":
+        return (f"PT2 archive version {info.get('archive_version')} written by "
+                "torch.export.save (torch >= 2.5): weights and constants, the graph not read")
+    if fmt == "package":
+        return "torch.package archive written by PackageExporter (its modules never imported)"
     records = set(info.get("records", ()))
     if fmt == "torchscript":
         return "TorchScript archive written by torch.jit.save (torch >= 1.0)"
@@ -255,6 +270,9 @@ def load(
         verify_crc: as for :func:`open`.
         copy: writable NumPy copies instead of read-only views of the file.
 
+    Sparse, quantized, nested, jagged and meta tensors come as :class:`TensorRecord`
+    objects holding their component arrays (``tensors="torch"``: as torch tensors).
+
     Raises :class:`UnsupportedError` if the file holds tensors torchless will not read.
     """
     if tensors not in ("numpy", "torch"):
@@ -278,8 +296,9 @@ def load(
     ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals,
                 verify_crc=verify_crc)
     try:
-        if ckpt.unsupported:
-            name, kind = next(iter(ckpt.unsupported.items()))
+        unreadable = [(n, k) for n, k in ckpt.unsupported.items() if n not in ckpt.records]
+        if unreadable:
+            name, kind = unreadable[0]
             raise UnsupportedError(
                 f"{kind} tensors are not supported", path=ckpt.path, member=name,
                 hint="torchless.load needs every tensor; torchless.open(FILE) reads the others "
@@ -290,7 +309,10 @@ def load(
             out = cache.get(id(t))
             if out is None:
                 try:
-                    if torch is not None:
+                    if isinstance(t, TensorRecord):
+                        out = record_to_torch(t, torch) if torch is not None else t.map(
+                            lambda c: with_attrs(np.array(c.numpy()) if copy else c.numpy(), c))
+                    elif torch is not None:
                         out = to_torch(t, torch)
                     else:
                         out = t.numpy()
@@ -298,7 +320,8 @@ def load(
                             out = np.array(out)
                         out = with_attrs(out, t)
                 except CheckpointError as e:  # name the tensor
-                    name = next((k for k, v in ckpt.tensors.items() if v is t), None)
+                    name = next((k for k, v in [*ckpt.tensors.items(), *ckpt.records.items()]
+                                 if v is t), None)
                     raise e.add_context(member=name) from None
                 cache[id(t)] = out
             return out

@@ -1,7 +1,8 @@
 """Rebuild rules for torch's own pickled callables: tensors (every ``_rebuild_tensor``
 form, the oldest ``torch.Tensor()`` + ``__setstate__`` one included), parameters with their
-Python attributes, tensor subclasses, storages, sizes, devices, layouts, and the tensor kinds
-torchless lists as unsupported. Each rule checks the geometry against the storage before a
+Python attributes, tensor subclasses, storages, sizes, devices, layouts; sparse, quantized,
+nested, jagged and meta tensors as records of their parts (:mod:`.kinds`), and the tensor
+kinds torchless lists as unsupported. Each rule checks the geometry against the storage before a
 tensor exists."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from torchless.core import dtypes as _dtypes
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.errors import PickleError, type_phrase
+from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import (
     DATALESS,
     MissingStorage,
@@ -23,6 +25,7 @@ from torchless.model.tensor import (
 from torchless.pickle.known import Known
 from torchless.pickle.machine import Resolver
 from torchless.pickle.values import Global, Opaque
+from torchless.rules import kinds as _kinds
 
 __all__ = ["UNSUPPORTED_ELSEWHERE", "UNSUPPORTED_TENSORS", "TorchRules"]
 
@@ -124,6 +127,9 @@ class TorchRules(Resolver):
             raise PickleError(f"{f} takes 3 or 4 arguments, got {len(a)}")
         data, requires_grad = a[0], a[1]
         self._tensor_flags(f, requires_grad, a[2], None)
+        if isinstance(data, TensorRecord):  # a Parameter of a meta / sparse … tensor
+            return TensorRecord(data.kind, {**data.fields, "requires_grad": requires_grad,
+                                            "parameter": True})
         if isinstance(data, UnsupportedTensor):
             return data
         if not isinstance(data, Tensor):
@@ -138,6 +144,8 @@ class TorchRules(Resolver):
         if not isinstance(args, tuple):
             raise PickleError(f"{f}: arguments are not a tuple")
         value = self.call(func, args, -1)
+        if isinstance(value, TensorRecord) and len(a) == 4:  # a jagged tensor's __dict__
+            value.fields["attrs"] = _record_attrs(value, _attrs(f, a[3]))
         if isinstance(value, Tensor):
             attrs = _attrs(f, a[3]) if len(a) == 4 else None
             is_parameter = value.is_parameter or (
@@ -159,6 +167,16 @@ class TorchRules(Resolver):
         return a[0].with_flags(requires_grad=bool(a[3]), is_parameter=False)
 
     def _r_unsupported_tensor(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if f.name == "_rebuild_sparse_tensor" or f.name == "_rebuild_sparse_csr_tensor":
+            return _kinds.sparse(a)
+        if f.name == "_rebuild_qtensor":
+            return _kinds.quantized(a, self.limits)
+        if f.name == "_rebuild_nested_tensor":
+            return _kinds.nested(a)
+        if f.name == "_rebuild_njt":
+            return _kinds.jagged(a)
+        if f.name == "_rebuild_meta_tensor_no_storage":
+            return _kinds.meta(a, self.limits)
         kind = UNSUPPORTED_ELSEWHERE.get((f.module, f.name)) or UNSUPPORTED_TENSORS[f.name]
         return UnsupportedTensor(kind)
 
@@ -197,6 +215,21 @@ class TorchRules(Resolver):
 
     _r_parameter_class = _r_tensor_class
     _r_opaque = _r_tensor_class
+
+
+#: A jagged tensor's attributes that repeat its constructor's arguments.
+_JAGGED_ATTRS = {"_values": "values", "_offsets": "offsets", "_lengths": "lengths",
+                 "_metadata_cache": "metadata", "_ragged_idx": "ragged_idx"}
+
+
+def _record_attrs(record: TensorRecord, attrs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The attributes a record does not already hold as fields (the same objects)."""
+    def repeated(k: str, v: Any) -> bool:
+        field = record.fields.get(_JAGGED_ATTRS.get(k, ""), attrs)
+        return v is field or (type(v) is int and type(field) is int and v == field)
+
+    kept = {k: v for k, v in (attrs or {}).items() if not repeated(k, v)}
+    return kept or None
 
 
 def _attrs(f: Known, state: Any) -> dict[str, Any] | None:
