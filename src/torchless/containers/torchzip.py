@@ -72,7 +72,7 @@ class TorchZip:
             raise ArchiveFormatError(
                 f"archive member {first!r} is not in a subdirectory (torch requires one)")
         self.prefix = first.split("/", 1)[0] + "/"
-        for name in entries:
+        for name in entries:  # torch lists records case-sensitively: it refuses these too
             if not name.startswith(self.prefix):
                 raise AmbiguousArchiveError(
                     f"archive member {name!r} lies outside the prefix {self.prefix!r} "
@@ -97,11 +97,15 @@ class TorchZip:
                 "byteorder": self.byteorder, "crc": self.has_crc, "records": records}
 
     def _has(self, record: str) -> bool:
-        return self.prefix + record in self.archive.entries
+        return self.archive.resolve(self.prefix + record) is not None
+
+    def _member(self, record: str) -> str:
+        """The member torch reads for ``<prefix>/record`` (names compare ignoring case)."""
+        return self.archive.resolve(self.prefix + record) or self.prefix + record
 
     def record(self, record: str) -> bytes:
         """A small record's bytes, CRC-checked."""
-        return bytes(self.archive.data(self.prefix + record, check_crc=self.has_crc))
+        return bytes(self.archive.data(self._member(record), check_crc=self.has_crc))
 
     def _version(self) -> int | None:
         for record in (".data/version", "version"):
@@ -129,7 +133,7 @@ class TorchZip:
     # ---- the object -----------------------------------------------------------------
 
     def load(self, resolver: TorchResolver) -> Any:
-        name = self.prefix + "data.pkl"
+        name = self._member("data.pkl")
         declared = self.archive.entries[name].size
         if declared > self.limits.max_pickle_bytes:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
@@ -171,7 +175,7 @@ class TorchZip:
                     f"storage {key!r} is used as {known.dtype!r} x {known.nbytes} bytes and as "
                     f"{dtype!r} x {nbytes} bytes")
             return known
-        name = f"{self.prefix}data/{key}"
+        name = self._member(f"data/{key}")
         entry = self.archive.entries.get(name)
         if entry is None:
             raise StorageError(f"storage {key!r} has no record {name!r} in the archive")

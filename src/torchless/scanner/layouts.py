@@ -23,9 +23,11 @@ from torchless.containers.ziparchive import Entry, ZipArchive
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
-from torchless.io.detect import has_zip_tail
+from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
 from torchless.scanner.pickles import StreamScan, scan_stream
+from torchless.scanner.report import GlobalRef
+from torchless.scanner.script import script_calls
 
 __all__ = ["MAX_CHAINED", "PICKLE_START", "LayoutScans", "looks_like_pickle", "plausible"]
 
@@ -50,6 +52,9 @@ class LayoutScans:
     limits: Limits
     findings: Findings
     anomalies: list[Anomaly]
+    globals: list[GlobalRef]
+    #: The operators the TorchScript code in the file calls (:mod:`.script`).
+    script_ops: list[str]
     _crcs: dict[tuple[int, int, int, int], int | None]
 
     def flag(self, kind: str, message: str, member: str | None = None,
@@ -83,6 +88,14 @@ class LayoutScans:
         if layout is not None and layout != "zip" and zip_tail:
             self.flag("polyglot", f"the file starts as a {layout} checkpoint and ends "
                       "with a ZIP archive: torch and ZIP readers load different content")
+        tar_too = tar_polyglot(bytes(self.buf[:512]), self.size)
+        if tar_too is not None:
+            self.flag("polyglot", f"the file is both a TAR archive and {tar_too}: torch.load "
+                      "reads the TAR archive, other readers the rest")
+            if layout == "tar":
+                layout = "zip" if tar_too.endswith("ZIP archive") else \
+                    "legacy" if "legacy" in tar_too else "pickle"
+            self.tar()
         walks: dict[str, Callable[[], None]] = {
             "legacy": self.legacy, "tar": self.tar,
             "pickle": lambda: self.chain(self.buf, 0, self.size, None, "plain")}
@@ -95,9 +108,11 @@ class LayoutScans:
                 walk()
         if layout == "zip" or zip_tail:
             name = self.zip(skip_prefix=layout is not None and layout != "zip")
-            return name if layout in (None, "zip") else f"{layout}+zip"
-        assert layout is not None
-        return layout
+            name = name if layout in (None, "zip") else f"{layout}+zip"
+        else:
+            assert layout is not None
+            name = layout
+        return f"tar+{name}" if tar_too is not None else name
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
@@ -169,8 +184,9 @@ class LayoutScans:
         members = [m for m in archive.members if not m.is_dir]
         for m in members:
             self.member(archive, m)
+        self.script(archive, members)
         names = [m.name for m in members if m.listed]
-        pickles = [n for n in names if n.rsplit("/", 1)[-1] == "data.pkl"]
+        pickles = [n for n in names if n.rsplit("/", 1)[-1].lower() == "data.pkl"]
         if len(pickles) > 1:
             self.flag("torch", f"{len(pickles)} data.pkl records ({', '.join(pickles[:4])}): "
                       "readers pick different ones")
@@ -178,12 +194,37 @@ class LayoutScans:
         if len(prefixes) > 1:
             self.flag("torch", f"members under {len(prefixes)} top-level directories "
                       f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
-        script = any(n.endswith("/constants.pkl") for n in names)
-        code = any("/code/" in n for n in names)
+        script = any(n.lower().endswith("/constants.pkl") for n in names)
+        code = any("/code/" in n.lower() for n in names)
         if script and not code:
             self.flag("torch", "constants.pkl without code/: a torch.save archive dressed as "
                       "TorchScript (loaders dispatch it to torch.jit.load)")
         return "torchscript" if script and code else "zip"
+
+    def script(self, archive: ZipArchive, members: list[Entry]) -> None:
+        """The calls the TorchScript code in the archive names (torch finds ``code/`` and
+        ``.py`` ignoring case): file and network access is dangerous, an operator or class
+        from a native library outside torch an anomaly (:mod:`.script`)."""
+        for m in members:
+            name = m.name.lower()
+            if "code/" not in name or not name.endswith(".py"):
+                continue
+            data, _ = archive.head(m, self.limits.max_pickle_bytes)
+            if data is None:
+                continue
+            for call in script_calls(data.decode("utf-8", "replace")):
+                if call.op not in self.script_ops:
+                    self.script_ops.append(call.op)
+                if call.danger:
+                    ns, _, op = call.op.partition("::")
+                    self.globals.append(GlobalRef(
+                        f"torch.ops.{ns}", op, call.offset, "TorchScript call", "dangerous",
+                        m.name, f"TorchScript code {call.danger}; torch.jit.load runs it "
+                                "when the code is in __setstate__"))
+                elif call.unknown:
+                    self.flag("script", f"TorchScript code calls {call.op}, from a native "
+                              "library outside torch: what it does cannot be read from the "
+                              "file", m.name, call.offset)
 
     def chain_region(self, lo: int, hi: int) -> None:
         pos = lo
@@ -194,7 +235,8 @@ class LayoutScans:
             pos = result.end
 
     def member(self, archive: ZipArchive, m: Entry) -> None:
-        is_pickle = m.name.endswith("pkl")  # data.pkl, constants.pkl, *.debug_pkl
+        # data.pkl, constants.pkl, *.debug_pkl; any case (torch's reader ignores case)
+        is_pickle = m.name.lower().endswith("pkl")
         if is_pickle and m.size > self.limits.max_pickle_bytes:
             self.flag("limit", f"pickle member of {m.size} bytes is larger than "
                       f"max_pickle_bytes={self.limits.max_pickle_bytes}; not scanned", m.name)
