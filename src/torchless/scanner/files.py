@@ -144,7 +144,8 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
         status: FileStatus = ("dangerous" if dangerous else
                               "anomalous" if state.anomalies else "clean")
         return FileScan(path, status, layout, state.pickles, tuple(state.globals),
-                        tuple(dict.fromkeys(state.anomalies)))
+                        tuple(dict.fromkeys(state.anomalies)),
+                        script_ops=tuple(state.script_ops))
 
 
 class _File(LayoutScans):
@@ -159,6 +160,7 @@ class _File(LayoutScans):
         self.strict = strict
         self.limits = limits
         self.globals: list[GlobalRef] = []
+        self.script_ops: list[str] = []
         #: The containers' findings in report mode, and the scanner's own observations.
         self.findings = Findings("report")
         self.anomalies: list[Anomaly] = self.findings.anomalies
