@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from torchless.core.limits import Limits
-from torchless.errors import PickleError
+from torchless.errors import NotACheckpointError, PickleError, UnsupportedOpcodeError
 from torchless.io.source import Source
 from torchless.model.graph import ModuleHook, module_state_dict
 from torchless.model.tensor import MissingStorage
@@ -52,7 +52,19 @@ class PlainPickle:
 
     def load(self, resolver: TorchResolver) -> Any:
         src = self.source
-        value, end = run_pickle(src.raw, resolver, self.limits)
+        try:
+            value, end = run_pickle(src.raw, resolver, self.limits)
+        except UnsupportedOpcodeError as e:
+            if resolver.globals:
+                raise
+            # bytes that break as no pickle does before naming anything: torch fails on them
+            # too, before running anything (random data, a file of another kind)
+            raise NotACheckpointError(
+                f"not a checkpoint: the bytes are not a pickle ({e.message}) and no other "
+                f"format torch reads (starts with {bytes(src.raw[:8]).hex()})",
+                offset=e.offset,
+                hint="check that you passed the right file: it is none of the formats "
+                     "torch.load reads (ZIP, TAR, legacy stream, pickle)") from None
         if end != src.size:
             raise PickleError(f"{src.size - end} bytes after the pickle's STOP opcode "
                               "(never interpreted)", offset=end,

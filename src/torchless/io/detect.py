@@ -188,8 +188,10 @@ def refuse_unrecognised(source: Source, head: bytes) -> None:
         raise AmbiguousArchiveError(
             "a ZIP archive with other data before it (torch needs the archive at offset 0)")
     raise NotACheckpointError(
-        f"unrecognised file (starts with {head[:8].hex()}): not a ZIP, legacy, TAR or "
-        "pickle torch checkpoint")
+        f"not a checkpoint: an unrecognised file (starts with {head[:8].hex()}), none of "
+        "the formats torch.load reads (ZIP, TAR, legacy stream, pickle)",
+        hint="check that you passed the right file (a partial or failed download is a "
+             "common cause)")
 
 
 def head_of(source: Source) -> bytes:

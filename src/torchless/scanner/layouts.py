@@ -19,6 +19,7 @@ from torchless.containers.tar import (
 )
 from torchless.containers.tar import walk_storages as walk_tar_storages
 from torchless.containers.tararchive import TarArchive
+from torchless.containers.torchzip import not_a_torch_zip
 from torchless.containers.ziparchive import Entry, ZipArchive
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
@@ -29,7 +30,8 @@ from torchless.scanner.pickles import StreamScan, scan_stream
 from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
 
-__all__ = ["MAX_CHAINED", "PICKLE_START", "LayoutScans", "looks_like_pickle", "plausible"]
+__all__ = ["MAX_CHAINED", "PICKLE_START", "RUNS_OUT", "LayoutScans", "looks_like_pickle",
+           "plausible"]
 
 #: Bytes of the start of a member or region walked to decide whether it holds a pickle.
 _SNIFF = 64 << 10
@@ -40,6 +42,8 @@ _CRC_INFLATE_CAP = 64 << 20
 #: Pickles followed one after another in a plain file or after a legacy stream.
 MAX_CHAINED = 1000
 PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
+#: How the pickle walk says that the bytes ran out (a stream cut short by the data's end).
+RUNS_OUT = re.compile(r"cut short|remain$|ends without a STOP|has no end of line")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
@@ -98,7 +102,7 @@ class LayoutScans:
             self.tar()
         walks: dict[str, Callable[[], None]] = {
             "legacy": self.legacy, "tar": self.tar,
-            "pickle": lambda: self.chain(self.buf, 0, self.size, None, "plain")}
+            "pickle": self.plain}
         if layout is not None and layout != "zip":
             walk = walks.get(layout)
             if walk is None:  # a registered layout the scanner has no walk for
@@ -113,6 +117,21 @@ class LayoutScans:
             assert layout is not None
             name = layout
         return f"tar+{name}" if tar_too is not None else name
+
+    def plain(self) -> None:
+        """A plain pickle (or several one after another). Bytes whose walk breaks on
+        something no pickle holds (an unknown opcode …) before naming any global are no
+        pickle at all: torch would fail on them before running anything."""
+        probe = scan_stream(self.buf, 0, min(self.size, _SNIFF), self.limits)
+        if not probe.stopped and not probe.globals and not probe.limited and \
+                probe.problems and not RUNS_OUT.search(probe.problems[-1][1]):
+            at, why = probe.problems[-1]
+            raise NotACheckpointError(
+                f"not a checkpoint: the bytes are not a pickle ({why} at byte {at}) and no "
+                f"other format torch reads (starts with {bytes(self.buf[:8]).hex()})",
+                hint="check that you passed the right file: it is none of the formats "
+                     "torch.load reads (ZIP, TAR, legacy stream, pickle)")
+        self.chain(self.buf, 0, self.size, None, "plain")
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
@@ -178,6 +197,7 @@ class LayoutScans:
         archive = ZipArchive(self.source, self.limits, mode="report")
         self.anomalies.extend(a for a in archive.anomalies
                               if not (skip_prefix and a.kind == "prefix"))
+        self.findings.truncated = self.findings.truncated or archive.findings.truncated
         for lo, hi in archive.loose:
             if not (skip_prefix and lo == 0):
                 self.chain_region(lo, hi)
@@ -194,6 +214,9 @@ class LayoutScans:
         if len(prefixes) > 1:
             self.flag("torch", f"members under {len(prefixes)} top-level directories "
                       f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
+        if not self.anomalies and not self.globals and not any(
+                n.lower().rsplit("/", 1)[-1] == "data.pkl" for n in names):
+            raise not_a_torch_zip(names)
         script = any(n.lower().endswith("/constants.pkl") for n in names)
         code = any("/code/" in n.lower() for n in names)
         if script and not code:
@@ -305,6 +328,7 @@ class LayoutScans:
         """The TAR layout, walked by the reader's own functions in report mode."""
         archive = TarArchive(self.source, self.limits, mode="report")
         self.anomalies.extend(archive.anomalies)
+        self.findings.truncated = self.findings.truncated or archive.findings.truncated
         f = self.findings
         for dup in archive.duplicates:
             self.chain_region(dup.offset, dup.offset + dup.size)
