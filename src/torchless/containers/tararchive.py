@@ -2,12 +2,16 @@
 
 One parser in two modes (:mod:`torchless.core.findings`): strict for the reader, which
 refuses the archive at its first problem, and report for the scanner, which records each
-problem and goes on as far as the headers can be followed. Names are read as ``tarfile``
-(what torch's pre-0.1.10 loader used) reads them: a PAX ``path`` record, else a GNU long
-name, else the ustar prefix and name. Links are refused (nothing is ever extracted); every
-header checksum and size is checked against the file; duplicates, path tricks and data
-after the end-of-archive blocks are refused. A member of an unknown type is refused by the
-reader; the scanner, like ``tarfile``, reads it as a regular file.
+problem and goes on as far as the headers can be followed. Members are named as ``tarfile``
+(torch's TAR loader) names them: the prefix field joined to the name field (magic or not),
+then the PAX global records, then the GNU long names and PAX extended records before the
+member (the first one written wins); of two members with one name ``tarfile`` reads the
+last. A renaming, a PAX size other than the header's and a duplicate are parser
+differentials (``pax``, ``duplicate``): a reader that applies other rules reads other bytes.
+Links are refused (nothing is ever extracted); every header checksum and size is checked
+against the file; path tricks and data after the end-of-archive blocks are refused. A member
+of an unknown type is refused by the reader; the scanner, like ``tarfile``, reads it as a
+regular file.
 """
 
 from __future__ import annotations

@@ -11,12 +11,15 @@ scanners get bypassed, so there is one, with two modes (:mod:`torchless.core.fin
   ranges no member owns (``loose``), so that the scanner reaches every byte some reader
   would interpret.
 
-It reads the end-of-central-directory record that ends exactly at EOF (ZIP64 included),
-every central entry, and each local header, and checks: one end record, entry count, no
-data before the first local header, between members or between the central directory and
-its end record, no flags but UTF-8 and data-descriptor, stored or deflate only, names that
-are relative paths without tricks, no links, no duplicates, local header equal to central
-entry, data descriptors that agree, sizes inside the file.
+It reads the end-of-central-directory record torch's reader (miniz) reads, the last
+signature in the file (ZIP64 included), every central entry, and each local header, and
+looks members up as miniz does, ignoring ASCII case (:meth:`ZipArchive.resolve`). It checks:
+one end record, the one whose comment ends the file (so that readers agree on it), entry
+count, no data before the first local header, between members or between the central
+directory and its end record, no flags but UTF-8 and data-descriptor, stored or deflate
+only, names that are relative paths without tricks, no links, no duplicates (nor names equal
+but for case), local header equal to central entry, data descriptors that agree, sizes
+inside the file.
 
 The local headers of a file are read when it is opened; those of a remote file
 (:class:`~torchless.io.remote.RemoteSource`) each when its member is first read, so that
