@@ -11,6 +11,7 @@ import io
 import os
 import pickle
 import random
+import tarfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -85,6 +86,33 @@ def test_a_zipped_model_folder_is_an_archive_of_files(
     status = {Path(f.path).name: f.status for f in report}
     assert status == {"model.zip": "unreadable", "notes.txt": "skipped"}
     assert report[0].error is not None and "unzip it" in report[0].error
+
+
+def _tar(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_tar_of_other_files_is_not_a_torch_checkpoint(tmp_path: Path) -> None:
+    path = _tar(tmp_path / "docs.tar", {"readme.txt": b"hello", "notes.md": b"# notes"})
+    with pytest.raises(torchless.NotACheckpointError) as info:
+        torchless.open(path)
+    assert info.value.message.startswith("not a torch checkpoint (a TAR archive with 2 files")
+    (got,) = scan(path).files
+    assert got.status == "unreadable" and got.error == info.value.message
+    packed = _tar(tmp_path / "model.tar", {"m/pytorch_model.bin": b"PK\x03\x04"})
+    with pytest.raises(torchless.NotACheckpointError, match="an archive of files"):
+        torchless.open(packed)
+    # a pickle among the files is still scanned
+    evil = _tar(tmp_path / "evil.tar", {"readme.txt": b"hi",
+                                        "x.pkl": b"\x80\x02cposix\nsystem\nX\x04\x00"
+                                                 b"\x00\x00true\x85R."})
+    (got,) = scan(evil).files
+    assert got.status == "dangerous"
 
 
 # ---- random bytes ----------------------------------------------------------------------------

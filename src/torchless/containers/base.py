@@ -18,7 +18,8 @@ from torchless.model.tensor import MissingStorage
 from torchless.pickle.machine import run_pickle
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["Container", "PlainPickle"]
+__all__ = ["ARCHIVE_OF_FILES", "CHECKPOINT_SUFFIXES", "Container", "PlainPickle",
+           "archive_of_files"]
 
 
 class Container(Protocol):
@@ -32,6 +33,27 @@ class Container(Protocol):
     def describe(self, resolver: TorchResolver) -> dict[str, Any]: ...
 
     def module_hook(self) -> ModuleHook: ...
+
+
+#: How an archive of checkpoint files is described (the scanner reports it, never skips it).
+ARCHIVE_OF_FILES = "an archive of files"
+#: Member names that are checkpoints of their own: an archive of them is a packed model folder.
+CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".safetensors", ".pkl", ".tar",
+                       ".index.json")
+
+
+def archive_of_files(kind: str, names: list[str]) -> NotACheckpointError | None:
+    """The error for a ZIP or TAR archive that packs checkpoint files (a zipped model
+    folder), or None when none of ``names`` is one."""
+    inner = [n for n in names if n.lower().endswith(CHECKPOINT_SUFFIXES)]
+    if not inner:
+        return None
+    shown = ", ".join(repr(n) for n in inner[:3]) + (" …" if len(inner) > 3 else "")
+    return NotACheckpointError(
+        f"{ARCHIVE_OF_FILES} (a {kind} with {len(names)} files, among them {shown}), not a "
+        f"torch checkpoint: {'unzip' if kind == 'ZIP' else 'unpack'} it",
+        hint=f"{'unzip' if kind == 'ZIP' else 'unpack'} it, then open or scan the "
+             "checkpoint files it holds")
 
 
 class PlainPickle:

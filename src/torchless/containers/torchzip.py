@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchless.containers.base import archive_of_files
 from torchless.containers.ziparchive import ZipArchive
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -40,7 +41,7 @@ from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["ARCHIVE_OF_FILES", "TorchZip", "not_a_torch_zip"]
+__all__ = ["TorchZip", "not_a_torch_zip"]
 
 #: Highest ``version`` record torch 2.x writes is single-digit; anything far beyond
 #: is a file from the future or a lie.
@@ -57,29 +58,18 @@ class _ScriptClass:
     buffers: list[str] = field(default_factory=list)
 
 
-#: How a ZIP of checkpoint files is described (the scanner reports it, never skips it).
-ARCHIVE_OF_FILES = "an archive of files"
-#: Member names that are checkpoints of their own: a ZIP of them is a zipped model folder.
-_CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".safetensors", ".pkl", ".tar",
-                        ".index.json")
-
-
 def not_a_torch_zip(names: list[str]) -> NotACheckpointError:
     """What a ZIP archive without any ``data.pkl`` is: a zipped folder of checkpoint files
     (to unzip), or some other ZIP archive; never a damaged checkpoint."""
     files = [n for n in names if not n.endswith("/")]
-    inner = [n for n in files if n.lower().endswith(_CHECKPOINT_SUFFIXES)]
-    shown = ", ".join(repr(n) for n in (inner or files)[:3]) + (
-        " …" if len(inner or files) > 3 else "")
-    if inner:
-        return NotACheckpointError(
-            f"{ARCHIVE_OF_FILES} (a ZIP with {len(files)} files, among them {shown}), not a "
-            "torch checkpoint: unzip it", hint="unzip it, then open or scan the checkpoint "
-                                               "files it holds")
+    packed = archive_of_files("ZIP", files)
+    if packed is not None:
+        return packed
+    shown = ", ".join(repr(n) for n in files[:3]) + (" …" if len(files) > 3 else "")
     return NotACheckpointError(
         f"not a torch checkpoint (a ZIP with {len(files)} files: {shown}; no data.pkl)",
-        hint="torch.save writes a ZIP archive with <name>/data.pkl in it; this "
-                          "is another kind of ZIP file")
+        hint="torch.save writes a ZIP archive with <name>/data.pkl in it; this is another "
+             "kind of ZIP file")
 
 
 class TorchZip:

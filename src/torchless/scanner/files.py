@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-from torchless.containers.torchzip import ARCHIVE_OF_FILES
+from torchless.containers.base import ARCHIVE_OF_FILES
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, InternalError, TruncatedInputError

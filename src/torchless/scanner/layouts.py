@@ -13,7 +13,9 @@ from torchless.containers import registry
 from torchless.containers.legacy import declared_storages, read_header, walk_storages
 from torchless.containers.storages import PickleReader
 from torchless.containers.tar import (
+    MEMBERS,
     check_object_end,
+    not_a_torch_tar,
     read_sys_info,
     walk_tensors,
 )
@@ -329,6 +331,14 @@ class LayoutScans:
         archive = TarArchive(self.source, self.limits, mode="report")
         self.anomalies.extend(archive.anomalies)
         self.findings.truncated = self.findings.truncated or archive.findings.truncated
+        if not self.anomalies and not any(m in archive.members for m in MEMBERS) and \
+                not archive.duplicates and not self.globals:
+            members = list(archive.members)
+            for m in archive.members.values():  # a pickle among its files is still scanned
+                self.chain_region(m.offset, m.offset + m.size)
+            if not self.globals and not self.anomalies:
+                raise not_a_torch_tar(members)
+            return
         f = self.findings
         for dup in archive.duplicates:
             self.chain_region(dup.offset, dup.offset + dup.size)
