@@ -7,6 +7,7 @@ elsewhere), the serial run for the parallel ones, and the files on disk.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -96,7 +97,7 @@ def test_process_pool_matches_serial(torch: ModuleType, tmp_path: Path) -> None:
     serial_root = _mixed_dir(torch, tmp_path / "a")
     pool_root = _mixed_dir(torch, tmp_path / "b")
     serial = batch([serial_root], "convert")
-    with ProcessPoolExecutor(2) as pool:
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver")) as pool:
         parallel = batch([pool_root], "convert", pool)
     assert _statuses(parallel, pool_root) == _statuses(serial, serial_root)
     for a, b in zip(serial, parallel, strict=True):

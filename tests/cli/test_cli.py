@@ -143,7 +143,7 @@ def test_directory_without_checkpoints_is_an_error(command: str, tmp_path: Path)
     out = run(command, str(tmp_path))
     assert out.returncode == 1 and out.stdout == ""
     error, hint = out.stderr.splitlines()
-    assert error.startswith("torchless: error: no checkpoint files under ")
+    assert error.startswith("torchless: error: no checkpoint files in ")
     assert str(tmp_path) in error and "*.pt" in error
     assert hint.startswith("torchless: hint: ")
     assert not list(tmp_path.glob("*.safetensors"))

@@ -136,8 +136,10 @@ def test_zip_without_data_pkl_says_what_torchless_reads(tmp_path: Path) -> None:
     path = tmp_path / "other.zip"
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("x/readme.txt", b"hello")
-    with pytest.raises(torchless.ArchiveFormatError, match=r"torch\.export\.save"):
+    with pytest.raises(torchless.NotACheckpointError,
+                       match=r"not a torch checkpoint \(a ZIP with 1 files") as info:
         torchless.open(path)
+    assert "torch.export.save" in info.value.hint and "torch.package" in info.value.hint
 
 
 _MODULE = '''

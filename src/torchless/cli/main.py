@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from torchless.conversion.common import ConversionReport
+    from torchless.scanner.report import ScanReport
 
 __all__ = ["main"]
 
@@ -51,6 +52,7 @@ examples:
   torchless verify model.pt model.safetensors
   torchless verify model.ckpt out.safetensors --key state_dict --json
   torchless verify ./my-model/ ./out/             # every shard, and the output index
+  torchless verify -q model.pt model.safetensors  # nothing printed: the exit code says
 """
 
 
@@ -144,11 +146,15 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
-    """``-j N``: a pool of N worker processes, or None (this process) for N = 1."""
+    """``-j N``: a pool of N worker processes, or None (this process) for N = 1. Workers
+    come from a fork server, not a fork of this process: forking a process that holds
+    threads (a library imported it, e.g. JAX) can deadlock the child."""
     if jobs > 1:
+        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        return ProcessPoolExecutor(max_workers=jobs)
+        return ProcessPoolExecutor(max_workers=jobs,
+                                   mp_context=multiprocessing.get_context("forkserver"))
     return contextlib.nullcontext()
 
 
@@ -168,7 +174,7 @@ def _checkpoint_files(paths: Sequence[str]) -> list[str]:
     files = expand(paths)
     if not files:
         raise CheckpointError(
-            f"no checkpoint files under {', '.join(paths)} (looked for "
+            f"no checkpoint files in {', '.join(paths)} (looked for "
             f"{', '.join('*' + x for x in CHECKPOINT_SUFFIXES)}, hidden files left out)",
             hint="check the path, or name the files themselves: a file named on the command "
                  "line is read whatever its name")
@@ -243,7 +249,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
-    else:
+    elif not args.quiet:
         verify_text(report, sys.stdout)
     return 0 if report.ok else 1
 
@@ -255,11 +261,27 @@ def _run_scan(args: argparse.Namespace) -> int:
     with _workers(args.jobs) as pool:
         report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),
                             allow_globals=args.allow_global, executor=pool)
+    _no_checkpoints_in(args.paths, report)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
         sys.stdout.write(format_table(report, verbose=args.verbose))
     return report.exit_code
+
+
+def _no_checkpoints_in(paths: Sequence[str], report: ScanReport) -> None:
+    """A directory given to scan must hold a checkpoint, as for convert and inspect: one
+    with no file, or only files that are no checkpoint, is a mistaken path."""
+    for path in paths:
+        if not os.path.isdir(path):
+            continue
+        under = [f for f in report.files if f.path.startswith(os.path.join(path, ""))]
+        if not any(f.status != "skipped" for f in under):
+            raise CheckpointError(
+                f"no checkpoint files in {path}" + (
+                    f" ({len(under)} files, none of them a checkpoint)" if under else ""),
+                hint="check the path, or name the files themselves: a file named on the "
+                     "command line is scanned whatever it holds")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -352,7 +374,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="tensors safetensors cannot hold count as skipped, not missing (as "
                           "convert --skip-unsupported leaves them out)")
     _add_reading(ver)
-    ver.add_argument("--json", action="store_true", help="print a JSON report")
+    out = ver.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print a JSON report")
+    out.add_argument("-q", "--quiet", action="store_true",
+                     help="print nothing: the exit code says it (0 exact match, 1 not)")
     sc = sub.add_parser(
         "scan", help="list every global and container trick in files, without running them",
         description="Scan checkpoints (files or directories, recursively; layout found from "

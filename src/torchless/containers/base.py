@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from torchless.core.limits import Limits
-from torchless.errors import PickleError
+from torchless.errors import NotACheckpointError, PickleError, UnsupportedOpcodeError
 from torchless.io.source import Source
 from torchless.model.graph import ModuleHook, module_state_dict
 from torchless.model.tensor import MissingStorage
 from torchless.pickle.machine import run_pickle
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["Container", "PlainPickle"]
+__all__ = ["ARCHIVE_OF_FILES", "CHECKPOINT_SUFFIXES", "Container", "PlainPickle",
+           "archive_of_files"]
 
 
 class Container(Protocol):
@@ -32,6 +33,27 @@ class Container(Protocol):
     def describe(self, resolver: TorchResolver) -> dict[str, Any]: ...
 
     def module_hook(self) -> ModuleHook: ...
+
+
+#: How an archive of checkpoint files is described (the scanner reports it, never skips it).
+ARCHIVE_OF_FILES = "an archive of files"
+#: Member names that are checkpoints of their own: an archive of them is a packed model folder.
+CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".safetensors", ".pkl", ".tar",
+                       ".index.json")
+
+
+def archive_of_files(kind: str, names: list[str]) -> NotACheckpointError | None:
+    """The error for a ZIP or TAR archive that packs checkpoint files (a zipped model
+    folder), or None when none of ``names`` is one."""
+    inner = [n for n in names if n.lower().endswith(CHECKPOINT_SUFFIXES)]
+    if not inner:
+        return None
+    shown = ", ".join(repr(n) for n in inner[:3]) + (" …" if len(inner) > 3 else "")
+    return NotACheckpointError(
+        f"{ARCHIVE_OF_FILES} (a {kind} with {len(names)} files, among them {shown}), not a "
+        f"torch checkpoint: {'unzip' if kind == 'ZIP' else 'unpack'} it",
+        hint=f"{'unzip' if kind == 'ZIP' else 'unpack'} it, then open or scan the "
+             "checkpoint files it holds")
 
 
 class PlainPickle:
@@ -52,7 +74,19 @@ class PlainPickle:
 
     def load(self, resolver: TorchResolver) -> Any:
         src = self.source
-        value, end = run_pickle(src.raw, resolver, self.limits)
+        try:
+            value, end = run_pickle(src.raw, resolver, self.limits)
+        except UnsupportedOpcodeError as e:
+            if resolver.globals:
+                raise
+            # bytes that break as no pickle does before naming anything: torch fails on them
+            # too, before running anything (random data, a file of another kind)
+            raise NotACheckpointError(
+                f"not a checkpoint: the bytes are not a pickle ({e.message}) and no other "
+                f"format torch reads (starts with {bytes(src.raw[:8]).hex()})",
+                offset=e.offset,
+                hint="check that you passed the right file: it is none of the formats "
+                     "torch.load reads (ZIP, TAR, legacy stream, pickle)") from None
         if end != src.size:
             raise PickleError(f"{src.size - end} bytes after the pickle's STOP opcode "
                               "(never interpreted)", offset=end,

@@ -83,6 +83,12 @@ def find_file(source: Source) -> FileLayout:
     """The layout of ``source``, for reading: a file that starts as one layout and ends as a
     ZIP archive is refused (torch and a ZIP reader would see different checkpoints in it)."""
     found = sniff_file(source)
+    other = detect.tar_polyglot(detect.head_of(source), source.size)
+    if other is not None:
+        raise AmbiguousArchiveError(
+            f"the file is both a TAR archive and {other} (torch.load reads the TAR "
+            "archive, other readers the rest: they would load different content)",
+            hint="do not load this file; if you made it, save it again with torch.save")
     if found.name != "zip" and detect.has_zip_tail(source):
         raise AmbiguousArchiveError(
             f"the file starts as a {found.name} checkpoint but ends with a ZIP archive "

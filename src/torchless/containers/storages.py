@@ -100,8 +100,9 @@ class StorageTable:
             return known.storage
         nbytes = numel * dtype.itemsize
         if nbytes > self.source.size:
-            raise StorageError(
-                f"storage {key!r} declares {nbytes} bytes, more than the whole file")
+            raise TruncatedInputError(
+                f"storage {key!r} declares {nbytes} bytes, more than the whole file "
+                f"({self.source.size} bytes)")
         storage = Storage(key, dtype, nbytes, self._loader(key, nbytes), location=location,
                           byteorder=self.byteorder)
         self.roots[key] = _Root(storage, numel)

@@ -22,6 +22,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from torchless.containers.base import archive_of_files
 from torchless.containers.storages import (
     PickleReader,
     StorageTable,
@@ -35,6 +36,7 @@ from torchless.core.limits import Limits
 from torchless.errors import (
     ArchiveFormatError,
     LimitError,
+    NotACheckpointError,
     StorageError,
     TensorGeometryError,
     TruncatedInputError,
@@ -46,8 +48,8 @@ from torchless.model.tensor import Storage, Tensor, make_tensor
 from torchless.pickle.machine import run_pickle
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["MEMBERS", "TorchTar", "check_object_end", "read_sys_info", "walk_storages",
-           "walk_tensors"]
+__all__ = ["MEMBERS", "TorchTar", "check_object_end", "not_a_torch_tar", "read_sys_info",
+           "walk_storages", "walk_tensors"]
 
 #: The members a TAR checkpoint has.
 MEMBERS = ("sys_info", "storages", "tensors", "pickle")
@@ -199,6 +201,20 @@ def check_object_end(after: int, member: TarMember, f: Findings) -> None:
                                   "member")
 
 
+def not_a_torch_tar(names: list[str]) -> NotACheckpointError:
+    """What a TAR archive without any of torch's members is: another kind of TAR file (a
+    folder packed with tar is a common one), never a damaged checkpoint."""
+    packed = archive_of_files("TAR archive", names)
+    if packed is not None:
+        return packed
+    shown = ", ".join(repr(n) for n in names[:3]) + (" …" if len(names) > 3 else "")
+    return NotACheckpointError(
+        f"not a torch checkpoint (a TAR archive with {len(names)} files"
+        + (f": {shown}" if names else "") + f"; none of {', '.join(MEMBERS)})",
+        hint="torch's TAR checkpoints (before 0.1.10) hold sys_info, storages, tensors and "
+             "pickle; if this archive packs checkpoint files, extract it and open those")
+
+
 class TorchTar:
     """Reads one pre-0.1.10 TAR checkpoint."""
 
@@ -210,6 +226,8 @@ class TorchTar:
         self.archive = TarArchive(source, limits)
         self.findings = self.archive.findings
         missing = [m for m in MEMBERS if m not in self.archive.members]
+        if len(missing) == len(MEMBERS):
+            raise not_a_torch_tar(list(self.archive.members))
         if missing:
             raise ArchiveFormatError(f"TAR checkpoint lacks member(s) {missing}")
         members = self.archive.members

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchless.containers.base import archive_of_files
 from torchless.containers.ziparchive import ZipArchive
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
@@ -27,6 +28,7 @@ from torchless.errors import (
     ArchiveFormatError,
     CheckpointError,
     LimitError,
+    NotACheckpointError,
     PickleError,
     StorageError,
     UnsafePathError,
@@ -40,7 +42,7 @@ from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["TorchZip", "archive_prefix", "member_storage"]
+__all__ = ["TorchZip", "archive_prefix", "member_storage", "not_a_torch_zip"]
 
 #: Highest ``version`` record torch 2.x writes is single-digit; anything far beyond
 #: is a file from the future or a lie.
@@ -55,6 +57,22 @@ class _ScriptClass:
     is_module: bool
     parameters: list[str] = field(default_factory=list)
     buffers: list[str] = field(default_factory=list)
+
+
+def not_a_torch_zip(names: list[str]) -> NotACheckpointError:
+    """What a ZIP archive without any ``data.pkl`` is: a zipped folder of checkpoint files
+    (to unzip), or some other ZIP archive; never a damaged checkpoint."""
+    files = [n for n in names if not n.endswith("/")]
+    packed = archive_of_files("ZIP", files)
+    if packed is not None:
+        return packed
+    shown = ", ".join(repr(n) for n in files[:3]) + (" …" if len(files) > 3 else "")
+    return NotACheckpointError(
+        f"not a torch checkpoint (a ZIP with {len(files)} files: {shown}; no data.pkl)",
+        hint="torchless reads the ZIP archives torch writes: torch.save / torch.jit.save "
+             "(<name>/data.pkl), torch.export.save (a PT2 archive with an archive_format "
+             "record) and torch.package (.data/extern_modules); this is another kind of "
+             "ZIP file")
 
 
 class TorchZip:
@@ -93,11 +111,18 @@ class TorchZip:
                 "byteorder": self.byteorder, "crc": self.has_crc, "records": records}
 
     def _has(self, record: str) -> bool:
-        return self.prefix + record in self.archive.entries
+        return self.archive.resolve(self.prefix + record) is not None
+
+    def _member(self, record: str) -> str:
+        """The member torch reads for ``<prefix>/record`` (names compare ignoring case)."""
+        return self._member_name(self.prefix + record)
+
+    def _member_name(self, name: str) -> str:
+        return self.archive.resolve(name) or name
 
     def record(self, record: str) -> bytes:
         """A small record's bytes, CRC-checked."""
-        return bytes(self.archive.data(self.prefix + record, check_crc=self.has_crc))
+        return bytes(self.archive.data(self._member(record), check_crc=self.has_crc))
 
     def _version(self) -> int | None:
         for record in (".data/version", "version"):
@@ -125,7 +150,7 @@ class TorchZip:
     # ---- the object -----------------------------------------------------------------
 
     def load(self, resolver: TorchResolver) -> Any:
-        name = self.prefix + self.object_record
+        name = self._member(self.object_record)
         declared = self.archive.entries[name].size
         if declared > self.limits.max_pickle_bytes:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
@@ -167,7 +192,7 @@ class TorchZip:
                     f"storage {key!r} is used as {known.dtype!r} x {known.nbytes} bytes and as "
                     f"{dtype!r} x {nbytes} bytes")
             return known
-        name = self.storage_member(key)
+        name = self._member_name(self.storage_member(key))
         entry = self.archive.entries.get(name)
         if entry is None:
             raise StorageError(f"storage {key!r} has no record {name!r} in the archive")

@@ -11,12 +11,15 @@ scanners get bypassed, so there is one, with two modes (:mod:`torchless.core.fin
   ranges no member owns (``loose``), so that the scanner reaches every byte some reader
   would interpret.
 
-It reads the end-of-central-directory record that ends exactly at EOF (ZIP64 included),
-every central entry, and each local header, and checks: one end record, entry count, no
-data before the first local header, between members or between the central directory and
-its end record, no flags but UTF-8 and data-descriptor, stored or deflate only, names that
-are relative paths without tricks, no links, no duplicates, local header equal to central
-entry, data descriptors that agree, sizes inside the file.
+It reads the end-of-central-directory record torch's reader (miniz) reads, the last
+signature in the file (ZIP64 included), every central entry, and each local header, and
+looks members up as miniz does, ignoring ASCII case (:meth:`ZipArchive.resolve`). It checks:
+one end record, the one whose comment ends the file (so that readers agree on it), entry
+count, no data before the first local header, between members or between the central
+directory and its end record, no flags but UTF-8 and data-descriptor, stored or deflate
+only, names that are relative paths without tricks, no links, no duplicates (nor names equal
+but for case), local header equal to central entry, data descriptors that agree, sizes
+inside the file.
 
 The local headers of a file are read when it is opened; those of a remote file
 (:class:`~torchless.io.remote.RemoteSource`) each when its member is first read, so that
@@ -79,6 +82,7 @@ class ZipArchive(MemberLayout, MemberReader):
         self._bytes = source.read if self.findings.strict else self._clipped
         #: Members by name (the first of each name), as the reader looks them up.
         self.entries: dict[str, Entry] = {}
+        self._folded: dict[bytes, Entry] = {}  # by raw name, ASCII lower-cased (miniz)
         #: Every member found, in directory order: duplicates, and in report mode those of
         #: every candidate directory and the local headers no entry lists.
         self.members: list[Entry] = []
@@ -96,6 +100,13 @@ class ZipArchive(MemberLayout, MemberReader):
         """What report mode found (strict mode raises the first instead)."""
         return self.findings.anomalies
 
+    def resolve(self, name: str) -> str | None:
+        """The member torch's reader finds for ``name``: miniz compares names byte by byte
+        ignoring ASCII case (``archive/data.PKL`` is ``archive/data.pkl``), so this is the
+        name to pass to :meth:`data`; None when no member has it."""
+        e = self._folded.get(name.encode("utf-8").lower())
+        return None if e is None else e.name
+
     # ---- directory ----------------------------------------------------------------
 
     def _parse(self) -> None:
@@ -108,11 +119,18 @@ class ZipArchive(MemberLayout, MemberReader):
             self._directory(eocd, seen)
         self.has_crc = any(e.crc for e in self.members if e.size)
         for e in self.members:
-            if e.name in self.entries:
+            key = e.raw_name.lower()
+            first = self._folded.get(key)
+            if first is not None:
+                same = first.raw_name == e.raw_name
                 self.findings("duplicate", AmbiguousArchiveError(
-                    f"duplicate archive member {e.name!r}"), e.name, e.header_offset)
+                    f"duplicate archive member {e.name!r}" if same else
+                    f"archive members {first.name!r} and {e.name!r} differ only in case: "
+                    "torch's reader (miniz) looks names up ignoring case, so which one it "
+                    "loads is not the one other readers load"), e.name, e.header_offset)
             else:
-                self.entries[e.name] = e
+                self._folded[key] = e
+            self.entries.setdefault(e.name, e)
         eager = not (self.source.remote and self.findings.strict)
         if eager:
             for e in self.members:
@@ -124,19 +142,34 @@ class ZipArchive(MemberLayout, MemberReader):
             self._rank = {id(e): i for i, e in enumerate(self._order)}
 
     def _end_records(self) -> list[int]:
-        """The end records to read: the one that ends at EOF (report mode: each of several,
-        or the last one in the file if none ends there)."""
+        """The end records to read, torch's first: miniz takes the last end-record signature
+        with room for a record before the end of the file, whatever its comment length says,
+        even one inside another record's comment. Readers that want the record whose comment
+        ends the file would read another directory: a differential (report mode reads both)."""
         f, size = self.findings, self.source.size
         found, exact = zip_end_records(self.source)
-        if exact:
-            if len(exact) > 1:
-                f("eocd", AmbiguousArchiveError(
-                    "several ZIP end-of-directory records end at the end of the file; "
-                    "readers would disagree about which directory is real"), offset=exact[-1])
+        if not found:
+            f("eocd", TruncatedInputError(
+                "file too short to hold a ZIP end-of-directory record" if size < ZIP_EOCD_SIZE
+                else "no ZIP end-of-directory record (truncated archive?)"),
+              report="no ZIP end-of-directory record near the end of the file")
+            return []
+        last = found[0]
+        if exact and exact[0] != last:
+            f("eocd", AmbiguousArchiveError(
+                f"the last ZIP end-of-directory signature (at byte {last}, the one torch "
+                f"reads) lies inside the comment of the end record at byte {exact[0]} "
+                "(the one other ZIP readers read): they would load different archives"),
+              offset=last)
+            return [last, *exact]
+        if len(exact) > 1:
+            f("eocd", AmbiguousArchiveError(
+                "several ZIP end-of-directory records end at the end of the file; "
+                "readers would disagree about which directory is real"), offset=exact[-1])
             return exact
-        if found:
-            end = found[0] + ZIP_EOCD_SIZE + int.from_bytes(
-                self.source.read(found[0] + 20, 2), "little")
+        if not exact:
+            end = last + ZIP_EOCD_SIZE + int.from_bytes(
+                self.source.read(last + 20, 2), "little")
             f("trailing", ArchiveFormatError(
                 "ZIP end-of-directory record does not end at the end of the file "
                 "(trailing data or a wrong comment length)"), offset=min(end, size),
@@ -144,12 +177,7 @@ class ZipArchive(MemberLayout, MemberReader):
                      "comment length)")
             if end < size:
                 self.loose.append((end, size))
-            return found[:1]
-        f("eocd", TruncatedInputError(
-            "file too short to hold a ZIP end-of-directory record" if size < ZIP_EOCD_SIZE
-            else "no ZIP end-of-directory record (truncated archive?)"),
-          report="no ZIP end-of-directory record near the end of the file")
-        return []
+        return [last]
 
     def _directory(self, eocd: int, seen: set[int]) -> None:
         src, f = self.source, self.findings

@@ -10,31 +10,30 @@ import os
 from torchless.containers.base import Container
 from torchless.containers.package import PackageArchive, is_package
 from torchless.containers.pt2 import Pt2Archive
-from torchless.containers.torchzip import TorchZip, archive_prefix
+from torchless.containers.torchzip import TorchZip, archive_prefix, not_a_torch_zip
 from torchless.containers.ziparchive import ZipArchive
 from torchless.core.limits import Limits
-from torchless.errors import ArchiveFormatError
 from torchless.io.source import Source
 
 __all__ = ["extracted_archive", "open_zip"]
 
+#: The last name segment of the record that makes a ZIP archive one torch reads (a
+#: torch.save/jit.save pickle, a PT2 archive's version record, a package's extern list).
+_MARKERS = frozenset({"data.pkl", "archive_format", "extern_modules"})
+
 
 def open_zip(source: Source, limits: Limits, verify_crc: bool) -> Container:
     archive = ZipArchive(source, limits)
+    if not any(name.lower().rsplit("/", 1)[-1] in _MARKERS for name in archive.entries):
+        raise not_a_torch_zip(list(archive.entries))
     prefix = archive_prefix(archive)
     entries = archive.entries
     if prefix + "archive_format" in entries:
         return Pt2Archive(source, limits, archive, prefix, verify_crc=verify_crc)
     if is_package(archive, prefix):
         return PackageArchive(source, limits, archive, prefix, verify_crc=verify_crc)
-    if prefix + "data.pkl" not in entries:
-        raise ArchiveFormatError(
-            f"no {prefix}data.pkl in the archive: a ZIP archive that is not a torch "
-            "checkpoint (torch.save), a PT2 archive (torch.export.save: it has an "
-            "archive_format record) or a torch.package (it has .data/extern_modules)",
-            hint="torchless reads the archives those write; "
-                 f"members here: {', '.join(list(entries)[:5])}"
-                 + (" …" if len(entries) > 5 else ""))
+    if archive.resolve(prefix + "data.pkl") is None:
+        raise not_a_torch_zip(list(entries))
     return TorchZip(source, limits, verify_crc=verify_crc, archive=archive)
 
 

@@ -31,6 +31,7 @@ from torchless.errors import (
 )
 from torchless.inert import encode as _inert_write
 from torchless.inert import schema as _inert
+from torchless.inert.schema import OpaqueObjectWarning
 from torchless.io.source import Source
 from torchless.model import graph as _graph
 from torchless.model.chunks import chunks
@@ -90,11 +91,6 @@ class ConversionReport:
     files: tuple[str, ...] = ()
     #: class paths of objects kept as inert records in the stored object tree
     opaque: tuple[str, ...] = ()
-
-
-class OpaqueObjectWarning(UserWarning):
-    """A converted checkpoint holds objects torchless keeps as inert records (their class
-    path and state): :func:`torchless.load` returns them as :class:`torchless.Opaque`."""
 
 
 def default_dst(src: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torchless.errors import CheckpointError
+from torchless.errors import CheckpointError, TruncatedInputError
 
 __all__ = ["Anomaly", "Findings", "Mode"]
 
@@ -44,6 +44,9 @@ class Findings:
             raise ValueError(f"mode must be 'strict' or 'report', not {mode!r}")
         self.strict = mode == "strict"
         self.anomalies: list[Anomaly] = []
+        #: Report mode: the first finding that the file is cut short. A file torch cannot
+        #: read for want of its end is unreadable, not anomalous.
+        self.truncated: TruncatedInputError | None = None
 
     def __call__(self, kind: str, error: CheckpointError, member: str | None = None,
                  offset: int | None = None, *, report: str | None = None) -> None:
@@ -52,6 +55,8 @@ class Findings:
         does not and says so) and the caller goes on."""
         if self.strict:
             raise error
+        if self.truncated is None and isinstance(error, TruncatedInputError):
+            self.truncated = error
         self.note(kind, report or error.message, member,
                   offset if offset is not None else error.offset)
 

@@ -90,6 +90,9 @@ class Encoder:
         self.records = records                  # sparse … tensors with their parts, or named
         self.tensors: dict[str, Tensor] = {}
         self.opaque: dict[str, int] = {}        # class path -> count, for warnings
+        #: Of those, the live objects of classes ``types`` does not know, turned into
+        #: records here (an ``Opaque`` passed in was a record already): save warns of them.
+        self.lowered: dict[str, int] = {}
         self._counts: dict[int, int] = {}
         self._ids: dict[int, int] = {}
         self._active: set[int] = set()
@@ -290,7 +293,9 @@ class Encoder:
                                  "state": self._value(self._lower(obj, path), path, d)}}
             if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
                 return {"$global": list(_global_name(obj, path or "the object"))}
-            return {"$opaque": self._opaque(self._lower(obj, path), path, d)}
+            record = self._lower(obj, path)
+            self.lowered[record.class_path] = self.lowered.get(record.class_path, 0) + 1
+            return {"$opaque": self._opaque(record, path, d)}
         if kind is list:
             items = [self._value(v, _join(path, i), d) for i, v in enumerate(obj)]
             return {"$list": items} if shared else items

@@ -24,8 +24,20 @@ import numpy as np
 from torchless.core import dtypes as _dtypes
 from torchless.core.dtypes import DType
 
-__all__ = ["FORMAT_KEY", "TREE_KEY", "VERSION", "TensorMode", "TypeRegistry", "default_types",
-           "register_type"]
+__all__ = ["FORMAT_KEY", "TREE_KEY", "VERSION", "OpaqueObjectWarning", "TensorMode",
+           "TypeRegistry", "default_types", "opaque_summary", "register_type"]
+
+
+class OpaqueObjectWarning(UserWarning):
+    """A written file holds objects torchless keeps as inert records (their class path and
+    state): :func:`torchless.load` returns them as :class:`torchless.Opaque`."""
+
+
+def opaque_summary(counts: dict[str, int]) -> str:
+    """``N object(s) kept as inert records (torchless.Opaque): a.B, c.D …`` for a warning."""
+    names = sorted(counts)
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    return f"{sum(counts.values())} object(s) kept as inert records (torchless.Opaque): {shown}"
 
 #: How tensors come back: views as NumPy arrays, torch tensors, or torchless Tensors.
 TensorMode = Literal["numpy", "torch", "lazy"]

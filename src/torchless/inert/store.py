@@ -11,6 +11,7 @@ of its tensors).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from torchless.core.limits import Limits
@@ -45,6 +46,11 @@ def save(obj: Any, path: str | os.PathLike[str], *,
     Raises:
         ConversionError: ``obj`` holds something the format cannot hold (a lambda, an open
             file …), named by its path in ``obj``; nothing is written.
+
+    Warns:
+        OpaqueObjectWarning: ``obj`` holds objects of classes ``types`` does not know,
+            stored as inert records (class path and state), as ``convert`` warns: they load
+            back as :class:`torchless.Opaque`, not as the objects.
     """
     dst = os.fspath(path)
     encoder = _inert_write.Encoder(types=types)
@@ -56,6 +62,10 @@ def save(obj: Any, path: str | os.PathLike[str], *,
             _inert.TREE_KEY: tree}
     header, planned = plan(encoder.tensors, meta)
     write_atomic(dst, header, planned, force=True)
+    if encoder.lowered:
+        warnings.warn(f"{dst}: {_inert.opaque_summary(encoder.lowered)}; they load back as "
+                      "records, not objects (torchless.register_type makes a class load as "
+                      "itself)", _inert.OpaqueObjectWarning, stacklevel=2)
 
 
 def load_safetensors(path: str, *, tensors: _inert.TensorMode = "numpy",

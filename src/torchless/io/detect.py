@@ -9,7 +9,8 @@ from torchless.io.source import Source
 
 __all__ = ["LEGACY_MAGIC", "ZIP_EOCD_SIG", "ZIP_EOCD_SIZE", "ZIP_MAX_COMMENT", "has_zip_tail",
            "head_of", "is_legacy", "is_pickle", "is_tar", "is_zip", "refuse_other_formats",
-           "refuse_unrecognised", "zip_end_records"]
+           "refuse_unrecognised", "tar_checksum", "tar_number", "tar_polyglot",
+           "zip_end_records"]
 
 #: The magic number torch's legacy stream starts with (as a pickled int).
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -103,8 +104,59 @@ def is_legacy(head: bytes, size: int) -> bool:
     return head.startswith(_LEGACY_TEXT)
 
 
+def tar_number(field: bytes) -> int | None:
+    """A numeric TAR header field read exactly as :mod:`tarfile` reads it (base-256 after a
+    0x80/0xFF byte, else text up to the first NUL, stripped, as an octal int), or None
+    where :mod:`tarfile` finds the header invalid."""
+    if field[:1] in (b"\x80", b"\xff"):
+        n = int.from_bytes(field[1:], "big")
+        return n - 256 ** (len(field) - 1) if field[:1] == b"\xff" else n
+    try:
+        return int(field.split(b"\x00", 1)[0].decode("ascii").strip() or "0", 8)
+    except ValueError:
+        return None
+
+
+def tar_checksum(header: bytes) -> bool:
+    """Whether a 512-byte block's checksum field matches the block, summed unsigned or
+    signed (both are accepted by :mod:`tarfile`, as by GNU tar)."""
+    stored = tar_number(header[148:156])
+    rest = header[:148] + header[156:512]
+    unsigned = 256 + sum(rest)
+    return stored is not None and stored in (unsigned, unsigned - 256 * sum(
+        1 for c in rest if c > 127))
+
+
 def is_tar(head: bytes, size: int) -> bool:
-    return len(head) >= 262 and head[257:262] == b"ustar"
+    """A TAR archive as torch's legacy loader tests it, by opening it with :mod:`tarfile`:
+    the first block is a header whose checksum matches and whose numeric fields read, with
+    or without the ustar magic (pre-POSIX and GNU headers are accepted as well). torch
+    tries this before reading a file as a legacy stream or a pickle, so a pickle can also
+    be a TAR archive that torch reads instead."""
+    if len(head) < 512 or head[:512].count(0) == 512:
+        return False
+    header = head[:512]
+    fields = [(100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337),
+              (337, 345)]
+    if header[156:157] == b"S":  # GNU sparse: tarfile reads its map from the header too
+        fields += [(a, a + 12) for a in range(386, 482, 12)] + [(483, 495)]
+    return tar_checksum(header) and all(tar_number(header[a:b]) is not None
+                                        for a, b in fields)
+
+
+def tar_polyglot(head: bytes, size: int) -> str | None:
+    """What else a file that :mod:`tarfile` opens starts as (a ZIP archive, a legacy stream,
+    a pickle), or None. torch tries ZIP first, then TAR, then the legacy stream, so in each
+    case torch and another reader load different content."""
+    if not is_tar(head, size):
+        return None
+    if is_zip(head, size):
+        return "a ZIP archive"
+    if is_legacy(head, size):
+        return "a legacy torch stream"
+    if is_pickle(head, size):
+        return "a pickle"
+    return None
 
 
 def is_pickle(head: bytes, size: int) -> bool:
@@ -136,8 +188,10 @@ def refuse_unrecognised(source: Source, head: bytes) -> None:
         raise AmbiguousArchiveError(
             "a ZIP archive with other data before it (torch needs the archive at offset 0)")
     raise NotACheckpointError(
-        f"unrecognised file (starts with {head[:8].hex()}): not a ZIP, legacy, TAR or "
-        "pickle torch checkpoint")
+        f"not a checkpoint: an unrecognised file (starts with {head[:8].hex()}), none of "
+        "the formats torch.load reads (ZIP, TAR, legacy stream, pickle)",
+        hint="check that you passed the right file (a partial or failed download is a "
+             "common cause)")
 
 
 def head_of(source: Source) -> bytes:

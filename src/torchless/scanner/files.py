@@ -33,13 +33,20 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
+from torchless.containers.base import ARCHIVE_OF_FILES
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, InternalError
+from torchless.errors import CheckpointError, InternalError, TruncatedInputError
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.rules.resolver import TorchResolver
-from torchless.scanner.layouts import MAX_CHAINED, PICKLE_START, LayoutScans, plausible
+from torchless.scanner.layouts import (
+    MAX_CHAINED,
+    PICKLE_START,
+    RUNS_OUT,
+    LayoutScans,
+    plausible,
+)
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
 from torchless.scanner.report import (
     FileScan,
@@ -136,15 +143,22 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
         except (RecursionError, MemoryError) as e:  # pragma: no cover - defensive
             return FileScan(path, "unreadable", error=f"scanner gave up: {type(e).__name__}")
         except CheckpointError as e:  # what the content is, if not a checkpoint
-            compressed = source.size > 0 and any(
+            compressed = (source.size > 0 and any(
                 bytes(source.raw[:len(m)]) == m for m in _COMPRESSED)
+            ) or e.message.startswith(ARCHIVE_OF_FILES)  # it may hide checkpoints
             unread: FileStatus = "unreadable" if explicit or compressed else "skipped"
             return FileScan(path, unread, error=e.message, hint=e.hint)
         dangerous = any(g.verdict == "dangerous" for g in state.globals)
+        cut = state.findings.truncated
+        if not dangerous and cut is not None:  # torch cannot read it either
+            return FileScan(path, "unreadable", layout, state.pickles, tuple(state.globals),
+                            tuple(dict.fromkeys(state.anomalies)), error=cut.message,
+                            hint=cut.hint, script_ops=tuple(state.script_ops))
         status: FileStatus = ("dangerous" if dangerous else
                               "anomalous" if state.anomalies else "clean")
         return FileScan(path, status, layout, state.pickles, tuple(state.globals),
-                        tuple(dict.fromkeys(state.anomalies)))
+                        tuple(dict.fromkeys(state.anomalies)),
+                        script_ops=tuple(state.script_ops))
 
 
 class _File(LayoutScans):
@@ -159,6 +173,7 @@ class _File(LayoutScans):
         self.strict = strict
         self.limits = limits
         self.globals: list[GlobalRef] = []
+        self.script_ops: list[str] = []
         #: The containers' findings in report mode, and the scanner's own observations.
         self.findings = Findings("report")
         self.anomalies: list[Anomaly] = self.findings.anomalies
@@ -213,6 +228,13 @@ class _File(LayoutScans):
         for offset, message in result.problems:
             self.flag("limit" if result.limited and "max_" in message else "pickle",
                       f"{what} pickle: {message}", member, offset)
+        if (member is None and not tentative and end >= self.size and not result.stopped
+                and not result.limited and result.problems
+                and RUNS_OUT.search(result.problems[-1][1])
+                and self.findings.truncated is None):
+            self.findings.truncated = TruncatedInputError(
+                f"the {what} pickle runs to the end of the file without its STOP opcode: "
+                "the file is cut short", offset=result.problems[-1][0])
         return result
 
     def chain(self, data: Any, start: int, end: int, member: str | None, what: str) -> None:

@@ -13,21 +13,27 @@ from torchless.containers import registry
 from torchless.containers.legacy import declared_storages, read_header, walk_storages
 from torchless.containers.storages import PickleReader
 from torchless.containers.tar import (
+    MEMBERS,
     check_object_end,
+    not_a_torch_tar,
     read_sys_info,
     walk_tensors,
 )
 from torchless.containers.tar import walk_storages as walk_tar_storages
 from torchless.containers.tararchive import TarArchive
+from torchless.containers.torchzip import not_a_torch_zip
 from torchless.containers.ziparchive import Entry, ZipArchive
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
-from torchless.io.detect import has_zip_tail
+from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
 from torchless.scanner.pickles import StreamScan, scan_stream
+from torchless.scanner.report import GlobalRef
+from torchless.scanner.script import script_calls
 
-__all__ = ["MAX_CHAINED", "PICKLE_START", "LayoutScans", "looks_like_pickle", "plausible"]
+__all__ = ["MAX_CHAINED", "PICKLE_START", "RUNS_OUT", "LayoutScans", "looks_like_pickle",
+           "plausible"]
 
 #: Bytes of the start of a member or region walked to decide whether it holds a pickle.
 _SNIFF = 64 << 10
@@ -38,6 +44,8 @@ _CRC_INFLATE_CAP = 64 << 20
 #: Pickles followed one after another in a plain file or after a legacy stream.
 MAX_CHAINED = 1000
 PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
+#: How the pickle walk says that the bytes ran out (a stream cut short by the data's end).
+RUNS_OUT = re.compile(r"cut short|remain$|ends without a STOP|has no end of line")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
@@ -50,6 +58,9 @@ class LayoutScans:
     limits: Limits
     findings: Findings
     anomalies: list[Anomaly]
+    globals: list[GlobalRef]
+    #: The operators the TorchScript code in the file calls (:mod:`.script`).
+    script_ops: list[str]
     _crcs: dict[tuple[int, int, int, int], int | None]
 
     def flag(self, kind: str, message: str, member: str | None = None,
@@ -83,9 +94,17 @@ class LayoutScans:
         if layout is not None and layout != "zip" and zip_tail:
             self.flag("polyglot", f"the file starts as a {layout} checkpoint and ends "
                       "with a ZIP archive: torch and ZIP readers load different content")
+        tar_too = tar_polyglot(bytes(self.buf[:512]), self.size)
+        if tar_too is not None:
+            self.flag("polyglot", f"the file is both a TAR archive and {tar_too}: torch.load "
+                      "reads the TAR archive, other readers the rest")
+            if layout == "tar":
+                layout = "zip" if tar_too.endswith("ZIP archive") else \
+                    "legacy" if "legacy" in tar_too else "pickle"
+            self.tar()
         walks: dict[str, Callable[[], None]] = {
             "legacy": self.legacy, "tar": self.tar,
-            "pickle": lambda: self.chain(self.buf, 0, self.size, None, "plain")}
+            "pickle": self.plain}
         if layout is not None and layout != "zip":
             walk = walks.get(layout)
             if walk is None:  # a registered layout the scanner has no walk for
@@ -95,9 +114,26 @@ class LayoutScans:
                 walk()
         if layout == "zip" or zip_tail:
             name = self.zip(skip_prefix=layout is not None and layout != "zip")
-            return name if layout in (None, "zip") else f"{layout}+zip"
-        assert layout is not None
-        return layout
+            name = name if layout in (None, "zip") else f"{layout}+zip"
+        else:
+            assert layout is not None
+            name = layout
+        return f"tar+{name}" if tar_too is not None else name
+
+    def plain(self) -> None:
+        """A plain pickle (or several one after another). Bytes whose walk breaks on
+        something no pickle holds (an unknown opcode …) before naming any global are no
+        pickle at all: torch would fail on them before running anything."""
+        probe = scan_stream(self.buf, 0, min(self.size, _SNIFF), self.limits)
+        if not probe.stopped and not probe.globals and not probe.limited and \
+                probe.problems and not RUNS_OUT.search(probe.problems[-1][1]):
+            at, why = probe.problems[-1]
+            raise NotACheckpointError(
+                f"not a checkpoint: the bytes are not a pickle ({why} at byte {at}) and no "
+                f"other format torch reads (starts with {bytes(self.buf[:8]).hex()})",
+                hint="check that you passed the right file: it is none of the formats "
+                     "torch.load reads (ZIP, TAR, legacy stream, pickle)")
+        self.chain(self.buf, 0, self.size, None, "plain")
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
@@ -163,14 +199,16 @@ class LayoutScans:
         archive = ZipArchive(self.source, self.limits, mode="report")
         self.anomalies.extend(a for a in archive.anomalies
                               if not (skip_prefix and a.kind == "prefix"))
+        self.findings.truncated = self.findings.truncated or archive.findings.truncated
         for lo, hi in archive.loose:
             if not (skip_prefix and lo == 0):
                 self.chain_region(lo, hi)
         members = [m for m in archive.members if not m.is_dir]
         for m in members:
             self.member(archive, m)
+        self.script(archive, members)
         names = [m.name for m in members if m.listed]
-        pickles = [n for n in names if n.rsplit("/", 1)[-1] == "data.pkl"]
+        pickles = [n for n in names if n.rsplit("/", 1)[-1].lower() == "data.pkl"]
         if len(pickles) > 1:
             self.flag("torch", f"{len(pickles)} data.pkl records ({', '.join(pickles[:4])}): "
                       "readers pick different ones")
@@ -178,12 +216,40 @@ class LayoutScans:
         if len(prefixes) > 1:
             self.flag("torch", f"members under {len(prefixes)} top-level directories "
                       f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
-        script = any(n.endswith("/constants.pkl") for n in names)
-        code = any("/code/" in n for n in names)
+        if not self.anomalies and not self.globals and not any(
+                n.lower().rsplit("/", 1)[-1] == "data.pkl" for n in names):
+            raise not_a_torch_zip(names)
+        script = any(n.lower().endswith("/constants.pkl") for n in names)
+        code = any("/code/" in n.lower() for n in names)
         if script and not code:
             self.flag("torch", "constants.pkl without code/: a torch.save archive dressed as "
                       "TorchScript (loaders dispatch it to torch.jit.load)")
         return "torchscript" if script and code else "zip"
+
+    def script(self, archive: ZipArchive, members: list[Entry]) -> None:
+        """The calls the TorchScript code in the archive names (torch finds ``code/`` and
+        ``.py`` ignoring case): file and network access is dangerous, an operator or class
+        from a native library outside torch an anomaly (:mod:`.script`)."""
+        for m in members:
+            name = m.name.lower()
+            if "code/" not in name or not name.endswith(".py"):
+                continue
+            data, _ = archive.head(m, self.limits.max_pickle_bytes)
+            if data is None:
+                continue
+            for call in script_calls(data.decode("utf-8", "replace")):
+                if call.op not in self.script_ops:
+                    self.script_ops.append(call.op)
+                if call.danger:
+                    ns, _, op = call.op.partition("::")
+                    self.globals.append(GlobalRef(
+                        f"torch.ops.{ns}", op, call.offset, "TorchScript call", "dangerous",
+                        m.name, f"TorchScript code {call.danger}; torch.jit.load runs it "
+                                "when the code is in __setstate__"))
+                elif call.unknown:
+                    self.flag("script", f"TorchScript code calls {call.op}, from a native "
+                              "library outside torch: what it does cannot be read from the "
+                              "file", m.name, call.offset)
 
     def chain_region(self, lo: int, hi: int) -> None:
         pos = lo
@@ -194,7 +260,8 @@ class LayoutScans:
             pos = result.end
 
     def member(self, archive: ZipArchive, m: Entry) -> None:
-        is_pickle = m.name.endswith("pkl")  # data.pkl, constants.pkl, *.debug_pkl
+        # data.pkl, constants.pkl, *.debug_pkl; any case (torch's reader ignores case)
+        is_pickle = m.name.lower().endswith("pkl")
         if is_pickle and m.size > self.limits.max_pickle_bytes:
             self.flag("limit", f"pickle member of {m.size} bytes is larger than "
                       f"max_pickle_bytes={self.limits.max_pickle_bytes}; not scanned", m.name)
@@ -263,6 +330,15 @@ class LayoutScans:
         """The TAR layout, walked by the reader's own functions in report mode."""
         archive = TarArchive(self.source, self.limits, mode="report")
         self.anomalies.extend(archive.anomalies)
+        self.findings.truncated = self.findings.truncated or archive.findings.truncated
+        if not self.anomalies and not any(m in archive.members for m in MEMBERS) and \
+                not archive.duplicates and not self.globals:
+            members = list(archive.members)
+            for m in archive.members.values():  # a pickle among its files is still scanned
+                self.chain_region(m.offset, m.offset + m.size)
+            if not self.globals and not self.anomalies:
+                raise not_a_torch_tar(members)
+            return
         f = self.findings
         for dup in archive.duplicates:
             self.chain_region(dup.offset, dup.offset + dup.size)

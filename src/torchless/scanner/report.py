@@ -42,6 +42,8 @@ class FileScan:
     anomalies: tuple[Anomaly, ...] = ()
     error: str | None = None
     hint: str | None = None  # what to do about ``error``
+    #: The operators the file's TorchScript code calls, in the order first met.
+    script_ops: tuple[str, ...] = ()
 
     @property
     def dangerous(self) -> tuple[GlobalRef, ...]:
