@@ -229,6 +229,10 @@ def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int) -> None:
     w(f"{ckpt.path}\n")
     w(f"  format: {data['description']}\n")
     w(f"  tensors: {data['tensor_count']}, {human(data['total_bytes'])}\n")
+    if ckpt.format == "dcp":
+        from torchless.cli.dcpshow import dcp_text
+
+        dcp_text(ckpt.info, w, max_rows, human)
     rows = data["tensors"]
     if rows:
         name_w = min(60, max(len(r["name"]) for r in rows))

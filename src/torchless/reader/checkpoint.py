@@ -205,6 +205,10 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
                 + (", pickle protocol 0/1" if proto is None else f", pickle protocol {proto}"))
     if fmt == "pickle":
         return "plain pickle (no tensor storage container)"
+    if fmt == "dcp":
+        return (f"torch.distributed.checkpoint directory (DCP {info.get('dcp_version')}, "
+                f"{info.get('storage_format')} items, {len(info.get('shards', ()))} shard "
+                "files)")
     records = set(info.get("records", ()))
     if fmt == "torchscript":
         return "TorchScript archive written by torch.jit.save (torch >= 1.0)"
