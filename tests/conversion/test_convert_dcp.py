@@ -1,0 +1,103 @@
+"""``convert`` of a DCP directory: every tensor of ``dcp_to_torch_save`` + ``torch.load``
+byte for byte in the safetensors output (one file, shards with an index, a key, weights
+only), the object tree kept, and ``verify`` of the result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchless
+from tests._dcpfixture import dcp_cases, flat
+from torchless.cli.main import main
+
+__all__ = ["dcp_cases"]
+
+CASES = ("single", "fsdp", "dtensor")
+
+
+def _tensors(torch: Any, path: Path, key: str | None = None) -> dict[str, Any]:
+    ref = torch.load(path, weights_only=False)
+    if key is not None:
+        ref = ref[key]
+    return {k: v for k, v in flat(ref).items() if isinstance(v, torch.Tensor)}
+
+
+def _assert_same_bytes(want: dict[str, Any], got: dict[str, Any], torch: Any) -> None:
+    assert sorted(want) == sorted(got)
+    for name, t in want.items():
+        g = got[name]
+        assert (g.dtype, g.shape) == (t.dtype, t.shape), name
+        assert g.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() == \
+            t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes(), name
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_convert_equals_dcp_to_torch_save(case: str, dcp_cases: Path, tmp_path: Path,
+                                          torch: Any) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out.safetensors"
+    report = torchless.convert(dcp_cases / case, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    _assert_same_bytes(_tensors(torch, dcp_cases / f"{case}.pt"), load_file(out), torch)
+    want = torch.load(dcp_cases / f"{case}.pt", weights_only=False)
+    got = torchless.load(out, tensors="torch")
+    assert list(flat(want)) == list(flat(got))
+    for name, value in flat(want).items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(flat(got)[name], value), name
+        else:
+            assert flat(got)[name] == value, name
+
+
+def test_safetensors_format_converts(dcp_cases: Path, tmp_path: Path, torch: Any) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "st.safetensors"
+    torchless.convert(dcp_cases / "st", out)
+    _assert_same_bytes(_tensors(torch, dcp_cases / "st.full.pt"), load_file(out), torch)
+
+
+def test_shards_key_and_weights_only(dcp_cases: Path, tmp_path: Path, torch: Any) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "model.safetensors"
+    report = torchless.convert(dcp_cases / "fsdp", out, key="model", max_shard_size=100,
+                               tree=False, verify=True)
+    assert report.verified is not None and report.verified.ok
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    got: dict[str, Any] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        got.update(load_file(tmp_path / shard))
+    _assert_same_bytes(_tensors(torch, dcp_cases / "fsdp.pt", "model"), got, torch)
+    assert torchless.verify(dcp_cases / "fsdp", tmp_path / "model.safetensors.index.json",
+                            key="model").ok
+
+
+def test_cli_convert_default_output_and_verify(dcp_cases: Path, tmp_path: Path,
+                                               torch: Any) -> None:
+    import shutil
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(dcp_cases / "dtensor", src)
+    assert main(["convert", str(src) + "/", "--weights-only"]) == 0
+    out = tmp_path / "ckpt.safetensors"
+    assert out.is_file()
+    assert main(["verify", str(src), str(out)]) == 0
+    from safetensors.torch import load_file
+
+    _assert_same_bytes(_tensors(torch, dcp_cases / "dtensor.pt"), load_file(out), torch)
+
+
+def test_verify_finds_a_changed_chunk(dcp_cases: Path, tmp_path: Path) -> None:
+    out = tmp_path / "d.safetensors"
+    torchless.convert(dcp_cases / "dtensor", out, tree=False)
+    data = bytearray(out.read_bytes())
+    data[-1] ^= 0xFF  # the last tensor's last byte
+    out.write_bytes(bytes(data))
+    report = torchless.verify(dcp_cases / "dtensor", out)
+    assert not report.ok and list(report.mismatched.values()) == ["bytes differ"]
