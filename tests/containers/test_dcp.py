@@ -111,7 +111,7 @@ def test_uncovered_tensor_is_refused_by_name(dcp_cases: Path, tmp_path: Path,
         assert ckpt.unsupported["rows"] == ("partly saved DCP tensor: its chunks cover 12 "
                                             "of 24 elements")
         assert "cols" in ckpt.tensors
-    with pytest.raises(torchless.UnsupportedError, match="cover 12 of 24") as info:
+    with pytest.raises(torchless.UnsupportedError, match=r"cover 12 of 24") as info:
         torchless.load(tmp_path / "d")
     assert info.value.member == "rows"
 
@@ -131,14 +131,14 @@ def test_truncated_shard_names_the_item(dcp_cases: Path, tmp_path: Path) -> None
     shutil.copytree(dcp_cases / "dtensor", tmp_path / "d")
     shard = tmp_path / "d" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[:-100])
-    with pytest.raises(torchless.TruncatedInputError, match="past the end of __1_0.distcp"):
+    with pytest.raises(torchless.TruncatedInputError, match=r"past the end of __1_0.distcp"):
         torchless.open(tmp_path / "d")
 
 
 def test_missing_shard(dcp_cases: Path, tmp_path: Path) -> None:
     shutil.copytree(dcp_cases / "dtensor", tmp_path / "d")
     (tmp_path / "d" / "__0_0.distcp").unlink()
-    with pytest.raises(torchless.FormatError, match="'__0_0.distcp' the metadata names is "
+    with pytest.raises(torchless.FormatError, match=r"'__0_0.distcp' the metadata names is "
                                                     "missing"):
         torchless.open(tmp_path / "d")
 
@@ -146,28 +146,28 @@ def test_missing_shard(dcp_cases: Path, tmp_path: Path) -> None:
 def test_hostile_metadata_is_refused(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / ".metadata").write_bytes(b"cos\nsystem\n(S'echo hi'\ntR.")
-    with pytest.raises(torchless.UnsafeGlobalError, match="os.system"):
+    with pytest.raises(torchless.UnsafeGlobalError, match=r"os.system"):
         torchless.open(tmp_path / "d")
 
 
 def test_metadata_of_another_shape_is_refused(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / ".metadata").write_bytes(pickle.dumps({"not": "Metadata"}))
-    with pytest.raises(torchless.FormatError, match="expected Metadata, found a dict"):
+    with pytest.raises(torchless.FormatError, match=r"expected Metadata, found a dict"):
         torchless.open(tmp_path / "d")
 
 
 @pytest.mark.parametrize("name", ["__0_0.distcp", ".metadata"])
 def test_a_member_opened_alone_is_named(name: str, dcp_cases: Path) -> None:
     with pytest.raises(torchless.NotACheckpointError,
-                       match="torch.distributed.checkpoint.*open its directory") as info:
+                       match=r"torch.distributed.checkpoint.*open its directory") as info:
         torchless.open(dcp_cases / "dtensor" / name)
     assert str(dcp_cases / "dtensor") in info.value.hint
 
 
 def test_a_copied_shard_is_named(dcp_cases: Path, tmp_path: Path) -> None:
     shutil.copy(dcp_cases / "dtensor" / "__1_0.distcp", tmp_path / "__1_0.distcp")
-    with pytest.raises(torchless.NotACheckpointError, match="shard file of a torch"):
+    with pytest.raises(torchless.NotACheckpointError, match=r"shard file of a torch"):
         torchless.load(tmp_path / "__1_0.distcp")
 
 

@@ -17,6 +17,7 @@ rules from their own archives. Chunks are read with torch's rules alone
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -24,8 +25,7 @@ from collections import Counter
 from typing import Any
 
 from torchless.containers.dcpchunks import Piece, assembled, coverage
-from torchless.containers.dcpmeta import Chunk, DcpMetadata, StorageInfo, TensorMeta, \
-    parse_metadata
+from torchless.containers.dcpmeta import Chunk, DcpMetadata, StorageInfo, TensorMeta, parse_metadata
 from torchless.containers.dcpst import SafetensorsBlock, is_safetensors_at, read_block
 from torchless.containers.torchzip import TorchZip
 from torchless.core.limits import Limits
@@ -270,7 +270,7 @@ def _place(root: dict[Any, Any], path: tuple[str | int, ...], value: Any,
         lst.extend([None] * (idx + 1 - len(lst)))
 
     cur: Any = root
-    for prev, key in zip(path, path[1:]):
+    for prev, key in itertools.pairwise(path):
         default: Any = {} if type(key) is str else []
         if isinstance(cur, dict):
             cur = cur.setdefault(prev, default)

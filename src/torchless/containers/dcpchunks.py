@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from torchless.containers.dcpmeta import Chunk, TensorMeta
-from torchless.model.chunks import is_plain, raw_view, swap_unit
 from torchless.io.source import Source
+from torchless.model.chunks import is_plain, raw_view, swap_unit
 from torchless.model.tensor import Storage, Tensor
 
 __all__ = ["Piece", "assembled", "coverage"]
@@ -63,12 +63,12 @@ def coverage(meta: TensorMeta) -> tuple[int, bool]:
         box = tuple(slice(bounds[d].index(c.offsets[d]),
                           bounds[d].index(c.offsets[d] + c.sizes[d])) for d in range(len(size)))
         count[box] += 1
-    volume = np.ones(count.shape, dtype=np.float64)
+    volume: np.ndarray[Any, Any] = np.ones(count.shape, dtype=np.int64)
     for d, b in enumerate(bounds):
         shape = [1] * len(size)
         shape[d] = len(b) - 1
-        volume = volume * np.diff(np.array(b, dtype=np.float64)).reshape(shape)
-    missing = int(round(float(volume[count == 0].sum())))
+        volume = volume * np.diff(np.array(b, dtype=np.int64)).reshape(shape)
+    missing = int(volume[count == 0].sum())
     return missing, bool((count > 1).any())
 
 
@@ -174,8 +174,8 @@ def _slabs(meta: TensorMeta, pieces: list[Piece], block: int) -> Iterator[memory
                 continue
             if i not in views:
                 views[i] = raw_view(p.tensor)
-            region = (slice(lo - r0, hi - r0),) + tuple(
-                slice(a, a + n) for a, n in zip(o[1:], s[1:], strict=True))
+            region = (slice(lo - r0, hi - r0),
+                      *(slice(a, a + n) for a, n in zip(o[1:], s[1:], strict=True)))
             out[region] = views[i][lo - o[0]:hi - o[0]]
             if is_plain(p.tensor):
                 t = p.tensor

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
 from torchless.conversion import hf as _hf
-from torchless.conversion.hflayout import is_checkpoint_dir
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
@@ -26,6 +25,7 @@ from torchless.conversion.common import (
     verify_unpublished,
     write_output,
 )
+from torchless.conversion.hflayout import is_checkpoint_dir
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,

@@ -25,8 +25,8 @@ from torchless.model.tensor import Tensor
 from torchless.reader import checkpoint as _checkpoint
 
 __all__ = ["SHARDS_HINT", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "Layout", "check_index",
-           "check_shard_set", "is_checkpoint_dir", "is_model_dir", "output_name", "outputs", "parse_size",
-           "read_index", "resolve", "split", "stem"]
+           "check_shard_set", "is_checkpoint_dir", "is_model_dir", "output_name", "outputs",
+           "parse_size", "read_index", "resolve", "split", "stem"]
 
 WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
