@@ -8,6 +8,8 @@ keep the suite's cost to a few seconds; each case's oracle is written beside it.
     OUT/dtensor/        DTensors sharded by rows, columns, unevenly, on a middle
                         dimension, replicated; bfloat16 and int64; plain values
     OUT/st/             the DTensors again, serialization_format=SAFETENSORS
+    OUT/hf/             the DTensors again, HuggingFaceStorageWriter(save_distributed=True):
+                        one safetensors file per rank, no .metadata (its oracle: st.full.pt)
     OUT/<case>.pt       dcp_to_torch_save of the case (torch_save cases)
     OUT/<case>.full.pt  the full tensors and values each rank saved (every case)
 """
@@ -93,6 +95,10 @@ def _worker(rank: int, out: str, port: str) -> None:
         st = {k: v for k, v in _dtensors(mesh).items()}
         dcp.save(st, storage_writer=dcp.FileSystemWriter(
             f"{out}/st", serialization_format=SerializationFormat.SAFETENSORS))
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+        dcp.save(_dtensors(mesh), storage_writer=HuggingFaceStorageWriter(
+            f"{out}/hf", save_distributed=True))
         full_tensors, full_st = _full(tensors), _full(st)
         if rank == 0:
             torch.save(full, f"{out}/fsdp.full.pt")

@@ -50,11 +50,17 @@ def test_load_equals_dcp_to_torch_save(case: str, dcp_cases: Path, torch: Any) -
           torchless.load(dcp_cases / case, tensors="torch"), torch, ordered=False)
 
 
-def test_safetensors_format(dcp_cases: Path, torch: Any) -> None:
+@pytest.mark.parametrize(("case", "layout", "storage"), [
+    ("st", "dcp", "safetensors"),
+    ("hf", "dcp-hf", "safetensors (HuggingFaceStorageWriter, one file a rank)")])
+def test_safetensors_formats(case: str, layout: str, storage: str, dcp_cases: Path,
+                             torch: Any) -> None:
     _same(torch.load(dcp_cases / "st.full.pt", weights_only=False),
-          torchless.load(dcp_cases / "st", tensors="torch"), torch, ordered=False)
-    with torchless.open(dcp_cases / "st") as ckpt:
-        assert ckpt.info["storage_format"] == "safetensors"
+          torchless.load(dcp_cases / case, tensors="torch"), torch, ordered=False)
+    with torchless.open(dcp_cases / case) as ckpt:
+        assert ckpt.info["layout"] == layout
+        assert ckpt.info["storage_format"] == storage
+        assert len(ckpt.info["chunks"]["uneven_cols"]) == 2
 
 
 @pytest.mark.parametrize("case", TORCH_SAVE_CASES)

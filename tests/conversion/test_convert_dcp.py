@@ -54,12 +54,34 @@ def test_convert_equals_dcp_to_torch_save(case: str, dcp_cases: Path, tmp_path: 
             assert flat(got)[name] == value, name
 
 
-def test_safetensors_format_converts(dcp_cases: Path, tmp_path: Path, torch: Any) -> None:
+@pytest.mark.parametrize("case", ["st", "hf"])
+def test_safetensors_formats_convert(case: str, dcp_cases: Path, tmp_path: Path,
+                                     torch: Any) -> None:
     from safetensors.torch import load_file
 
     out = tmp_path / "st.safetensors"
-    torchless.convert(dcp_cases / "st", out)
+    torchless.convert(dcp_cases / case, out, verify=True)
     _assert_same_bytes(_tensors(torch, dcp_cases / "st.full.pt"), load_file(out), torch)
+
+
+def test_torch_dcp_reads_the_output_back(dcp_cases: Path, tmp_path: Path,
+                                         torch: Any) -> None:
+    """The reverse direction needs no DCP writer: torch's own HuggingFaceStorageReader
+    loads a converted file into a state dict (and would reshard it onto DTensors)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    (tmp_path / "out").mkdir()
+    torchless.convert(dcp_cases / "dtensor", tmp_path / "out" / "model.safetensors")
+    want = _tensors(torch, dcp_cases / "dtensor.pt")
+    state = {k: torch.empty_like(v) for k, v in want.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(tmp_path / "out")),
+                 no_dist=True)
+    _assert_same_bytes(want, state, torch)
 
 
 def test_shards_key_and_weights_only(dcp_cases: Path, tmp_path: Path, torch: Any) -> None:

@@ -26,7 +26,8 @@ from typing import Any
 
 from torchless.containers.dcpchunks import Piece, assembled, coverage
 from torchless.containers.dcpmeta import Chunk, DcpMetadata, StorageInfo, TensorMeta, parse_metadata
-from torchless.containers.dcpst import SafetensorsBlock, is_safetensors_at, read_block
+from torchless.containers.dcpst import SafetensorsBlock, hf_metadata, is_safetensors_at, \
+    read_block
 from torchless.containers.torchzip import TorchZip
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -72,7 +73,8 @@ class DcpDirectory:
     remote = False
     size = 0
 
-    def __init__(self, path: str, limits: Limits, *, verify_crc: bool = False) -> None:
+    def __init__(self, path: str, limits: Limits, *, verify_crc: bool = False,
+                 hf_sharded: bool = False) -> None:
         self.path = path
         self.limits = limits
         self.verify_crc = verify_crc
@@ -81,7 +83,11 @@ class DcpDirectory:
         self._current: TorchZip | None = None
         self.storage_format = "torch_save"
         try:
-            self.meta = self._read_metadata()
+            if hf_sharded:
+                self.storage_format = "safetensors (HuggingFaceStorageWriter, one file a rank)"
+                self.meta = hf_metadata(path, self._file, limits)
+            else:
+                self.meta = self._read_metadata()
             for key, info in self.meta.storage.items():
                 self._check_range(key[0], info)
         except BaseException:
@@ -208,7 +214,8 @@ class DcpDirectory:
         return Piece(chunk, t, src)
 
     def _from_block(self, fqn: str, chunk: Chunk, info: StorageInfo, src: Source) -> Tensor:
-        self.storage_format = "safetensors"
+        if self.storage_format == "torch_save":
+            self.storage_format = "safetensors"
         key = (info.relative_path, info.offset)
         block = self._blocks.get(key)
         if block is None:

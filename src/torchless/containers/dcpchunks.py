@@ -32,7 +32,7 @@ __all__ = ["Piece", "assembled", "coverage"]
 #: Largest grid of distinct chunk boundaries checked cell by cell (else pair by pair).
 _MAX_GRID_CELLS = 1 << 22
 #: Bytes of a shard file's map consumed before their pages are handed back.
-_RELEASE_BYTES = 16 << 20
+_RELEASE_BYTES = 4 << 20
 
 
 @dataclass
@@ -77,7 +77,7 @@ def _intersects(a: Chunk, b: Chunk) -> bool:
                for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True))
 
 
-def assembled(fqn: str, meta: TensorMeta, pieces: list[Piece], block: int = 16 << 20
+def assembled(fqn: str, meta: TensorMeta, pieces: list[Piece], block: int = 4 << 20
               ) -> Tensor:
     """The global tensor (contiguous, little-endian) over a storage that views the single
     chunk covering it, or assembles the chunks when first read; converting streams it."""

@@ -1,5 +1,6 @@
 """The safetensors blocks of a DCP checkpoint saved with
-``FileSystemWriter(serialization_format=SerializationFormat.SAFETENSORS)``.
+``FileSystemWriter(serialization_format=SerializationFormat.SAFETENSORS)``, and the
+directories ``HuggingFaceStorageWriter(save_distributed=True)`` writes.
 
 Such a shard holds the rank's pickled values first (``torch.save`` archives) and then one
 safetensors file of its tensor chunks, keyed by fully qualified name; ``__metadata__`` has
@@ -13,17 +14,25 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from torchless.core import jsondepth as _json
+from torchless.containers.dcpmeta import Chunk, DcpMetadata, StorageInfo, TensorMeta
 from torchless.core.dtypes import DTYPES, DType
 from torchless.core.limits import Limits
 from torchless.errors import FormatError
 from torchless.io.source import Source
 
-__all__ = ["SafetensorsBlock", "is_safetensors_at", "read_block"]
+__all__ = ["SafetensorsBlock", "hf_metadata", "is_hf_sharded_dir", "is_safetensors_at",
+           "read_block"]
+
+#: The files ``HuggingFaceStorageWriter(save_distributed=True)`` names, one per rank.
+HF_SHARD = re.compile(r"shard-\d+-model-\d+-of-\d+\.safetensors\Z")
 
 _BY_NAME: dict[str, DType] = {d.safetensors: d for d in DTYPES if d.safetensors}
 _MAX_HEADER = 100_000_000
@@ -106,3 +115,44 @@ def _sharding(meta: Any, offset: int, limits: Limits) -> dict[str, tuple[int, ..
                               offset=offset)
         out[name] = tuple(saved)
     return out
+
+
+def is_hf_sharded_dir(path: str) -> bool:
+    """A directory of per-rank safetensors files as DCP's Hugging Face writer leaves them
+    when it saves distributed without consolidating (no ``.metadata``, no index)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return ".metadata" not in names and any(HF_SHARD.match(n) for n in names)
+
+
+def hf_metadata(path: str, open_file: Callable[[str], Source], limits: Limits) -> DcpMetadata:
+    """What ``HuggingFaceStorageReader.read_metadata`` makes of the directory: every
+    ``*.safetensors`` file's tensors as chunks at their ``DCP_SHARDING_INFO`` offsets (zeros
+    without it), each global size the largest extent its chunks reach."""
+    found: dict[str, tuple[DType, list[Chunk]]] = {}
+    storage: dict[tuple[str, tuple[int, ...] | None], StorageInfo] = {}
+    for name in sorted(n for n in os.listdir(path) if n.endswith(".safetensors")):
+        src = open_file(name)
+        block = read_block(src, 0, limits)
+        for key, (dtype, shape, _, _) in block.entries.items():
+            offsets = block.offsets.get(key, (0,) * len(shape))
+            if len(offsets) != len(shape):
+                raise FormatError(f"{name}: DCP_SHARDING_INFO gives {key!r} "
+                                  f"{len(offsets)} offsets for {len(shape)} dimensions")
+            if (key, offsets) in storage:
+                raise FormatError(f"{key!r} at {list(offsets)} is in both "
+                                  f"{storage[(key, offsets)].relative_path} and {name}")
+            known = found.setdefault(key, (dtype, []))
+            if known[0] != dtype:
+                raise FormatError(f"{key!r} is {known[0].name} in one file and {dtype.name} "
+                                  f"in {name}")
+            known[1].append(Chunk(offsets, shape))
+            storage[(key, offsets)] = StorageInfo(name, 0, src.size)
+    items: dict[str, TensorMeta | None] = {}
+    for key, (dtype, chunks) in found.items():
+        size = tuple(max(c.offsets[d] + c.sizes[d] for c in chunks)
+                     for d in range(len(chunks[0].sizes)))
+        items[key] = TensorMeta(dtype, size, tuple(chunks))
+    return DcpMetadata(items, storage, {}, None)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from torchless.containers import dcp
+from torchless.containers import dcp, dcpst
 from torchless.containers.base import Container, PlainPickle
 from torchless.containers.legacy import LegacyStream
 from torchless.containers.tar import TorchTar
@@ -121,3 +121,6 @@ register(FileLayout("pickle", detect.is_pickle, lambda s, lim, crc: PlainPickle(
                     weak=True))
 register(DirectoryLayout("dcp", dcp.is_dcp_dir,
                          lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc)))
+register(DirectoryLayout("dcp-hf", dcpst.is_hf_sharded_dir,
+                         lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc,
+                                                              hf_sharded=True)))
