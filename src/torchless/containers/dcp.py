@@ -26,8 +26,7 @@ from typing import Any
 
 from torchless.containers.dcpchunks import Piece, assembled, coverage
 from torchless.containers.dcpmeta import Chunk, DcpMetadata, StorageInfo, TensorMeta, parse_metadata
-from torchless.containers.dcpst import SafetensorsBlock, hf_metadata, is_safetensors_at, \
-    read_block
+from torchless.containers.dcpst import SafetensorsBlock, hf_metadata, is_safetensors_at, read_block
 from torchless.containers.torchzip import TorchZip
 from torchless.core.limits import Limits
 from torchless.errors import (

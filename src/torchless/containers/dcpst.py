@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchless.core import jsondepth as _json
 from torchless.containers.dcpmeta import Chunk, DcpMetadata, StorageInfo, TensorMeta
+from torchless.core import jsondepth as _json
 from torchless.core.dtypes import DTYPES, DType
 from torchless.core.limits import Limits
 from torchless.errors import FormatError
