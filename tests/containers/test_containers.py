@@ -214,6 +214,49 @@ class TestDcp(ContainerContract):
             torchless.load(file)
 
 
+class TestDcpHf(TestDcp, ContainerContract):
+    """DCP's Hugging Face writer saving distributed (here one process): one safetensors
+    file a rank, no .metadata."""
+
+    layout = "dcp-hf"
+    member = "shard-00001-model-00001-of-00001.safetensors"
+
+    def make(self, torch: Any, path: Path) -> None:
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(_state(torch), no_dist=True, storage_writer=HuggingFaceStorageWriter(
+                str(path), save_distributed=True))
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        """Names in the order torch's HuggingFaceStorageReader lists them (sorted, as
+        safetensors' ``safe_open(...).keys()`` gives them)."""
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("dcp", "dcp-hf")
+            assert list(ckpt.tensors) == ["b", "w"]
+            np.testing.assert_array_equal(ckpt.numpy("w"), W)
+            np.testing.assert_array_equal(ckpt.numpy("b"), B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        data = (file / self.member).read_bytes()
+        for n in range(len(data)):
+            (file / self.member).write_bytes(data[:n])
+            with pytest.raises(torchless.CheckpointError) as info:
+                torchless.load(file)
+            assert type(info.value) is not torchless.CheckpointError, n
+            assert not isinstance(info.value, torchless.InternalError), n
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        shard = file / self.member
+        shard.write_bytes(shard.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.FormatError, match="data section"):
+            torchless.load(file)
+
+
 def test_every_registered_layout_passes_the_contract() -> None:
     from torchless.containers import registry
 

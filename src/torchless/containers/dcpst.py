@@ -136,7 +136,8 @@ def hf_metadata(path: str, open_file: Callable[[str], Source], limits: Limits) -
     for name in sorted(n for n in os.listdir(path) if n.endswith(".safetensors")):
         src = open_file(name)
         block = read_block(src, 0, limits)
-        for key, (dtype, shape, _, _) in block.entries.items():
+        for key in sorted(block.entries):  # safe_open's keys(), which torch's reader uses
+            dtype, shape, _, _ = block.entries[key]
             offsets = block.offsets.get(key, (0,) * len(shape))
             if len(offsets) != len(shape):
                 raise FormatError(f"{name}: DCP_SHARDING_INFO gives {key!r} "
