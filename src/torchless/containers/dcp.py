@@ -78,6 +78,7 @@ class DcpDirectory:
         self.limits = limits
         self.verify_crc = verify_crc
         self._files: dict[str, Source] = {}
+        self._fds: dict[str, int] = {}
         self._blocks: dict[tuple[str, int], SafetensorsBlock] = {}
         self._current: TorchZip | None = None
         self.storage_format = "torch_save"
@@ -122,6 +123,10 @@ class DcpDirectory:
                 raise StorageError(f"the shard file {name!r} the metadata names is missing",
                                    hint=_HINT)
             src = self._files[name] = Source(full)
+            try:
+                self._fds[name] = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                pass  # chunks are then read through the map
         return src
 
     def _check_range(self, fqn: str, info: StorageInfo) -> None:
@@ -178,6 +183,7 @@ class DcpDirectory:
             return self._current.load(resolver)
         finally:
             self._current = None
+            self._file(info.relative_path).release(info.offset, info.length)
 
     def _tensor(self, fqn: str, meta: TensorMeta) -> Tensor | UnsupportedTensor:
         infos = [self._info(fqn, c.offsets) for c in meta.chunks]
@@ -203,6 +209,9 @@ class DcpDirectory:
         else:
             zc = self._archive(info)
             t = zc.load(TorchResolver(self.limits, zc.persistent_load, strict=True))
+            # the pages the parse touched (headers, the archive's tail): the process keeps
+            # none of a shard's map resident; a later read faults them back in
+            src.release(info.offset, info.length)
         if not isinstance(t, Tensor):
             raise FormatError(f"the chunk at {list(chunk.offsets)} holds {type_phrase(t)}, "
                               "not a tensor", hint=_HINT)
@@ -210,7 +219,7 @@ class DcpDirectory:
             raise FormatError(
                 f"the chunk at {list(chunk.offsets)} is {t.dtype.name} {list(t.shape)}; the "
                 f"metadata says {meta.dtype.name} {list(chunk.sizes)}", hint=_HINT)
-        return Piece(chunk, t, src)
+        return Piece(chunk, t, src, self._fds.get(info.relative_path))
 
     def _from_block(self, fqn: str, chunk: Chunk, info: StorageInfo, src: Source) -> Tensor:
         if self.storage_format == "torch_save":
@@ -263,6 +272,9 @@ class DcpDirectory:
     def close(self) -> None:
         for src in self._files.values():
             src.close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def _place(root: dict[Any, Any], path: tuple[str | int, ...], value: Any,

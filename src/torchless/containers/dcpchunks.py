@@ -16,6 +16,7 @@ the tensor's size, and pages of the shard files are handed back as they are cons
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from torchless.containers.dcpmeta import Chunk, TensorMeta
+from torchless.errors import TruncatedInputError
 from torchless.io.source import Source
 from torchless.model.chunks import is_plain, raw_view, swap_unit
 from torchless.model.tensor import Storage, Tensor
@@ -31,7 +33,8 @@ __all__ = ["Piece", "assembled", "coverage"]
 
 #: Largest grid of distinct chunk boundaries checked cell by cell (else pair by pair).
 _MAX_GRID_CELLS = 1 << 22
-#: Bytes of a shard file's map consumed before their pages are handed back.
+#: Bytes of a shard file's map consumed before their pages are handed back (chunks that
+#: are not one plain range of their file are read through the map).
 _RELEASE_BYTES = 4 << 20
 
 
@@ -43,6 +46,8 @@ class Piece:
     chunk: Chunk
     tensor: Tensor
     source: Source | None = None
+    #: a descriptor of that file, to read a plain range without touching the map
+    fd: int | None = None
 
 
 def coverage(meta: TensorMeta) -> tuple[int, bool]:
@@ -77,7 +82,7 @@ def _intersects(a: Chunk, b: Chunk) -> bool:
                for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True))
 
 
-def assembled(fqn: str, meta: TensorMeta, pieces: list[Piece], block: int = 4 << 20
+def assembled(fqn: str, meta: TensorMeta, pieces: list[Piece], block: int = 1 << 20
               ) -> Tensor:
     """The global tensor (contiguous, little-endian) over a storage that views the single
     chunk covering it, or assembles the chunks when first read; converting streams it."""
@@ -98,34 +103,60 @@ def assembled(fqn: str, meta: TensorMeta, pieces: list[Piece], block: int = 4 <<
         return memoryview(out).toreadonly()
 
     storage = Storage(fqn, meta.dtype, nbytes, load,
-                      stream=lambda n: stream(meta, pieces, max(n, block)))
+                      stream=lambda n: stream(meta, pieces, min(n, block)))
     stride = tuple(math.prod(meta.size[i + 1:]) for i in range(len(meta.size)))
     return Tensor(storage, meta.dtype, meta.size, stride, 0)
 
 
-class _Releaser:
-    """Hands back the pages of a piece's storage (bytes from its start) once a run of them
-    has been consumed; nothing for a storage that is not a plain range of its file."""
+class _Reader:
+    """A piece's bytes read from its file with ``pread`` when they are one plain range of it
+    (no map pages touched: the process's memory stays what the block buffers take);
+    otherwise from the map, its pages handed back as they are consumed."""
 
     def __init__(self, piece: Piece) -> None:
-        self.source = piece.source
-        self.done = 0
-        self.base: int | None = None
-        storage = piece.tensor.storage
-        if self.source is not None and self.source.size and not storage.streams \
-                and is_plain(piece.tensor):
-            buf = storage.buffer()
+        self.piece = piece
+        self.base: int | None = None  # file offset of the tensor's first byte
+        self.released = 0
+        t, src = piece.tensor, piece.source
+        if src is not None and src.size and not t.storage.streams and is_plain(t):
+            buf = t.storage.buffer()  # a view of the map: no page is read
             if isinstance(buf, memoryview) and buf.nbytes:
-                where = _address(buf) - _address(self.source.buffer)
-                if 0 <= where and where + buf.nbytes <= self.source.size:
-                    self.base = where
+                where = _address(buf) - _address(src.buffer)
+                if 0 <= where and where + buf.nbytes <= src.size:
+                    self.base = where + t.storage_offset * t.dtype.itemsize
 
-    def upto(self, end: int, final: bool = False) -> None:
-        if self.base is None or self.source is None:
+    @property
+    def direct(self) -> bool:
+        return self.base is not None and self.piece.fd is not None
+
+    def read(self, start: int, into: memoryview) -> memoryview:
+        """Bytes ``start:start + len(into)`` of the tensor, read into ``into``."""
+        assert self.base is not None and self.piece.fd is not None
+        src = self.piece.source
+        if src is not None and getattr(src, "_closed", False):
+            src.view(0, 0)  # raises: the checkpoint is closed
+        done, n = 0, len(into)
+        while done < n:
+            got = os.preadv(self.piece.fd, [into[done:]], self.base + start + done)
+            if got <= 0:
+                raise TruncatedInputError(f"the shard file ended {n - done} bytes early "
+                                          "(changed while it was read?)")
+            done += got
+        return into
+
+    def release(self, end: int, final: bool = False) -> None:
+        """The map's pages of the tensor's bytes up to ``end`` are no longer needed."""
+        src, t = self.piece.source, self.piece.tensor
+        if src is None or not is_plain(t) or t.storage.streams:
             return
-        if end - self.done >= _RELEASE_BYTES or (final and end > self.done):
-            self.source.release(self.base + self.done, end - self.done)
-            self.done = end
+        if end - self.released >= _RELEASE_BYTES or (final and end > self.released):
+            buf = t.storage.buffer()
+            if isinstance(buf, memoryview) and buf.nbytes:
+                where = _address(buf) - _address(src.buffer) + t.storage_offset * \
+                    t.dtype.itemsize
+                if 0 <= where <= src.size:
+                    src.release(where + self.released, end - self.released)
+            self.released = end
 
 
 def _address(buf: memoryview) -> int:
@@ -140,46 +171,56 @@ def _row_split(meta: TensorMeta, pieces: list[Piece]) -> bool:
 
 def stream(meta: TensorMeta, pieces: list[Piece], block: int) -> Iterator[memoryview | bytes]:
     """The tensor's bytes in order, in blocks of about ``block`` bytes (a block holds at
-    least one row of the first dimension)."""
+    least one row of the first dimension). A block is valid until the next is asked for
+    (buffers are reused): consumers write or copy it at once."""
     if not math.prod(meta.size):
         return
-    itemsize = meta.dtype.itemsize
     if not meta.size or _row_split(meta, pieces):
+        buf = memoryview(bytearray(block))
         for p in sorted(pieces, key=lambda p: p.chunk.offsets):
-            t, rel = p.tensor, _Releaser(p)
-            start, n = t.storage_offset * itemsize, t.nbytes
-            view = memoryview(t.storage.buffer()).cast("B")
+            t, rd = p.tensor, _Reader(p)
+            start, n = t.storage_offset * t.dtype.itemsize, t.nbytes
+            view = None if rd.direct else memoryview(t.storage.buffer()).cast("B")
             for i in range(0, n, block):
-                yield view[start + i:start + min(n, i + block)]
-                rel.upto(start + min(n, i + block), final=i + block >= n)
+                m = min(block, n - i)
+                if view is None:
+                    yield rd.read(i, buf[:m])
+                else:
+                    yield view[start + i:start + i + m]
+                    rd.release(i + m, final=i + m == n)
         return
     yield from _slabs(meta, pieces, block)
 
 
 def _slabs(meta: TensorMeta, pieces: list[Piece], block: int) -> Iterator[memoryview]:
-    first = pieces[0].tensor
-    unit = swap_unit(first)
+    unit = swap_unit(pieces[0].tensor)
     parts = meta.dtype.itemsize // unit
     row_bytes = math.prod(meta.size[1:]) * meta.dtype.itemsize
     step = max(1, block // max(1, row_bytes))
+    readers = [_Reader(p) for p in pieces]
     views: dict[int, Any] = {}
-    releasers = {i: _Releaser(p) for i, p in enumerate(pieces)}
+    scratch = bytearray()
+    out = np.empty((step, *meta.size[1:], parts), dtype=f"<u{unit}")
     for r0 in range(0, meta.size[0], step):
         r1 = min(meta.size[0], r0 + step)
-        out = np.empty((r1 - r0, *meta.size[1:], parts), dtype=f"<u{unit}")
-        for i, p in enumerate(pieces):
+        for i, (p, rd) in enumerate(zip(pieces, readers, strict=True)):
             o, s = p.chunk.offsets, p.chunk.sizes
             lo, hi = max(r0, o[0]), min(r1, o[0] + s[0])
             if lo >= hi:
                 continue
-            if i not in views:
-                views[i] = raw_view(p.tensor)
             region = (slice(lo - r0, hi - r0),
                       *(slice(a, a + n) for a, n in zip(o[1:], s[1:], strict=True)))
-            out[region] = views[i][lo - o[0]:hi - o[0]]
-            if is_plain(p.tensor):
-                t = p.tensor
-                piece_row = math.prod(s[1:]) * meta.dtype.itemsize
-                releasers[i].upto(t.storage_offset * meta.dtype.itemsize
-                                  + (hi - o[0]) * piece_row, final=hi == o[0] + s[0])
-        yield out.data.cast("B")
+            piece_row = math.prod(s[1:]) * meta.dtype.itemsize
+            first, count = (lo - o[0]) * piece_row, (hi - lo) * piece_row
+            if rd.direct:
+                if len(scratch) < count:
+                    scratch = bytearray(count)
+                raw = rd.read(first, memoryview(scratch)[:count])
+                out[region] = np.frombuffer(raw, dtype=f"<u{unit}").reshape(
+                    (hi - lo, *s[1:], parts))
+            else:
+                if i not in views:
+                    views[i] = raw_view(p.tensor)
+                out[region] = views[i][lo - o[0]:hi - o[0]]
+                rd.release(first + count, final=hi == o[0] + s[0])
+        yield out[:r1 - r0].data.cast("B")
