@@ -217,3 +217,16 @@ def test_streamed_bytes_in_any_block_size(block: int, dcp_cases: Path, torch: An
                 assert storage.streams
                 got = b"".join(bytes(b) for b in storage.iter_bytes(0, storage.nbytes, block))
                 assert got == want.reshape(-1).view(torch.uint8).numpy().tobytes(), name
+
+
+def test_limits_apply_to_global_tensors(dcp_cases: Path) -> None:
+    with pytest.raises(torchless.LimitError, match="max_tensor_bytes"):
+        torchless.open(dcp_cases / "dtensor", limits=torchless.Limits(max_tensor_bytes=64))
+
+
+def test_too_many_chunks_to_check_is_refused() -> None:
+    """A million-cell grid of scattered chunks: refused rather than checked pair by pair."""
+    assert F32 is not None
+    chunks = tuple(Chunk((i, (i * 7919) % 5000), (1, 1)) for i in range(5000))
+    with pytest.raises(torchless.UnsupportedError, match="too many to check"):
+        coverage(TensorMeta(F32, (5000, 5000), chunks))

@@ -191,8 +191,13 @@ class DcpDirectory:
         if transforms:
             return UnsupportedTensor(f"DCP chunks stored through the stream transform(s) "
                                      f"{', '.join(transforms)}")
-        missing, overlap = coverage(meta)
         total = math.prod(meta.size)
+        if len(meta.size) > self.limits.max_ndim:
+            raise LimitError("max_ndim", self.limits.max_ndim, len(meta.size), fqn)
+        if total * meta.dtype.itemsize > self.limits.max_tensor_bytes:
+            raise LimitError("max_tensor_bytes", self.limits.max_tensor_bytes,
+                             total * meta.dtype.itemsize, fqn)
+        missing, overlap = coverage(meta)
         if missing:
             return UnsupportedTensor(f"partly saved DCP tensor: its chunks cover "
                                      f"{total - missing} of {total} elements")

@@ -15,6 +15,7 @@ the tensor's size, and pages of the shard files are handed back as they are cons
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from torchless.containers.dcpmeta import Chunk, TensorMeta
-from torchless.errors import TruncatedInputError
+from torchless.errors import TruncatedInputError, UnsupportedError
 from torchless.io.source import Source
 from torchless.model.chunks import is_plain, raw_view, swap_unit
 from torchless.model.tensor import Storage, Tensor
@@ -33,6 +34,8 @@ __all__ = ["Piece", "assembled", "coverage"]
 
 #: Largest grid of distinct chunk boundaries checked cell by cell (else pair by pair).
 _MAX_GRID_CELLS = 1 << 22
+#: Most chunks of one tensor checked pair by pair (when their grid is larger).
+_MAX_PAIRWISE = 4096
 #: Bytes of a shard file's map consumed before their pages are handed back (chunks that
 #: are not one plain range of their file are read through the map).
 _RELEASE_BYTES = 4 << 20
@@ -61,12 +64,18 @@ def coverage(meta: TensorMeta) -> tuple[int, bool]:
               for d, n in enumerate(size)]
     cells = math.prod(len(b) - 1 for b in bounds)
     if cells > _MAX_GRID_CELLS:
+        if len(chunks) > _MAX_PAIRWISE:
+            raise UnsupportedError(
+                f"{len(chunks)} chunks on a grid of {cells} cells: too many to check that "
+                "they tile the tensor", hint="no DCP save splits a tensor so finely; the "
+                "metadata was made by hand or by another tool")
         overlap = any(_intersects(a, b) for i, a in enumerate(chunks) for b in chunks[i + 1:])
         return max(0, total - sum(c.numel for c in chunks)) if not overlap else 0, overlap
     count = np.zeros([len(b) - 1 for b in bounds], dtype=np.int64)
     for c in chunks:
-        box = tuple(slice(bounds[d].index(c.offsets[d]),
-                          bounds[d].index(c.offsets[d] + c.sizes[d])) for d in range(len(size)))
+        box = tuple(slice(bisect.bisect_left(bounds[d], c.offsets[d]),
+                          bisect.bisect_left(bounds[d], c.offsets[d] + c.sizes[d]))
+                    for d in range(len(size)))
         count[box] += 1
     volume: np.ndarray[Any, Any] = np.ones(count.shape, dtype=np.int64)
     for d, b in enumerate(bounds):
