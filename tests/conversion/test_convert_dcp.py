@@ -123,3 +123,22 @@ def test_verify_finds_a_changed_chunk(dcp_cases: Path, tmp_path: Path) -> None:
     out.write_bytes(bytes(data))
     report = torchless.verify(dcp_cases / "dtensor", out)
     assert not report.ok and list(report.mismatched.values()) == ["bytes differ"]
+
+
+def test_batch_takes_dcp_directories_as_units(dcp_cases: Path, tmp_path: Path) -> None:
+    """``torchless convert RUNS/`` converts each DCP checkpoint under RUNS as one source
+    (never its shards one by one), beside ordinary checkpoint files."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(dcp_cases / "dtensor", runs / "step-10")
+    shutil.copytree(dcp_cases / "single", runs / "a" / "step-20")
+    shutil.copy(dcp_cases / "single.pt", runs / "final.pt")
+    from torchless.api.batch import expand
+
+    assert expand([runs]) == [str(runs / "step-10"), str(runs / "final.pt"),
+                              str(runs / "a" / "step-20")]
+    assert main(["convert", str(runs), "--weights-only"]) == 0
+    for name in ("step-10", "a/step-20"):
+        assert torchless.verify(runs / name, runs / f"{name}.safetensors").ok
+    assert expand([runs], units=False) == [str(runs / "final.pt")]

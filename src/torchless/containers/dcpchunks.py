@@ -141,9 +141,8 @@ class _Reader:
     def read(self, start: int, into: memoryview) -> memoryview:
         """Bytes ``start:start + len(into)`` of the tensor, read into ``into``."""
         assert self.base is not None and self.piece.fd is not None
-        src = self.piece.source
-        if src is not None and getattr(src, "_closed", False):
-            src.view(0, 0)  # raises: the checkpoint is closed
+        if self.piece.source is not None:
+            self.piece.source.view(0, 0)  # raises if the checkpoint is closed
         done, n = 0, len(into)
         while done < n:
             got = os.preadv(self.piece.fd, [into[done:]], self.base + start + done)
