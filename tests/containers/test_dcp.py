@@ -230,3 +230,39 @@ def test_too_many_chunks_to_check_is_refused() -> None:
     chunks = tuple(Chunk((i, (i * 7919) % 5000), (1, 1)) for i in range(5000))
     with pytest.raises(torchless.UnsupportedError, match="too many to check"):
         coverage(TensorMeta(F32, (5000, 5000), chunks))
+
+
+def _archive(pickle_bytes: bytes) -> bytes:
+    """A torch.save-shaped ZIP whose data.pkl is ``pickle_bytes``."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", pickle_bytes)
+        z.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fqn", ["epoch", "rows"])
+def test_a_hostile_item_is_refused(fqn: str, dcp_cases: Path, tmp_path: Path,
+                                   torch: Any) -> None:
+    """An item whose archive would run code under torch.load: a value is read with the
+    caller's rules (refused by the policy), a chunk with torch's tensor rules alone."""
+    attack = _archive(b"cos\nsystem\n(S'touch /tmp/owned-by-dcp'\ntR.")
+    target: dict[str, Any] = {}
+
+    def point(meta: Any) -> None:
+        for index, info in meta.storage_data.items():
+            if index.fqn == fqn and not target:  # its first chunk, or the value
+                target["file"] = info.relative_path
+                info.offset = (dcp_cases / "dtensor" / info.relative_path).stat().st_size
+                info.length = len(attack)
+
+    _edit_metadata(dcp_cases / "dtensor", tmp_path / "d", torch, point)
+    with (tmp_path / "d" / target["file"]).open("ab") as f:
+        f.write(attack)
+    with pytest.raises(torchless.UnsafeGlobalError, match=r"os\.system") as info:
+        torchless.load(tmp_path / "d")
+    assert info.value.member == f"{fqn}: archive/data.pkl"
+    assert not Path("/tmp/owned-by-dcp").exists()

@@ -143,8 +143,9 @@ class DcpDirectory:
         for fqn, meta in self.meta.items.items():
             try:
                 value = self._value(fqn, resolver) if meta is None else self._tensor(fqn, meta)
-            except CheckpointError as e:
-                raise e.add_context(member=fqn) from None
+            except CheckpointError as e:  # the item, then where in its archive
+                e.member = fqn if e.member is None else f"{fqn}: {e.member}"
+                raise
             _place(tree, self.meta.paths.get(fqn, (fqn,)), value, self.limits)
         return tree
 
