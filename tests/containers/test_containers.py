@@ -201,6 +201,99 @@ class TestPlainPickle(ContainerContract):
         path.write_bytes(pickle.dumps({"w": W, "b": B}, protocol=2))
 
 
+class TestDcp(ContainerContract):
+    """A DCP directory (dcp.save, one process): ``file`` is the directory; cutting its
+    metadata or its shard anywhere is refused; bytes after the shard's last item are not
+    read by torch either."""
+
+    format = "dcp"
+    layout = "dcp"
+
+    def make(self, torch: Any, path: Path) -> None:
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "assuming the intent is to save in a single
+            dcp.save(_state(torch), checkpoint_id=str(path), no_dist=True)  # process"
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        for member in (".metadata", "__0_0.distcp"):
+            data = (file / member).read_bytes()
+            # every offset of the metadata; the shard's items are checked against its size
+            # before any is parsed, so any cut fails the same check: every 7th offset and
+            # the last 64 (CI time)
+            cuts = range(len(data)) if member == ".metadata" else sorted(
+                {*range(0, len(data), 7), *range(max(0, len(data) - 64), len(data))})
+            for n in cuts:
+                (file / member).write_bytes(data[:n])
+                with pytest.raises(torchless.CheckpointError) as info:
+                    torchless.load(file)
+                assert type(info.value) is not torchless.CheckpointError, (member, n)
+                assert not isinstance(info.value, torchless.InternalError), (member, n)
+            (file / member).write_bytes(data)
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        shard = file / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes() + b"\x00junk")
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        dcp_to_torch_save(file, tmp_path / "ref.pt")
+        theirs = torch.load(tmp_path / "ref.pt")
+        ours = torchless.load(file)
+        assert ours.keys() == theirs.keys()
+        for k in ours:
+            assert ours[k].tobytes() == theirs[k].numpy().tobytes()
+        meta = file / ".metadata"
+        meta.write_bytes(meta.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.PickleError, match="after the pickle's STOP"):
+            torchless.load(file)
+
+
+class TestDcpHf(TestDcp, ContainerContract):
+    """DCP's Hugging Face writer saving distributed (here one process): one safetensors
+    file a rank, no .metadata."""
+
+    layout = "dcp-hf"
+    member = "shard-00001-model-00001-of-00001.safetensors"
+
+    def make(self, torch: Any, path: Path) -> None:
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(_state(torch), no_dist=True, storage_writer=HuggingFaceStorageWriter(
+                str(path), save_distributed=True))
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        """Names in the order torch's HuggingFaceStorageReader lists them (sorted, as
+        safetensors' ``safe_open(...).keys()`` gives them)."""
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("dcp", "dcp-hf")
+            assert list(ckpt.tensors) == ["b", "w"]
+            np.testing.assert_array_equal(ckpt.numpy("w"), W)
+            np.testing.assert_array_equal(ckpt.numpy("b"), B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        data = (file / self.member).read_bytes()
+        for n in range(len(data)):
+            (file / self.member).write_bytes(data[:n])
+            with pytest.raises(torchless.CheckpointError) as info:
+                torchless.load(file)
+            assert type(info.value) is not torchless.CheckpointError, n
+            assert not isinstance(info.value, torchless.InternalError), n
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        shard = file / self.member
+        shard.write_bytes(shard.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.FormatError, match="data section"):
+            torchless.load(file)
+
+
 def test_every_registered_layout_passes_the_contract() -> None:
     from torchless.containers import registry
 

@@ -68,7 +68,7 @@ def toy_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_built_in_layouts_in_order() -> None:
-    assert registry.layouts() == ("zip", "legacy", "tar", "pickle")
+    assert registry.layouts() == ("zip", "legacy", "tar", "pickle", "dcp", "dcp-hf")
 
 
 @pytest.mark.usefixtures("toy_layouts")

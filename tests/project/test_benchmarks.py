@@ -163,6 +163,30 @@ def test_bench_read_without_torch() -> None:
             assert cols[4] == "-", cols
 
 
+# ---- dcp_convert.py ---------------------------------------------------------------------
+
+
+def test_dcp_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """A DCP checkpoint written by two processes, consolidated three ways: every method has
+    its median seconds and peak RSS, and the ratios and targets the docs quote are there."""
+    results = json.loads(_run("dcp_convert.py", "--quick", "--json"))
+    methods = ("torchless", "torchless-nofsync", "torch", "cp")
+    assert set(results["median"]) == set(methods)
+    for m in methods:
+        assert all(_positive(results["median"][m][k]) for k in ("seconds", "process", "rss"))
+        assert len(results["samples"][m]) == 1
+    assert _positive(results["bytes"])
+    assert set(results["ratios"]) == {"torchless/cp", "torchless-nofsync/cp",
+                                      "torch/torchless-nofsync", "torch rss/torchless rss"}
+    assert set(results["targets"]) == {"<= 1.5x cp (page cache: nofsync vs cp)",
+                                       "peak RSS <= 100 MiB"}
+    with _module("dcp_convert") as mod:
+        mod.print_results(results, as_json=False)
+    table = capsys.readouterr().out
+    for m in methods:
+        assert re.search(rf"^{re.escape(m)} +{NUMBER} +{NUMBER} +{NUMBER} \w+ ", table, re.M)
+
+
 # ---- convert.py -------------------------------------------------------------------------
 
 CONVERT_METHODS = ("torchless", "torchless-nofsync", "torch", "cp", "cp+sync")

@@ -190,11 +190,13 @@ def _commands(block: Block) -> list[str]:
 
 
 def _scratch(tmp: Path) -> Path:
-    """The files the command-line examples name, each a copy of the bundled example."""
+    """The files the command-line examples name, each a copy of the bundled example (a DCP
+    directory: of the bundled DCP example)."""
     for name in ("model.pt", "model.ckpt", "downloads/a.pt", "downloads/sub/b.bin",
                  "examples/tiny.pt"):
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(EXAMPLE, tmp / name)
+    shutil.copytree(ROOT / "examples" / "dcp", tmp / "ckpt" / "step-1000")  # docs/dcp.md
     return tmp
 
 

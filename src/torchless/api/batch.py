@@ -71,15 +71,27 @@ class BatchResult:
         return json.dumps({**asdict(self), "ok": self.ok}, ensure_ascii=False, default=str)
 
 
-def expand(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
-    """Files named, and checkpoint files under directories named (recursive, sorted)."""
+def expand(paths: Iterable[str | os.PathLike[str]], *, units: bool = True) -> list[str]:
+    """Files named, and checkpoint files under directories named (recursive, sorted); a
+    directory that is one checkpoint (a DCP directory) is one item, named or found, unless
+    ``units`` is false (scanning looks at files)."""
+    from torchless.containers import registry
+
+    def unit(directory: str) -> bool:
+        return units and registry.sniff_directory(directory) is not None
+
     out: list[str] = []
     for p in paths:
         path = os.fspath(p)
-        if os.path.isdir(path):
+        if os.path.isdir(path) and unit(path):
+            out.append(path)
+        elif os.path.isdir(path):
             for root, dirs, files in os.walk(path):
                 dirs.sort()
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found = [d for d in dirs if unit(os.path.join(root, d))]
+                out.extend(os.path.join(root, d) for d in found)
+                dirs[:] = [d for d in dirs if d not in found]
                 out.extend(os.path.join(root, f) for f in sorted(files)
                            if f.endswith(CHECKPOINT_SUFFIXES) and not f.startswith("."))
         else:
@@ -194,7 +206,7 @@ def batch(
     """
     if op not in _OPS:
         raise ValueError(f"op must be one of {sorted(_OPS)}")
-    files = expand(paths)
+    files = expand(paths, units=op != "scan")
     results: list[BatchResult | None] = [None] * len(files)
     out = open(report, "a", encoding="utf-8") if report is not None else None
     try:

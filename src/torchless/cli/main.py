@@ -158,11 +158,18 @@ def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
     return contextlib.nullcontext()
 
 
+def _is_checkpoint_dir(path: str) -> bool:
+    from torchless.conversion.hflayout import is_checkpoint_dir
+
+    return is_checkpoint_dir(path)
+
+
 def _is_batch(sources: Sequence[str]) -> bool:
     """Several sources, or a directory that is not a Hugging Face model directory."""
-    from torchless.conversion.hflayout import is_model_dir
+    from torchless.conversion.hflayout import is_checkpoint_dir, is_model_dir
 
-    return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s) for s in sources)
+    return len(sources) > 1 or any(os.path.isdir(s) and not is_model_dir(s)
+                                   and not is_checkpoint_dir(s) for s in sources)
 
 
 def _checkpoint_files(paths: Sequence[str]) -> list[str]:
@@ -424,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if vars(args).get("jobs", 1) < 1:
         parser.error("-j/--jobs must be at least 1")
     try:
-        if args.command == "inspect" and (len(args.file) > 1 or os.path.isdir(args.file[0])):
+        if args.command == "inspect" and (len(args.file) > 1 or (
+                os.path.isdir(args.file[0]) and not _is_checkpoint_dir(args.file[0]))):
             return _run_inspect_many(args)
         if args.command == "inspect":
             return _run_inspect(args)

@@ -274,6 +274,10 @@ def inspect_text(ckpt: _checkpoint.Checkpoint, out: Any, max_rows: int,
         w("\n  summary:\n")
         for item in data["summary"]:
             w(f"    {item['text']}\n")
+    if ckpt.format == "dcp":
+        from torchless.cli.dcpshow import dcp_text
+
+        dcp_text(ckpt.info, w, max_rows, human)
     rows = data["tensors"]
     if rows:
         name_w = min(60, max(len(r["name"]) for r in rows))

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from torchless.containers import dcp, dcpst
 from torchless.containers.base import Container, PlainPickle
 from torchless.containers.legacy import LegacyStream
 from torchless.containers.tar import TorchTar
@@ -22,7 +23,7 @@ from torchless.io import detect
 from torchless.io.source import Source
 
 __all__ = ["DirectoryLayout", "FileLayout", "find_directory", "find_file", "layouts",
-           "register", "sniff_file"]
+           "register", "sniff_directory", "sniff_file"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def sniff_file(source: Source) -> FileLayout:
 def find_file(source: Source) -> FileLayout:
     """The layout of ``source``, for reading: a file that starts as one layout and ends as a
     ZIP archive is refused (torch and a ZIP reader would see different checkpoints in it)."""
+    if not source.remote:
+        dcp.refuse_member(source.path)
     found = sniff_file(source)
     other = detect.tar_polyglot(detect.head_of(source), source.size)
     if other is not None:
@@ -96,8 +99,13 @@ def find_file(source: Source) -> FileLayout:
     return found
 
 
+def sniff_directory(path: str) -> DirectoryLayout | None:
+    """The layout of a directory that is one checkpoint (a DCP directory …), or None."""
+    return next((x for x in _DIRECTORIES if x.sniff(path)), None)
+
+
 def find_directory(path: str) -> DirectoryLayout:
-    found = next((x for x in _DIRECTORIES if x.sniff(path)), None)
+    found = sniff_directory(path)
     unpacked = extracted_archive(path) if found is None else None
     if unpacked is not None:
         raise NotACheckpointError(
@@ -122,3 +130,8 @@ register(FileLayout("legacy", detect.is_legacy, lambda s, lim, crc: LegacyStream
 register(FileLayout("tar", detect.is_tar, lambda s, lim, crc: TorchTar(s, lim)))
 register(FileLayout("pickle", detect.is_pickle, lambda s, lim, crc: PlainPickle(s, lim),
                     weak=True))
+register(DirectoryLayout("dcp", dcp.is_dcp_dir,
+                         lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc)))
+register(DirectoryLayout("dcp-hf", dcpst.is_hf_sharded_dir,
+                         lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc,
+                                                              hf_sharded=True)))

@@ -27,6 +27,7 @@ from torchless.conversion.common import (
     verify_unpublished,
     write_output,
 )
+from torchless.conversion.hflayout import is_checkpoint_dir
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
@@ -118,7 +119,8 @@ def convert(
     spath = os.fspath(src)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     try:
-        local_dir = not is_remote(spath) and os.path.isdir(spath)
+        local_dir = not is_remote(spath) and os.path.isdir(spath) and not (
+            is_checkpoint_dir(spath))
         if local_dir:
             return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
                                 force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
@@ -129,7 +131,8 @@ def convert(
                 spath, None if dst is None else os.fspath(dst), key=key, force=force,
                 dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
                 progress=progress, max_shard_size=max_shard_size, read=read)
-        dpath = os.fspath(dst) if dst is not None else default_dst(spath)
+        dpath = os.fspath(dst) if dst is not None else default_dst(
+            spath.rstrip("/" + os.sep) or spath)
         return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
                         tree, read)
     except CheckpointError:
@@ -232,7 +235,8 @@ def verify(
     ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`."""
     spath, dpath = os.fspath(src), os.fspath(dst)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
-    if any(os.path.isdir(p) or p.endswith(".index.json") for p in (spath, dpath)):
+    if any((os.path.isdir(p) and not is_checkpoint_dir(p)) or p.endswith(".index.json")
+           for p in (spath, dpath)):
         return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
                                  read=read)
     with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:

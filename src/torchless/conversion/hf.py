@@ -60,6 +60,7 @@ from torchless.conversion.hflayout import (
     SHARDS_HINT,
     Layout,
     check_index,
+    is_checkpoint_dir,
     outputs,
     parse_size,
     resolve,
@@ -278,8 +279,9 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: 
     Every tensor of the source must be in exactly one output file (directly, or as a
     ``dedupe`` alias in that file's ``__metadata__``), where the output index says it is."""
 
-    sources = resolve(spath, None).sources if (
-        os.path.isdir(spath) or spath.endswith(".index.json")) else [spath]
+    sources = resolve(spath, None).sources if ((
+        os.path.isdir(spath) and not is_checkpoint_dir(spath)) or spath.endswith(
+            ".index.json")) else [spath]
     files, wmap = outputs(dpath)
     matched: list[str] = []
     mismatched: dict[str, str] = {}

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from torchless.containers import registry
 from torchless.conversion.common import (
     default_dst,
 )
@@ -24,8 +25,8 @@ from torchless.model.tensor import Tensor
 from torchless.reader import checkpoint as _checkpoint
 
 __all__ = ["SHARDS_HINT", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "Layout", "check_index",
-           "check_shard_set", "is_model_dir", "output_name", "outputs", "parse_size",
-           "read_index", "resolve", "split", "stem"]
+           "check_shard_set", "is_checkpoint_dir", "is_model_dir", "output_name", "outputs",
+           "parse_size", "read_index", "resolve", "split", "stem"]
 
 WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
@@ -85,6 +86,11 @@ class Layout:
     out_index: str | None               # output index name (without resharding)
 
 
+def is_checkpoint_dir(path: str) -> bool:
+    """A directory that is one checkpoint (a DCP directory), read like a file."""
+    return os.path.isdir(path) and registry.sniff_directory(path) is not None
+
+
 def is_model_dir(path: str) -> bool:
     """Whether a directory holds Hugging Face weights this module converts as a whole."""
     try:
@@ -124,7 +130,7 @@ def read_index(path: str) -> dict[str, str]:
 
 
 def resolve(spath: str, dst: str | None) -> Layout:
-    if os.path.isdir(spath):
+    if os.path.isdir(spath) and not is_checkpoint_dir(spath):
         directory = spath
         index_name = None
         single = next((n for n in _SINGLE_NAMES if os.path.isfile(os.path.join(spath, n))),
@@ -164,7 +170,7 @@ def resolve(spath: str, dst: str | None) -> Layout:
             # -o names a directory: transformers' names inside it
             base = "model.safetensors"
             return Layout([spath], None, None, dst, base, [base], None)
-        out = dst if dst is not None else default_dst(spath)
+        out = dst if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
         base = os.path.basename(out)
         return Layout([spath], None, None, os.path.dirname(out) or ".", base, [base], None)
     expected = read_index(index_path)

@@ -231,6 +231,10 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
                 "torch.export.save (torch >= 2.5): weights and constants, the graph not read")
     if fmt == "package":
         return "torch.package archive written by PackageExporter (its modules never imported)"
+    if fmt == "dcp":
+        return (f"torch.distributed.checkpoint directory (DCP {info.get('dcp_version')}, "
+                f"{info.get('storage_format')} items, {len(info.get('shards', ()))} shard "
+                "files)")
     records = set(info.get("records", ()))
     if fmt == "torchscript":
         return "TorchScript archive written by torch.jit.save (torch >= 1.0)"
