@@ -165,6 +165,15 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
                                          "opaque" if value is None else "rebuilt"))
         return Global(module, name, offset) if value is None else value
 
+    def known(self, module: str, name: str, offset: int = -1) -> bool:
+        """Whether a rebuild rule knows ``module.name`` (as the file spells it)."""
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+        module = _MODULE_RENAMES.get(module, module)
+        return self._known(module, name, offset) is not None
+
     def _known(self, module: str, name: str, offset: int | None = None) -> Any:
         rule = _RULES.get((module, name))
         if rule is not None:

@@ -9,11 +9,16 @@ Two passes over one stream, because a scanner must not stop where a reader stops
    ``STACK_GLOBAL`` takes its operands from the stack: the walk follows string pushes and
    memo puts/gets closely enough to name them when the two values just before it are
    strings, and otherwise reports it unresolved (which the scanner calls dangerous).
-2. **Inert run.** The repo's interpreter (:class:`._pickle.vm.Machine`) with a resolver that
-   records each name and never refuses: it gives the exact operands of every
-   ``STACK_GLOBAL`` it reaches, memo tricks and decoys included. Where it breaks (malformed
-   data, a limit), the globals found before the break stay recorded and the walk of pass 1
-   still covers the rest of the stream.
+2. **Inert run.** The repo's interpreter (:class:`._pickle.vm.Machine`) with the execution
+   model's resolver (:mod:`.model`), which records each name and each action torch.load
+   would take (imports, calls, builds, updates) and never refuses: it gives the exact
+   operands of every ``STACK_GLOBAL`` it reaches, memo tricks and decoys included. Where it
+   breaks (malformed data, a limit), the actions found before the break stay recorded; the
+   names pass 1 found that the run never reached are judged as if called.
+
+A stream whose every name is vetted to be called with any data (:data:`FAST_NAMES`: torch's
+rebuild functions, storages, OrderedDict …) cannot make any action unvetted, so a large one
+is not run (its names are listed as imports).
 
 Nothing here imports, calls or unpickles anything.
 """
@@ -31,8 +36,11 @@ from torchless.pickle.arguments import ARGS, memo_index
 from torchless.pickle.machine import Machine, Resolver
 from torchless.pickle.opcodes import Arg, by_code
 from torchless.pickle.values import Global, Opaque
+from torchless.rules.allowlist import CALLS, call_verdict
+from torchless.scanner.model import ActionLog, Model
+from torchless.scanner.report import Action, Severity
 
-__all__ = ["FoundGlobal", "StreamScan", "scan_stream"]
+__all__ = ["FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
 
 _STR_PUSH = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE",
                        "BINUNICODE", "BINUNICODE8"})
@@ -72,6 +80,10 @@ class StreamScan:
     opcodes: int = 0
     #: True when a Limits bound stopped the walk or the run before the end of the stream.
     limited: bool = False
+    #: What torch.load would do with the stream (offsets from the stream's base).
+    actions: list[Action] = field(default_factory=list)
+    #: The worst severity of the actions each name (by its opcode's offset) takes part in.
+    worst: dict[int, Severity] = field(default_factory=dict)
 
 
 class _Persistent:
@@ -120,6 +132,45 @@ class _Recorder(Resolver):
             super().additems(obj, items, offset)
 
 
+class _ModelRecorder(Model, _Recorder):
+    """The recorder, with the execution model deciding what each name and call does."""
+
+    def __init__(self, data: Any) -> None:
+        super().__init__(data)
+        self.log = ActionLog(data)
+
+    def find_global(self, module: str, name: str, offset: int) -> Any:
+        super().find_global(module, name, offset)
+        return self.model_global(module, name, offset)
+
+    def extension(self, code: int, offset: int) -> Any:
+        value = super().extension(code, offset)
+        self.log.add("import", f"copyreg.extension.{code}", "dangerous",
+                     "names a global through the loading process's copyreg extension "
+                     "registry", offset, offset)
+        return value
+
+    def call(self, func: Any, args: Any, offset: int) -> Any:
+        return self.model_call(func, args if isinstance(args, tuple) else (args,), None,
+                               offset)
+
+    def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
+        return self.model_call(cls, args if isinstance(args, tuple) else (args,),
+                               kwargs if isinstance(kwargs, dict) else None, offset, new=True)
+
+    def build(self, obj: Any, state: Any, offset: int) -> Any:
+        return self.model_build(obj, state, offset)
+
+    def append(self, obj: Any, items: list[Any], offset: int) -> None:
+        self.model_update(obj, offset)
+
+    def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
+        self.model_update(obj, offset)
+
+    def additems(self, obj: Any, items: list[Any], offset: int) -> None:
+        self.model_update(obj, offset)
+
+
 class _Machine(Machine):
     """The interpreter, except that a STACK_GLOBAL on non-strings is recorded, not fatal."""
 
@@ -129,11 +180,14 @@ class _Machine(Machine):
         if type(module) is str and type(name) is str:
             self.push(self.resolver.find_global(module, name, self.op_start))
             return
-        assert isinstance(self.resolver, _Recorder)
+        assert isinstance(self.resolver, _ModelRecorder)
         what = (f"operands are {type(module).__name__} and {type(name).__name__}, "
                 "not two strings")
         self.resolver.found[self.op_start] = FoundGlobal(
             _show(module), _show(name), self.op_start, "STACK_GLOBAL", what)
+        self.resolver.log.add("import", f"{_show(module)}.{_show(name)}", "dangerous",
+                              f"STACK_GLOBAL whose name cannot be read statically ({what})",
+                              self.op_start, self.op_start)
         self.push(Global("?", "?", self.op_start))
 
 
@@ -354,8 +408,37 @@ def _index(name: str, unpack: Callable[[Any, int], tuple[Any, ...]],
 
 
 #: Streams up to this size always get the inert run (it also finds stack and memo misuse);
-#: larger ones only when they hold a STACK_GLOBAL or their value is wanted.
+#: larger ones only when they hold a STACK_GLOBAL, a name outside FAST_NAMES, or their value
+#: is wanted.
 _RUN_ALWAYS = 256 << 10
+
+#: Names vetted to be called with any data whose results are not callable and not
+#: forwarding: a stream naming only these (and storage types) takes only vetted actions.
+FAST_NAMES: frozenset[tuple[str, str]] = frozenset(
+    tuple(path.rsplit(".", 1)) for path in CALLS  # type: ignore[misc]
+    if path not in ("copyreg.__newobj__", "copyreg.__newobj_ex__", "_codecs.encode"))
+
+
+def _fast(g: FoundGlobal) -> bool:
+    return (g.module, g.name) in FAST_NAMES or (
+        g.module.startswith("torch") and g.name.endswith("Storage") and not g.unresolved)
+
+
+def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
+    """A name the static walk found where the run did not reach: judged as if called."""
+    if g.unresolved:
+        log.add("import", f"{g.module}.{g.name}", "dangerous", f"{g.opcode} whose name cannot "
+                f"be read statically ({g.unresolved})", g.offset, g.offset)
+    elif g.module == "copyreg.extension":
+        log.add("import", f"copyreg.extension.{g.name}", "dangerous", "names a global "
+                "through the loading process's copyreg extension registry", g.offset, g.offset)
+    elif _fast(g):
+        log.add("import", f"{g.module}.{g.name}", "vetted", "vetted to be called with any "
+                "data", g.offset, g.offset)
+    else:
+        severity, reason = call_verdict(g.module, g.name)
+        log.add("call", f"{g.module}.{g.name}", severity, "not reached by the model run "
+                f"(judged as called): {reason}", g.offset, g.offset)
 
 
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
@@ -365,12 +448,16 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
     static = _static(data, start, stop, scan, lim.max_pickle_bytes)
-    stack_global = any(g.opcode == "STACK_GLOBAL" for g in static.values())
-    if not (want_value or stack_global or scan.end - start <= _RUN_ALWAYS):
+    fast = all(_fast(g) for g in static.values())
+    if not (want_value or not fast or scan.end - start <= _RUN_ALWAYS):
         scan.globals = [static[k] for k in sorted(static)]
+        log = ActionLog(data)
+        for g in scan.globals:
+            _judge_unreached(log, g)
+        _finish(scan, log, start)
         return scan
     view = data if stop == len(data) else data[:stop]
-    recorder = _Recorder(view)
+    recorder = _ModelRecorder(view)
     machine = _Machine(view, recorder, lim)
     try:
         scan.value, _ = machine.run(start)
@@ -387,4 +474,12 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
         merged[offset] = record  # the interpreter's operands are exact
     scan.globals = [merged[k] for k in sorted(merged)]
     scan.pids = recorder.pids
+    for offset in sorted(static.keys() - recorder.found.keys()):
+        _judge_unreached(recorder.log, static[offset])
+    _finish(scan, recorder.log, start)
     return scan
+
+
+def _finish(scan: StreamScan, log: ActionLog, start: int) -> None:
+    scan.actions = log.finished()
+    scan.worst = log.worst
