@@ -216,6 +216,7 @@ DANGEROUS: dict[str, str] = {
     "idlelib": "starts IDLE", "turtledemo": "starts a GUI",
     "_aix_support": "runs shell commands", "_osx_support": "runs shell commands",
     "_pyrepl": "its pager runs shell commands", "test": "CPython's test helpers run processes",
+    "codecs.open": "opens a file", "codecs.EncodedFile": "wraps a file",
     "ensurepip": "runs pip", "venv": "creates environments and runs pip",
     "_bootlocale": "imports by name", "_posixshmem": "shared memory",
 }
