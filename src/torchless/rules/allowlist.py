@@ -33,6 +33,7 @@ and add a file to the labelled set (``tests/scanner/labelled``) that shows it in
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from typing import Literal
@@ -256,6 +257,7 @@ def _known_danger(module: str, name: str, *, called: bool) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def import_verdict(module: str, name: str, *, called: bool = False) -> tuple[Severity, str]:
     """What importing ``module`` and reading ``name`` from it would run (a reference)."""
     path = f"{module}.{name}"
@@ -280,6 +282,7 @@ def import_verdict(module: str, name: str, *, called: bool = False) -> tuple[Sev
     return "unvetted", f"importing {module} runs the code of the {top} package, not vetted"
 
 
+@functools.lru_cache(maxsize=4096)
 def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity, str]:
     """What calling ``module.name`` (``new``: creating it with ``__new__`` and building it)
     would run."""

@@ -188,17 +188,18 @@ class _File(LayoutScans):
             self._verdicts[key] = ("rebuilt" if known else "opaque", "")
         return self._verdicts[key]
 
-    def judged(self, action: Action, member: str | None) -> Action:
+    def judged(self, action: Action) -> Action:
         """The action as this scan reports it: ``allow_globals`` vets its target; strict
         mode counts an unvetted one as dangerous."""
-        target = action.target.removesuffix(".__new__")
-        if action.severity != "vetted" and target in self.allow:
+        if action.severity == "vetted":
+            return action
+        if action.target.removesuffix(".__new__") in self.allow:
             return replace(action, severity="vetted", reason="allowed by the caller "
-                           "(allow_globals)", member=member)
+                           "(allow_globals)")
         if action.severity == "unvetted" and self.strict:
             return replace(action, severity="dangerous", reason=f"strict mode: "
-                           f"{action.reason}", member=member)
-        return replace(action, member=member) if member is not None else action
+                           f"{action.reason}")
+        return action
 
     # ---- pickles ----------------------------------------------------------------------
 
@@ -209,11 +210,12 @@ class _File(LayoutScans):
         :func:`.layouts.plausible`. None if the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
-        result = scan_stream(data, start, end, self.limits, want_value=want_value)
+        result = scan_stream(data, start, end, self.limits, want_value=want_value,
+                             member=member)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
-        actions = [self.judged(a, member) for a in result.actions]
+        actions = [self.judged(a) for a in result.actions]
         self.actions.extend(actions)
         worst: dict[int, Severity] = {}
         reasons: dict[int, str] = {}

@@ -26,6 +26,7 @@ import _compat_pickle
 from typing import Any
 
 from torchless.core import dtypes as _dtypes
+from torchless.pickle.opcodes import by_code
 from torchless.pickle.values import Global
 from torchless.rules.allowlist import (
     FORWARDS,
@@ -103,8 +104,9 @@ class ActionLog:
     """Actions of one stream; vetted ones are counted per (kind, target), the others kept
     one by one."""
 
-    def __init__(self, data: Any) -> None:
+    def __init__(self, data: Any, member: str | None = None) -> None:
         self.data = data
+        self.member = member
         self.actions: list[Action] = []
         self._vetted: dict[tuple[str, str], int] = {}
         self._counts: dict[int, int] = {}
@@ -126,7 +128,8 @@ class ActionLog:
             self._counts[len(self.actions)] = 1
         op = _opcode(self.data, offset)
         self.actions.append(Action(kind, target, severity, reason, offset, op,
-                                   static_args(args) if args is not None else None, origin))
+                                   static_args(args) if args is not None else None, origin,
+                                   self.member))
 
     def finished(self) -> list[Action]:
         out = []
@@ -137,8 +140,6 @@ class ActionLog:
 
 
 def _opcode(data: Any, offset: int) -> str:
-    from torchless.pickle.opcodes import by_code
-
     if 0 <= offset < len(data):
         op = by_code(data[offset])
         if op is not None:

@@ -135,9 +135,9 @@ class _Recorder(Resolver):
 class _ModelRecorder(Model, _Recorder):
     """The recorder, with the execution model deciding what each name and call does."""
 
-    def __init__(self, data: Any) -> None:
+    def __init__(self, data: Any, member: str | None = None) -> None:
         super().__init__(data)
-        self.log = ActionLog(data)
+        self.log = ActionLog(data, member)
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
         super().find_global(module, name, offset)
@@ -442,8 +442,10 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
 
 
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
-                limits: Limits | None = None, *, want_value: bool = False) -> StreamScan:
-    """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap)."""
+                limits: Limits | None = None, *, want_value: bool = False,
+                member: str | None = None) -> StreamScan:
+    """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
+    ``member``: the archive member it is, for the actions' report."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
@@ -451,13 +453,13 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     fast = all(_fast(g) for g in static.values())
     if not (want_value or not fast or scan.end - start <= _RUN_ALWAYS):
         scan.globals = [static[k] for k in sorted(static)]
-        log = ActionLog(data)
+        log = ActionLog(data, member)
         for g in scan.globals:
             _judge_unreached(log, g)
         _finish(scan, log, start)
         return scan
     view = data if stop == len(data) else data[:stop]
-    recorder = _ModelRecorder(view)
+    recorder = _ModelRecorder(view, member)
     machine = _Machine(view, recorder, lim)
     try:
         scan.value, _ = machine.run(start)
