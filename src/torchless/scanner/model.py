@@ -37,7 +37,7 @@ from torchless.rules.allowlist import (
 )
 from torchless.scanner.report import Action
 
-__all__ = ["ActionLog", "Made", "static_args"]
+__all__ = ["ActionLog", "Made", "Model", "static_args", "storage_verdict"]
 
 _ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
@@ -147,6 +147,18 @@ def _opcode(data: Any, offset: int) -> str:
     return "?"
 
 
+def storage_verdict(module: str, name: str) -> tuple[Severity, str] | None:
+    """torch's find_class maps a storage type's name without an import; a storage name torch
+    does not know is not what torch.save writes. None for other names."""
+    if "Storage" not in name:
+        return None
+    if name == "UntypedStorage" or _dtypes.by_storage_name(name) is not None:
+        return "vetted", "torch's find_class maps a storage name to its type without an import"
+    if module.startswith("torch") and "." not in name:
+        return "dangerous", "torch has no such storage type: torch.save never writes this name"
+    return None
+
+
 class Model:
     """The resolver half of the model (mixed into the scanner's recording resolver)."""
 
@@ -161,16 +173,8 @@ class Model:
             module = _compat_pickle.IMPORT_MAPPING[module]
         module = _MODULE_RENAMES.get(module, module)
         g = Global(module, name, offset)
-        if "Storage" in name and (name == "UntypedStorage"
-                                  or _dtypes.by_storage_name(name) is not None):
-            self.log.add("import", g.path, "vetted", "torch's find_class maps a storage name "
-                         "to its type without an import", offset, offset)
-        elif "Storage" in name and module.startswith("torch") and "." not in name:
-            self.log.add("import", g.path, "dangerous", "torch has no such storage type: "
-                         "torch.save never writes this name", offset, offset)
-        else:
-            severity, reason = import_verdict(module, name)
-            self.log.add("import", g.path, severity, reason, offset, offset)
+        severity, reason = storage_verdict(module, name) or import_verdict(module, name)
+        self.log.add("import", g.path, severity, reason, offset, offset)
         return g
 
     # ---- calls -------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from torchless.pickle.machine import Machine, Resolver
 from torchless.pickle.opcodes import Arg, by_code
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.allowlist import CALLS, call_verdict
-from torchless.scanner.model import ActionLog, Model
+from torchless.scanner.model import ActionLog, Model, storage_verdict
 from torchless.scanner.report import Action, Severity
 
 __all__ = ["FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
@@ -411,6 +411,7 @@ def _index(name: str, unpack: Callable[[Any, int], tuple[Any, ...]],
 #: larger ones only when they hold a STACK_GLOBAL, a name outside FAST_NAMES, or their value
 #: is wanted.
 _RUN_ALWAYS = 256 << 10
+_RUN_SMALL = False
 
 #: Names vetted to be called with any data whose results are not callable and not
 #: forwarding: a stream naming only these (and storage types) takes only vetted actions.
@@ -420,8 +421,10 @@ FAST_NAMES: frozenset[tuple[str, str]] = frozenset(
 
 
 def _fast(g: FoundGlobal) -> bool:
-    return (g.module, g.name) in FAST_NAMES or (
-        g.module.startswith("torch") and g.name.endswith("Storage") and not g.unresolved)
+    if (g.module, g.name) in FAST_NAMES:
+        return True
+    storage = storage_verdict(g.module, g.name)
+    return storage is not None and storage[0] == "vetted" and not g.unresolved
 
 
 def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
@@ -435,6 +438,9 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
     elif _fast(g):
         log.add("import", f"{g.module}.{g.name}", "vetted", "vetted to be called with any "
                 "data", g.offset, g.offset)
+    elif storage_verdict(g.module, g.name) is not None:
+        severity, reason = storage_verdict(g.module, g.name)  # type: ignore[misc]
+        log.add("import", f"{g.module}.{g.name}", severity, reason, g.offset, g.offset)
     else:
         severity, reason = call_verdict(g.module, g.name)
         log.add("call", f"{g.module}.{g.name}", severity, "not reached by the model run "
@@ -451,7 +457,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     lim = limits or Limits()
     static = _static(data, start, stop, scan, lim.max_pickle_bytes)
     fast = all(_fast(g) for g in static.values())
-    if not (want_value or not fast or scan.end - start <= _RUN_ALWAYS):
+    if not (want_value or not fast or scan.end - start <= _RUN_ALWAYS and _RUN_SMALL):
         scan.globals = [static[k] for k in sorted(static)]
         log = ActionLog(data, member)
         for g in scan.globals:
