@@ -86,17 +86,18 @@ CORPUS_UNGRADED = {
 }
 
 _FOREIGN = r'''
-import json, sys, time, pathlib, logging, warnings, zipfile
+import json, os, sys, time, pathlib, logging, warnings, zipfile
 logging.disable(logging.CRITICAL)
 warnings.simplefilter("ignore")
 tool = sys.argv[1]
 paths = json.load(sys.stdin)
 out = []
+result, sys.stdout = sys.stdout, open(os.devnull, "w")  # tools that print
 try:
     __import__({"picklescan": "picklescan.scanner", "modelscan": "modelscan.modelscan",
                 "fickling": "fickling"}[tool])
 except ImportError as e:
-    json.dump({"not_installed": str(e)}, sys.stdout)
+    json.dump({"not_installed": str(e)}, result)
     sys.exit(0)
 if tool == "fickling":
     import fickling
@@ -133,7 +134,7 @@ for r in range(rounds):
         except BaseException as e:  # a crash of the tool is an error, not a verdict
             outcome = "error"
         out.append([p, outcome, time.perf_counter() - t])
-json.dump(out, sys.stdout)
+json.dump(out, result)
 '''
 TOOLS = ("picklescan", "modelscan", "fickling")
 
