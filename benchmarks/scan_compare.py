@@ -265,7 +265,7 @@ def throughput(venv: Path, rounds: int = 3) -> int:
             print(f"| {tool} | {NOT_INSTALLED} | | |")
             continue
         med = statistics.median(runs)
-        print(f"| {tool} | {med:.2f} | {len(paths) / med:.0f} | {med / ours:.2f}× |")
+        print(f"| {tool} | {med:.2f} | {len(paths) / med:.0f} | {med / ours:.2f}x |")
     return 0
 
 

@@ -318,8 +318,11 @@ def top_is(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+_Forward = list[tuple[object, tuple[object, ...]]]
+
+
 def forwarded(path: str, args: tuple[object, ...],
-              kwargs: dict[object, object] | None = None) -> list[tuple[object, tuple[object, ...]]]:
+              kwargs: dict[object, object] | None = None) -> _Forward:
     """The calls a vetted forwarding rule ``path`` makes with what the file gave it, as
     ``(callable, arguments)`` pairs (the callable as the file built it); [] when it forwards
     nothing for these arguments. ``functools.partial`` forwards when the partial is called,

@@ -35,7 +35,7 @@ from torchless.rules.allowlist import (
     forwarded,
     import_verdict,
 )
-from torchless.scanner.report import Action
+from torchless.scanner.report import Action, ActionKind
 
 __all__ = ["ActionLog", "Made", "Model", "static_args", "storage_verdict"]
 
@@ -112,7 +112,7 @@ class ActionLog:
         self._counts: dict[int, int] = {}
         self.worst: dict[int, Severity] = {}  # per origin offset
 
-    def add(self, kind: str, target: str, severity: Severity, reason: str, offset: int,
+    def add(self, kind: ActionKind, target: str, severity: Severity, reason: str, offset: int,
             origin: int | None, args: Any = None) -> None:
         if origin is not None and _ORDER[severity] > _ORDER[self.worst.get(origin, "vetted")]:
             self.worst[origin] = severity
@@ -331,7 +331,7 @@ class Model:
         self._update("build", obj, offset, state)
         return obj
 
-    def _update(self, kind: str, obj: Any, offset: int, args: Any = None) -> None:
+    def _update(self, kind: ActionKind, obj: Any, offset: int, args: Any = None) -> None:
         what = "__setstate__ or __setattr__" if kind == "build" else "item methods"
         if isinstance(obj, Made):
             if obj.attr is not None or obj.severity == "dangerous":

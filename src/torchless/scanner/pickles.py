@@ -17,8 +17,9 @@ Two passes over one stream, because a scanner must not stop where a reader stops
    names pass 1 found that the run never reached are judged as if called.
 
 A stream whose every name is vetted to be called with any data (:data:`FAST_NAMES`: torch's
-rebuild functions, storages, OrderedDict …) cannot make any action unvetted, so a large one
-is not run (its names are listed as imports).
+rebuild functions, storages, OrderedDict …) cannot take an action that is not vetted, whatever
+its stack does (every name is an opcode the walk saw), so it is not run unless its value is
+wanted; its names are listed as imports.
 
 Nothing here imports, calls or unpickles anything.
 """
@@ -33,11 +34,10 @@ from typing import Any
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, LimitError
 from torchless.pickle.arguments import ARGS, memo_index
-from torchless.pickle.machine import Machine, Resolver
 from torchless.pickle.opcodes import Arg, by_code
-from torchless.pickle.values import Global, Opaque
 from torchless.rules.allowlist import CALLS, call_verdict
-from torchless.scanner.model import ActionLog, Model, storage_verdict
+from torchless.scanner.model import ActionLog, storage_verdict
+from torchless.scanner.modelrun import FoundGlobal, ModelMachine, ModelRecorder
 from torchless.scanner.report import Action, Severity
 
 __all__ = ["FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
@@ -48,18 +48,6 @@ _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 #: Bytes of one text line the walk accepts (a global name, a decimal) before calling it broken.
 _MAX_LINE = 1 << 20
-
-
-@dataclass(frozen=True)
-class FoundGlobal:
-    """One name a stream references: ``opcode`` at ``offset`` (from the stream's base)."""
-
-    module: str
-    name: str
-    offset: int
-    opcode: str
-    #: Why the name could not be read statically, if it could not ("" when it was).
-    unresolved: str = ""
 
 
 @dataclass
@@ -84,117 +72,6 @@ class StreamScan:
     actions: list[Action] = field(default_factory=list)
     #: The worst severity of the actions each name (by its opcode's offset) takes part in.
     worst: dict[int, Severity] = field(default_factory=dict)
-
-
-class _Persistent:
-    """What a persistent id stands for in the inert run."""
-
-    def __init__(self, pid: Any) -> None:
-        self.pid = pid
-
-
-class _Recorder(Resolver):
-    """Records every name; refuses nothing; lets every update of an object pass."""
-
-    def __init__(self, data: Any) -> None:
-        self.data = data
-        self.found: dict[int, FoundGlobal] = {}
-        self.pids: list[Any] = []
-
-    def find_global(self, module: str, name: str, offset: int) -> Any:
-        op = by_code(self.data[offset])
-        self.found[offset] = FoundGlobal(module, name, offset, op.name if op else "?")
-        return Global(module, name, offset)
-
-    def extension(self, code: int, offset: int) -> Any:
-        op = by_code(self.data[offset])
-        self.found[offset] = FoundGlobal("copyreg.extension", str(code), offset,
-                                         op.name if op else "EXT")
-        return Global("copyreg.extension", str(code), offset)
-
-    def build(self, obj: Any, state: Any, offset: int) -> Any:
-        return super().build(obj, state, offset) if isinstance(obj, Opaque) else obj
-
-    def persistent_load(self, pid: Any, offset: int) -> Any:
-        self.pids.append(pid)
-        return _Persistent(pid)
-
-    def append(self, obj: Any, items: list[Any], offset: int) -> None:
-        if isinstance(obj, Opaque):
-            super().append(obj, items, offset)
-
-    def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
-        if isinstance(obj, Opaque):
-            super().setitems(obj, pairs, offset)
-
-    def additems(self, obj: Any, items: list[Any], offset: int) -> None:
-        if isinstance(obj, Opaque):
-            super().additems(obj, items, offset)
-
-
-class _ModelRecorder(Model, _Recorder):
-    """The recorder, with the execution model deciding what each name and call does."""
-
-    def __init__(self, data: Any, member: str | None = None) -> None:
-        super().__init__(data)
-        self.log = ActionLog(data, member)
-
-    def find_global(self, module: str, name: str, offset: int) -> Any:
-        super().find_global(module, name, offset)
-        return self.model_global(module, name, offset)
-
-    def extension(self, code: int, offset: int) -> Any:
-        value = super().extension(code, offset)
-        self.log.add("import", f"copyreg.extension.{code}", "dangerous",
-                     "names a global through the loading process's copyreg extension "
-                     "registry", offset, offset)
-        return value
-
-    def call(self, func: Any, args: Any, offset: int) -> Any:
-        return self.model_call(func, args if isinstance(args, tuple) else (args,), None,
-                               offset)
-
-    def new_object(self, cls: Any, args: Any, kwargs: Any, offset: int) -> Any:
-        return self.model_call(cls, args if isinstance(args, tuple) else (args,),
-                               kwargs if isinstance(kwargs, dict) else None, offset, new=True)
-
-    def build(self, obj: Any, state: Any, offset: int) -> Any:
-        return self.model_build(obj, state, offset)
-
-    def append(self, obj: Any, items: list[Any], offset: int) -> None:
-        self.model_update(obj, offset)
-
-    def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
-        self.model_update(obj, offset)
-
-    def additems(self, obj: Any, items: list[Any], offset: int) -> None:
-        self.model_update(obj, offset)
-
-
-class _Machine(Machine):
-    """The interpreter, except that a STACK_GLOBAL on non-strings is recorded, not fatal."""
-
-    def op_STACK_GLOBAL(self) -> None:
-        name = self.pop()
-        module = self.pop()
-        if type(module) is str and type(name) is str:
-            self.push(self.resolver.find_global(module, name, self.op_start))
-            return
-        assert isinstance(self.resolver, _ModelRecorder)
-        what = (f"operands are {type(module).__name__} and {type(name).__name__}, "
-                "not two strings")
-        self.resolver.found[self.op_start] = FoundGlobal(
-            _show(module), _show(name), self.op_start, "STACK_GLOBAL", what)
-        self.resolver.log.add("import", f"{_show(module)}.{_show(name)}", "dangerous",
-                              f"STACK_GLOBAL whose name cannot be read statically ({what})",
-                              self.op_start, self.op_start)
-        self.push(Global("?", "?", self.op_start))
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, Global):
-        return value.path
-    return value if isinstance(value, str) else f"<{type(value).__name__}>"
 
 
 def _text(raw: bytes) -> str:
@@ -407,12 +284,6 @@ def _index(name: str, unpack: Callable[[Any, int], tuple[Any, ...]],
     return int(unpack(raw, 0)[0])
 
 
-#: Streams up to this size always get the inert run (it also finds stack and memo misuse);
-#: larger ones only when they hold a STACK_GLOBAL, a name outside FAST_NAMES, or their value
-#: is wanted.
-_RUN_ALWAYS = 256 << 10
-_RUN_SMALL = False
-
 #: Names vetted to be called with any data whose results are not callable and not
 #: forwarding: a stream naming only these (and storage types) takes only vetted actions.
 FAST_NAMES: frozenset[tuple[str, str]] = frozenset(
@@ -457,7 +328,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     lim = limits or Limits()
     static = _static(data, start, stop, scan, lim.max_pickle_bytes)
     fast = all(_fast(g) for g in static.values())
-    if not (want_value or not fast or scan.end - start <= _RUN_ALWAYS and _RUN_SMALL):
+    if fast and not want_value:
         scan.globals = [static[k] for k in sorted(static)]
         log = ActionLog(data, member)
         for g in scan.globals:
@@ -465,8 +336,8 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
         _finish(scan, log, start)
         return scan
     view = data if stop == len(data) else data[:stop]
-    recorder = _ModelRecorder(view, member)
-    machine = _Machine(view, recorder, lim)
+    recorder = ModelRecorder(view, member)
+    machine = ModelMachine(view, recorder, lim)
     try:
         scan.value, _ = machine.run(start)
     except CheckpointError as e:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from torchless.core.findings import Anomaly
 from torchless.core.text import printable
 
-__all__ = ["Action", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
+__all__ = ["Action", "ActionKind", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
            "format_table"]
 
 #: What the scanner makes of one global: vetted names are ``rebuilt`` (the reader has a rule
@@ -19,6 +19,8 @@ Verdict = Literal["rebuilt", "opaque", "unvetted", "dangerous"]
 #: What the scanner makes of one file.
 FileStatus = Literal["clean", "dangerous", "anomalous", "unvetted", "unreadable", "skipped",
                      "error"]
+#: What one action of the execution model is.
+ActionKind = Literal["import", "call", "build", "update"]
 #: How one action of the execution model is judged (see torchless.rules.allowlist).
 Severity = Literal["vetted", "unvetted", "dangerous"]
 
@@ -30,7 +32,7 @@ class Action:
     ``update`` (``append``/``__setitem__``) an object. Vetted actions of one kind and target
     are listed once, with their ``count``."""
 
-    kind: Literal["import", "call", "build", "update"]
+    kind: ActionKind
     target: str
     severity: Severity
     reason: str
@@ -145,7 +147,7 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
                 continue
             where = f"{act.member}@{act.offset}" if act.member else f"@{act.offset}"
             args = f"{act.args}" if act.args is not None and act.kind == "call" else ""
-            times = f" ×{act.count}" if act.count > 1 else ""
+            times = f" x{act.count}" if act.count > 1 else ""
             lines.append(f"    {act.severity:<9} {act.kind} {act.target}{args} ({act.opcode} "
                          f"{where}){times}: {act.reason}")
         for a in f.anomalies:

@@ -4,7 +4,8 @@
 Run once with an interpreter that has torch, numpy, omegaconf, transformers and lightning
 (``python make_benign.py OUT``); the files and ``manifest.json`` it writes are committed under
 ``tests/data/labelled/benign`` (the test suite does not need those libraries). Every file is
-written by ``torch.save`` (Lightning: ``Trainer.save_checkpoint``), never by hand: each one is what a real training script leaves on disk.
+written by ``torch.save`` (Lightning: ``Trainer.save_checkpoint``), never by hand: each one
+is what a real training script leaves on disk.
 """
 
 from __future__ import annotations
