@@ -245,17 +245,17 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         vetted, a vetted rule forwarding a callable the file chose that is not vetted, or a
         call of an object the file built (not a partial, not cls.__new__)."""
         reason = None
-        if isinstance(func, Global) and not isinstance(func, Known) \
-                and func.path not in self.allow:
-            severity, why = call_verdict(func.module, func.name)
-            if severity == "dangerous" or (severity == "unvetted"
-                                           and func.name.split(".")[-1][:1].islower()):
-                reason = f"calling {func.path}: {why}"
-        elif isinstance(func, Known) and func.path in FORWARDS and isinstance(args, tuple):
+        if isinstance(func, Global) and func.path in FORWARDS and isinstance(args, tuple):
             for target, _ in forwarded(func.path, args):
                 if not self._vetted_callable(target):
                     reason = (f"{func.path} would call {_describe(target)}, a callable the "
                               "file chose that is not vetted")
+        if reason is None and isinstance(func, Global) and not isinstance(func, Known) \
+                and func.path not in self.allow:
+            severity, why = call_verdict(func.module, func.name)
+            if severity == "dangerous" or (severity == "unvetted"
+                                           and func.name.split(".")[-1].lstrip("_")[:1].islower()):
+                reason = f"calling {func.path}: {why}"
         elif isinstance(func, Opaque) and not calls_a_method(func):
             c = func.callable
             if isinstance(c, Known) and c.path == "functools.partial":
