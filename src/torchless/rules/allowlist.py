@@ -156,8 +156,10 @@ NEW_ONLY: dict[str, str] = {
     "pytorch_lightning.utilities.parsing.AttributeDict": "a dict subclass",
     "lightning.pytorch.utilities.parsing.AttributeDict": "a dict subclass",
 }
+NEW_ONLY["omegaconf.base.UnionNode"] = "an omegaconf union node: BUILD restores its value"
 for _n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
-           "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode"):
+           "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode", "NoneNode",
+           "LiteralNode"):
     NEW_ONLY[f"omegaconf.nodes.{_n}"] = "an omegaconf value node: BUILD restores its value"
 
 #: Vetted calls that call what the file passes them: name -> what is forwarded.
@@ -303,6 +305,9 @@ def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity
     if new and name.endswith("Config") and _HF_CONFIG.match(module):
         return "vetted", "a transformers model config (PretrainedConfig): __new__ is " \
                          "object's and BUILD fills __dict__ (no __setstate__ of its own)"
+    if module == "__main__" and name[:1].isupper() and "." not in name:
+        return "vetted", "a class of the loading program itself (__main__): code the user " \
+                         "already runs, not code the file brings"
     if top_is(module, "torch.return_types") or top_is(module, "__torch__"):
         return "vetted", "a torch struct sequence, or a TorchScript class torch.jit builds " \
                          "from the archive's code/"

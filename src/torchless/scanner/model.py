@@ -344,11 +344,9 @@ class Model:
                 self.log.add(kind, obj.maker, "vetted", f"{what} of a vetted class", offset,
                              obj.origin)
         elif isinstance(obj, Global):
-            severity, reason = call_verdict(obj.module, obj.name)
-            if severity != "vetted":
-                severity = "dangerous"
-            self.log.add(kind, obj.path, severity, f"calls {what} of the class {obj.path} "
-                         f"itself ({reason})", offset, obj.offset, args)
+            self.log.add(kind, obj.path, "dangerous", f"calls {what} of the class {obj.path} "
+                         "itself (no pickler writes that: it can rebind the class's "
+                         "attributes)", offset, obj.offset, args)
 
     def model_update(self, obj: Any, offset: int) -> None:
         if isinstance(obj, (Made, Global)):
