@@ -257,7 +257,7 @@ def throughput(venv: Path, rounds: int = 3) -> int:
                 seconds[tool].append(sum(s for _, s in r.values()))
     print(f"{len(paths)} real checkpoint files (repo fixtures + corpus, shared fixtures), "
           f"median of {rounds} interleaved rounds, interpreter start excluded\n")
-    print("| scanner | seconds | files/s | torchless speed-up |")
+    print("| scanner | seconds | files/s | time vs torchless |")
     print("| --- | ---: | ---: | ---: |")
     ours = statistics.median(seconds["torchless"])
     for tool, runs in seconds.items():
