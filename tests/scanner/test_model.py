@@ -84,6 +84,12 @@ def test_newobj_and_build_of_the_loading_programs_class(tmp_path: Path) -> None:
         ("build", "__main__.Config")]
 
 
+def test_enum_of_the_loading_program(tmp_path: Path) -> None:
+    assert _scan(tmp_path, _g("__main__", "Color") + b"(" + _s("red") + b"tR").status == "clean"
+    two = _g("__main__", "Runner") + b"(" + _s("a") + _s("b") + b"tR"
+    assert _bad(_scan(tmp_path, two)) == [("call", "__main__.Runner", "unvetted")]
+
+
 def test_build_on_a_class_itself_is_dangerous(tmp_path: Path) -> None:
     body = _g("argparse", "Namespace") + b"N}" + _s("__eq__") + _g("math", "sqrt") + b"s\x86b"
     f = _scan(tmp_path, body)

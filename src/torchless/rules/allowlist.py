@@ -305,9 +305,9 @@ def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity
     if new and name.endswith("Config") and _HF_CONFIG.match(module):
         return "vetted", "a transformers model config (PretrainedConfig): __new__ is " \
                          "object's and BUILD fills __dict__ (no __setstate__ of its own)"
-    if module == "__main__" and name[:1].isupper() and "." not in name:
-        return "vetted", "a class of the loading program itself (__main__): code the user " \
-                         "already runs, not code the file brings"
+    if new and module == "__main__" and name[:1].isupper() and "." not in name:
+        return "vetted", "a class of the loading program itself (__main__) created with " \
+                         "__new__ and built: code the user already runs"
     if top_is(module, "torch.return_types") or top_is(module, "__torch__"):
         return "vetted", "a torch struct sequence, or a TorchScript class torch.jit builds " \
                          "from the archive's code/"

@@ -196,6 +196,11 @@ class Model:
                 return self.model_call(cls, rest if isinstance(rest, tuple) else (),
                                        None, offset, new=True, via=via)
             severity, reason = call_verdict(func.module, func.name, new=new)
+            if (severity == "unvetted" and not via and not new and func.module == "__main__"
+                    and func.name[:1].isupper() and "." not in func.name and len(args) <= 1
+                    and all(isinstance(a, (str, int, float)) or a is None for a in args)):
+                severity, reason = "vetted", ("an Enum member lookup (or a one-value "
+                                              "constructor) of the loading program's own class")
             if via and severity != "vetted":
                 severity, reason = "dangerous", f"{via} calls a callable the file chose, " \
                                                 f"{path}, which is not vetted ({reason})"
