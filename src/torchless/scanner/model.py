@@ -82,6 +82,8 @@ def _show(value: Any, depth: int) -> str:
         return value.path
     if isinstance(value, Made):
         return repr(value)
+    if hasattr(value, "pid"):  # a persistent id: a storage of the archive
+        return f"<storage {_show(value.pid, 1)}>"
     if isinstance(value, (str, bytes, int, float, bool, complex)) or value is None:
         return repr(value if not isinstance(value, (str, bytes)) or len(value) <= 80
                     else value[:80])
