@@ -4,7 +4,7 @@ alarms, files per second.
 
 Usage::
 
-    python -m venv /work/venv-scanpeers
+    python3 -m venv /work/venv-scanpeers
     /work/venv-scanpeers/bin/pip install picklescan modelscan fickling typing_extensions
     python benchmarks/scan_compare.py /work/venv-scanpeers
     python benchmarks/scan_compare.py VENV --hostile /tmp/hostile --extra DIR --json
