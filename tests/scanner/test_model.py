@@ -136,3 +136,12 @@ def test_every_entry_has_a_reason() -> None:
     assert call_verdict("transformers.training_args", "TrainingArguments")[0] == "unvetted"
     assert import_verdict("antigravity", "x")[0] == "dangerous"
     assert import_verdict("json.__main__", "main")[0] == "dangerous"
+
+
+def test_a_repeated_payload_is_counted_not_listed(tmp_path: Path) -> None:
+    """10,000 calls of one unvetted function: the first 1,000 are listed, the rest counted."""
+    call = _g("mylib", "Thing") + b")R0"
+    f = _scan(tmp_path, call * 10_000 + b"N")
+    calls = [a for a in f.actions if a.kind == "call"]
+    assert sum(a.count for a in calls) == 10_000
+    assert len(f.actions) <= 1_002

@@ -44,6 +44,9 @@ _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
 _TYPING = frozenset({"typing", "typing_extensions", "collections.abc", "builtins"})
 #: Characters of a static argument rendering kept in a report.
 _ARGS_MAX = 160
+#: Actions listed one by one per stream; past this, those of one kind, target and severity
+#: are counted on the first (a hostile stream may repeat a call a million times).
+_MAX_LISTED = 1000
 
 
 class Made:
@@ -84,6 +87,8 @@ def _show(value: Any, depth: int) -> str:
         return repr(value)
     if hasattr(value, "pid"):  # a persistent id: a storage of the archive
         return f"<storage {_show(value.pid, 1)}>"
+    if type(value) is int and value.bit_length() > 256:
+        return f"<int of {value.bit_length()} bits>"
     if isinstance(value, (str, bytes, int, float, bool, complex)) or value is None:
         return repr(value if not isinstance(value, (str, bytes)) or len(value) <= 80
                     else value[:80])
@@ -120,8 +125,8 @@ class ActionLog:
             self.worst[origin] = severity
         elif origin is not None and origin not in self.worst:
             self.worst[origin] = severity
-        if severity == "vetted":
-            key = (kind, target)
+        if severity == "vetted" or len(self.actions) >= _MAX_LISTED:
+            key = (kind, target) if severity == "vetted" else (kind, f"{severity}:{target}")
             at = self._vetted.get(key)
             if at is not None:
                 self._counts[at] += 1
