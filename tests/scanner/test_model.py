@@ -86,6 +86,8 @@ def test_newobj_and_build_of_the_loading_programs_class(tmp_path: Path) -> None:
 
 def test_enum_of_the_loading_program(tmp_path: Path) -> None:
     assert _scan(tmp_path, _g("__main__", "Color") + b"(" + _s("red") + b"tR").status == "clean"
+    planet = _g("__main__", "Planet") + b"((G@\x00\x00\x00\x00\x00\x00\x00K\x03ttR"
+    assert _scan(tmp_path, planet).status == "clean"  # a tuple value
     two = _g("__main__", "Runner") + b"(" + _s("a") + _s("b") + b"tR"
     assert _bad(_scan(tmp_path, two)) == [("call", "__main__.Runner", "unvetted")]
 

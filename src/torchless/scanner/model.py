@@ -66,6 +66,14 @@ class Made:
         return f"<{self.maker}>"
 
 
+def _plain(value: Any, depth: int = 2) -> bool:
+    """A value of plain data (an Enum's value: scalars, or a tuple of them)."""
+    if value is None or isinstance(value, (str, bytes, int, float, complex)):
+        return True
+    return depth > 0 and isinstance(value, (tuple, frozenset)) and len(value) <= 64 and \
+        all(_plain(v, depth - 1) for v in value)
+
+
 def _origin(value: Any) -> int | None:
     if isinstance(value, Global):
         return value.offset
@@ -205,7 +213,7 @@ class Model:
             severity, reason = call_verdict(func.module, func.name, new=new)
             if (severity == "unvetted" and not via and not new and func.module == "__main__"
                     and func.name[:1].isupper() and "." not in func.name and len(args) <= 1
-                    and all(isinstance(a, (str, int, float)) or a is None for a in args)):
+                    and all(_plain(a) for a in args)):
                 severity, reason = "vetted", ("an Enum member lookup (or a one-value "
                                               "constructor) of the loading program's own class")
             if via and severity != "vetted":
