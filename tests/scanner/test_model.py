@@ -147,3 +147,10 @@ def test_a_repeated_payload_is_counted_not_listed(tmp_path: Path) -> None:
     calls = [a for a in f.actions if a.kind == "call"]
     assert sum(a.count for a in calls) == 10_000
     assert len(f.actions) <= 1_002
+
+
+def test_codecs_encode_is_vetted_for_text_codecs_only(tmp_path: Path) -> None:
+    text = _g("_codecs", "encode") + b"(" + _s("abc") + _s("latin1") + b"tR"
+    assert _scan(tmp_path, text).status == "clean"
+    other = _g("_codecs", "encode") + b"(" + _s("abc") + _s("rot13") + b"tR"
+    assert _bad(_scan(tmp_path, other)) == [("call", "_codecs.encode", "unvetted")]

@@ -41,6 +41,8 @@ __all__ = ["ActionLog", "Made", "Model", "static_args", "storage_verdict"]
 
 _ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
+_TEXT_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8",
+                          "ascii"})
 _TYPING = frozenset({"typing", "typing_extensions", "collections.abc", "builtins"})
 #: Characters of a static argument rendering kept in a report.
 _ARGS_MAX = 160
@@ -216,6 +218,11 @@ class Model:
                     and all(_plain(a) for a in args)):
                 severity, reason = "vetted", ("an Enum member lookup (or a one-value "
                                               "constructor) of the loading program's own class")
+            if path == "_codecs.encode" and not (
+                    len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], str)
+                    and args[1].lower().replace("_", "-") in _TEXT_CODECS):
+                severity, reason = "unvetted", ("_codecs.encode with a codec other than a "
+                                                "text one: the lookup imports encodings.<name>")
             if via and severity != "vetted":
                 severity, reason = "dangerous", f"{via} calls a callable the file chose, " \
                                                 f"{path}, which is not vetted ({reason})"
