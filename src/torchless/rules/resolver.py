@@ -51,7 +51,6 @@ class GlobalRecord:
     verdict: Literal["rebuilt", "opaque"]
 
 
-
 _RULES: dict[tuple[str, str], str] = {
     ("torch._utils", "_rebuild_tensor"): "rebuild_tensor",
     ("torch._utils", "_rebuild_tensor_v2"): "rebuild_tensor_v2",
@@ -374,10 +373,6 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             if e.offset is None:
                 e.offset = offset
             raise
-
-
-
-
 
 
 def _describe(value: Any) -> str:
