@@ -38,6 +38,7 @@ import re
 import sys
 from typing import Literal
 
+from torchless.pickle.values import Global
 from torchless.rules.policy import DENIED_MODULE_FAMILIES
 
 __all__ = ["CALLS", "DANGEROUS", "FORWARDS", "IMPORT_PACKAGES", "NEW_ONLY", "Severity",
@@ -361,9 +362,9 @@ def forwarded(path: str, args: tuple[object, ...],
 
 
 def _is_global(value: object) -> bool:
-    return hasattr(value, "module") and hasattr(value, "name")
+    return isinstance(value, Global)
 
 
 def _is_object(value: object) -> bool:
-    return _is_global(value) and getattr(value, "name", None) == "object" and \
-        getattr(value, "module", None) in ("builtins", "__builtin__")
+    return isinstance(value, Global) and value.name == "object" and \
+        value.module in ("builtins", "__builtin__")

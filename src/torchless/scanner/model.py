@@ -340,7 +340,8 @@ class Model:
         severity: Severity = obj.severity if isinstance(obj, Made) else "vetted"
         self._add_call(func, severity, "reads an attribute of an object the file built",
                        offset, args)
-        made = Made(getattr(obj, "maker", type(obj).__name__), severity, _origin(obj))
+        maker = obj.maker if isinstance(obj, Made) else type(obj).__name__
+        made = Made(maker, severity, _origin(obj))
         made.attr = attr
         return made
 
