@@ -125,7 +125,11 @@ CALLS: dict[str, str] = {
 }
 for _m, _names in {
     "transformers.trainer_utils": ("IntervalStrategy", "SaveStrategy", "HubStrategy",
-                                   "SchedulerType", "EvaluationStrategy"),
+                                   "SchedulerType", "EvaluationStrategy", "HPSearchBackend",
+                                   "FSDPOption"),
+    "accelerate.utils.dataclasses": ("DDPCommunicationHookType", "SageMakerDistributedType",
+                                     "FP8BackendType", "ComputeEnvironment", "LoggerType",
+                                     "RNGType", "CustomDtype"),
     "transformers.training_args": ("OptimizerNames", "ParallelMode"),
     "transformers.debug_utils": ("DebugOption",),
     "transformers.utils.generic": ("PaddingStrategy", "TensorType", "ExplicitEnum"),
@@ -157,6 +161,11 @@ NEW_ONLY: dict[str, str] = {
     "pytorch_lightning.utilities.parsing.AttributeDict": "a dict subclass",
     "lightning.pytorch.utilities.parsing.AttributeDict": "a dict subclass",
 }
+for _n in ("AutocastKwargs", "DistributedDataParallelKwargs", "GradScalerKwargs",
+           "InitProcessGroupKwargs", "DataLoaderConfiguration", "ProjectConfiguration",
+           "GradientAccumulationPlugin", "TorchDynamoPlugin", "TensorInformation"):
+    NEW_ONLY[f"accelerate.utils.dataclasses.{_n}"] = _DATACLASS
+NEW_ONLY["lightning.pytorch.trainer.states.TrainerState"] = _DATACLASS
 NEW_ONLY["omegaconf.base.UnionNode"] = "an omegaconf union node: BUILD restores its value"
 for _n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
            "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode", "NoneNode",
