@@ -135,6 +135,7 @@ for _m, _names in {
     "transformers.utils.generic": ("PaddingStrategy", "TensorType", "ExplicitEnum"),
     "transformers.trainer_callback": ("IntervalStrategy",),
     "lightning.pytorch.trainer.states": ("TrainerFn", "TrainerStatus", "RunningStage"),
+    "pytorch_lightning.trainer.states": ("TrainerFn", "TrainerStatus", "RunningStage"),
     "lightning.fabric.utilities.enums": ("LightningEnum",),
     "omegaconf.base": ("SCMode",),
 }.items():
@@ -166,6 +167,7 @@ for _n in ("AutocastKwargs", "DistributedDataParallelKwargs", "GradScalerKwargs"
            "GradientAccumulationPlugin", "TorchDynamoPlugin", "TensorInformation"):
     NEW_ONLY[f"accelerate.utils.dataclasses.{_n}"] = _DATACLASS
 NEW_ONLY["lightning.pytorch.trainer.states.TrainerState"] = _DATACLASS
+NEW_ONLY["pytorch_lightning.trainer.states.TrainerState"] = _DATACLASS
 NEW_ONLY["omegaconf.base.UnionNode"] = "an omegaconf union node: BUILD restores its value"
 for _n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
            "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode", "NoneNode",
