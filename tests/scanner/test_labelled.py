@@ -132,3 +132,20 @@ def test_torch_runs_every_dangerous_file(tmp_path: Path, torch: Any) -> None:
             assert outcome[case["id"]] == "exit", case["id"]
         else:
             assert _made(case["marker"]), (case["id"], outcome[case["id"]])
+
+
+def test_reader_refuses_a_partial_whose_keywords_forward(tmp_path: Path) -> None:
+    """partial(__generator_ctor) whose BUILD sets bit_generator_ctor to a class nobody vetted,
+    then called: NumPy would call that class; the reader refuses, the scan says dangerous."""
+    def g(module: str, name: str) -> bytes:
+        return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+    ctor = g("numpy.random._pickle", "__generator_ctor")
+    body = (b"\x80\x02" + g("functools", "partial") + b"(" + ctor + b"tR(" + ctor + b")}"
+            + b"X\x12\x00\x00\x00bit_generator_ctor" + g("mylib", "Maker")
+            + b"sNtb(X\x01\x00\x00\x00xtR.")
+    p = tmp_path / "pk.pkl"
+    p.write_bytes(body)
+    with pytest.raises(UnsafeGlobalError, match="mylib.Maker"):
+        torchless.load(p)
+    assert scan(p).files[0].status == "dangerous"

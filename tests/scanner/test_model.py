@@ -154,3 +154,14 @@ def test_codecs_encode_is_vetted_for_text_codecs_only(tmp_path: Path) -> None:
     assert _scan(tmp_path, text).status == "clean"
     other = _g("_codecs", "encode") + b"(" + _s("abc") + _s("rot13") + b"tR"
     assert _bad(_scan(tmp_path, other)) == [("call", "_codecs.encode", "unvetted")]
+
+
+def test_partial_keywords_reach_the_forwarding_rule(tmp_path: Path) -> None:
+    """partial(__generator_ctor) whose BUILD sets bit_generator_ctor=wave.Wave_write, then
+    called with a path: NumPy would call Wave_write(path)."""
+    body = (_g("functools", "partial") + b"(" + _g("numpy.random._pickle", "__generator_ctor")
+            + b"tR(" + _g("numpy.random._pickle", "__generator_ctor") + b")}"
+            + _s("bit_generator_ctor") + _g("wave", "Wave_write") + b"sNtb(" + _s("/tmp/x")
+            + b"tR")
+    f = _scan(tmp_path, body)
+    assert ("call", "wave.Wave_write", "dangerous") in _bad(f)

@@ -32,11 +32,12 @@ from torchless.errors import (
 )
 from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import Global, Opaque
-from torchless.rules.allowlist import FORWARDS, call_verdict, forwarded, import_verdict
+from torchless.rules.allowlist import import_verdict
 from torchless.rules.arrays import NumpyRules
 from torchless.rules.policy import judge
 from torchless.rules.stdlib import METHOD_CALL_HINT, StdlibRules, calls_a_method, method_name
 from torchless.rules.torch import UNSUPPORTED_ELSEWHERE, UNSUPPORTED_TENSORS, TorchRules
+from torchless.rules.vetting import call_refusal, describe
 
 __all__ = ["GlobalRecord", "Pending", "StorageType", "TorchResolver"]
 
@@ -240,42 +241,12 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         raise PickleError(f"REDUCE of a non-callable {type(func).__name__}", offset=offset)
 
     def _vet_call(self, func: Any, args: Any, offset: int) -> None:
-        """Refuse a call the scanner's execution model calls dangerous: a function nobody
-        vetted, a vetted rule forwarding a callable the file chose that is not vetted, or a
-        call of an object the file built (not a partial, not cls.__new__)."""
-        reason = None
-        if isinstance(func, Global) and func.path in FORWARDS and isinstance(args, tuple):
-            for target, _ in forwarded(func.path, args):
-                if not self._vetted_callable(target):
-                    reason = (f"{func.path} would call {_describe(target)}, a callable the "
-                              "file chose that is not vetted")
-        if reason is None and isinstance(func, Global) and not isinstance(func, Known) \
-                and func.path not in self.allow:
-            severity, why = call_verdict(func.module, func.name)
-            if severity == "dangerous" or (severity == "unvetted"
-                                           and func.name.split(".")[-1].lstrip("_")[:1].islower()):
-                reason = f"calling {func.path}: {why}"
-        elif isinstance(func, Opaque) and not calls_a_method(func):
-            c = func.callable
-            if isinstance(c, Known) and c.path == "functools.partial":
-                state = func.state
-                target = state[0] if isinstance(state, tuple) and state else (
-                    func.args[0] if func.args else None)
-                if not self._vetted_callable(target) and not (
-                        isinstance(target, Known) and target.rule == "class_new"):
-                    reason = (f"calling a functools.partial of {_describe(target)}, which "
-                              "is not vetted")
-            else:
-                reason = f"calling an object the file built ({func.class_path})"
+        """Refuse a call the scanner's execution model calls dangerous (see
+        :func:`.vetting.call_refusal`)."""
+        reason = call_refusal(func, args, self.allow)
         if reason is not None:
-            raise UnsafeGlobalError(f"refused call: {reason}", names=(_describe(func),),
+            raise UnsafeGlobalError(f"refused call: {reason}", names=(describe(func),),
                                     offset=offset, hint=METHOD_CALL_HINT)
-
-    def _vetted_callable(self, target: Any) -> bool:
-        if isinstance(target, Global):
-            return target.path in self.allow or call_verdict(target.module, target.name)[0] \
-                == "vetted"
-        return False
 
     def _call_partial(self, p: Opaque, args: tuple[Any, ...], offset: int) -> Any:
         """``functools.partial(cls.__new__, cls, *a, **kw)()``: how protocols < 4 pickle an
@@ -373,14 +344,6 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             if e.offset is None:
                 e.offset = offset
             raise
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, Global):
-        return value.path
-    if isinstance(value, Opaque):
-        return f"<{value.class_path} object>"
-    return type_phrase(value)
 
 
 def _refusal_hint(qualname: str, reason: str) -> str:

@@ -54,7 +54,7 @@ _MAX_LISTED = 1000
 class Made:
     """What a call or ``__new__`` returned: judged by what made it."""
 
-    __slots__ = ("attr", "func", "maker", "origin", "pargs", "severity")
+    __slots__ = ("attr", "func", "maker", "origin", "pargs", "pkw", "severity")
 
     def __init__(self, maker: str, severity: Severity, origin: int | None) -> None:
         self.maker = maker
@@ -62,6 +62,7 @@ class Made:
         self.origin = origin
         self.func: Any = None  # a functools.partial's function (None otherwise)
         self.pargs: tuple[Any, ...] = ()
+        self.pkw: dict[Any, Any] = {}  # a functools.partial's keywords
         self.attr: str | None = None  # getattr(obj, attr) of an object the file built
 
     def __repr__(self) -> str:
@@ -231,7 +232,8 @@ class Model:
             return Made(path, severity, origin)
         if isinstance(func, Made):
             if func.func is not None and not new:  # a functools.partial
-                return self.model_call(func.func, (*func.pargs, *args), kwargs, offset,
+                return self.model_call(func.func, (*func.pargs, *args),
+                                       {**func.pkw, **(kwargs or {})}, offset,
                                        via=via or "functools.partial")
             if func.maker == "__new__" and func.attr is not None:
                 target = func.pargs[0] if func.pargs else None
@@ -262,6 +264,7 @@ class Model:
             made = Made(path, "vetted", origin)
             made.func = args[0] if args else None
             made.pargs = tuple(args[1:])
+            made.pkw = dict(kwargs)
             return made
         if path == "builtins.getattr":
             return self._getattr(func, args, offset)
@@ -352,6 +355,7 @@ class Model:
             if isinstance(state, tuple) and len(state) == 4:
                 obj.func = state[0]
                 obj.pargs = state[1] if isinstance(state[1], tuple) else ()
+                obj.pkw = state[2] if isinstance(state[2], dict) else {}
             self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ sets "
                          "its function (judged when the partial is called)", offset,
                          obj.origin, state)
