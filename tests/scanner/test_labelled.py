@@ -146,6 +146,6 @@ def test_reader_refuses_a_partial_whose_keywords_forward(tmp_path: Path) -> None
             + b"sNtb(X\x01\x00\x00\x00xtR.")
     p = tmp_path / "pk.pkl"
     p.write_bytes(body)
-    with pytest.raises(UnsafeGlobalError, match="mylib.Maker"):
+    with pytest.raises(UnsafeGlobalError, match=r"mylib\.Maker"):
         torchless.load(p)
     assert scan(p).files[0].status == "dangerous"
