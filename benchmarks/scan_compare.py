@@ -1,11 +1,15 @@
 #!/usr/bin/env python
-"""torchless scan against picklescan and modelscan on the same files: misses, false alarms, time.
+"""torchless scan against picklescan, modelscan and fickling on the same files: misses, false
+alarms, files per second.
 
 Usage::
 
-    python3 -m venv /tmp/scanvenv && /tmp/scanvenv/bin/pip install picklescan modelscan
-    python benchmarks/scan_compare.py /tmp/scanvenv
-    python benchmarks/scan_compare.py /tmp/scanvenv --hostile /tmp/hostile --extra DIR --json
+    python3 -m venv /work/venv-scanpeers
+    /work/venv-scanpeers/bin/pip install picklescan modelscan fickling typing_extensions
+    python benchmarks/scan_compare.py /work/venv-scanpeers
+    python benchmarks/scan_compare.py VENV --hostile /tmp/hostile --extra DIR --json
+    python benchmarks/scan_compare.py VENV --labelled-only   # the labelled set alone
+    python benchmarks/scan_compare.py VENV --throughput      # files/s on fixtures + corpus
     python benchmarks/scan_compare.py "$VIRTUAL_ENV" --quick   # a few files: a smoke run
 
 The files and what each must get (the labels come from the hostile manifest, the corpus
@@ -19,7 +23,17 @@ provenance and REFERENCE.json, never from a scanner):
   their benign controls and ziplinter's ``test.zip`` must not;
 * every checkpoint in ``../shared/fixtures`` (REFERENCE.json) must not be flagged;
 * ``--extra DIR`` (repeatable): another make_hostile-style directory (``manifest.json`` +
-  ``cases/``), graded like the hostile set.
+  ``cases/``), graded like the hostile set;
+* the labelled set of ``tests/scanner/labelled``: the dangerous files ``make_dangerous.py``
+  writes (each confirmed by torch.load in ``tests/scanner/test_labelled.py``) must be
+  flagged, the real library files of ``tests/data/labelled/benign`` must not.
+
+fickling is run as its own API says: ``scan_zip_archive`` for a ZIP (the members named
+``.pkl``/``.bin``), ``scan_file(graceful=True)`` otherwise; a file is flagged when a result is
+not ``is_safe`` (severity above LIKELY_SAFE).
+
+``--throughput`` times each tool over the repo's fixtures and corpus and the shared fixtures
+(the real checkpoints, 3 interleaved rounds, median), in files per second.
 
 Each tool scans one file at a time through its Python API in one process (picklescan's
 ``scan_file_path``; modelscan's ``ModelScan().scan``; ``torchless.scan``), so interpreter start
@@ -42,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,18 +86,30 @@ CORPUS_UNGRADED = {
 }
 
 _FOREIGN = r'''
-import json, sys, time, pathlib, logging, warnings
+import json, os, sys, time, pathlib, logging, warnings, zipfile
 logging.disable(logging.CRITICAL)
 warnings.simplefilter("ignore")
 tool = sys.argv[1]
 paths = json.load(sys.stdin)
 out = []
+result, sys.stdout = sys.stdout, open(os.devnull, "w")  # tools that print
 try:
-    __import__("picklescan.scanner" if tool == "picklescan" else "modelscan.modelscan")
+    __import__({"picklescan": "picklescan.scanner", "modelscan": "modelscan.modelscan",
+                "fickling": "fickling"}[tool])
 except ImportError as e:
-    json.dump({"not_installed": str(e)}, sys.stdout)
+    json.dump({"not_installed": str(e)}, result)
     sys.exit(0)
-if tool == "picklescan":
+if tool == "fickling":
+    import fickling
+    def run(p):
+        if zipfile.is_zipfile(p):
+            results = list(fickling.scan_zip_archive(p, graceful=True).values())
+        else:
+            results = [fickling.scan_file(p, graceful=True)]
+        if any(not r.is_safe for r in results):
+            return "flagged"
+        return "error" if any(r.errors for r in results) or not results else "clean"
+elif tool == "picklescan":
     from picklescan.scanner import scan_file_path
     def run(p):
         r = scan_file_path(p)
@@ -98,15 +125,18 @@ else:
         if r.get("errors") or not r["summary"]["scanned"]["total_scanned"]:
             return "error"
         return "clean"
-for p in paths:
-    t = time.perf_counter()
-    try:
-        outcome = run(p)
-    except BaseException as e:  # a crash of the tool is an error, not a verdict
-        outcome = "error"
-    out.append([p, outcome, time.perf_counter() - t])
-json.dump(out, sys.stdout)
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+for r in range(rounds):
+    for p in paths:
+        t = time.perf_counter()
+        try:
+            outcome = run(p)
+        except BaseException as e:  # a crash of the tool is an error, not a verdict
+            outcome = "error"
+        out.append([p, outcome, time.perf_counter() - t])
+json.dump(out, result)
 '''
+TOOLS = ("picklescan", "modelscan", "fickling")
 
 
 def expectation(case: dict[str, Any]) -> str:
@@ -117,6 +147,32 @@ def expectation(case: dict[str, Any]) -> str:
             (case.get("marker") and case["expected"] == "reject"):
         return "flag"
     return "clean" if case["expected"] == "read-safely" else "other"
+
+
+def scan_set(dangerous: Path) -> list[tuple[str, str, str]]:
+    """The labelled scan set: ``make_dangerous.py`` output in ``dangerous`` and the committed
+    real library files."""
+    subprocess.run([sys.executable, str(REPO / "tests" / "scanner" / "labelled" /
+                                        "make_dangerous.py"), str(dangerous)], check=True)
+    out = [("labelled", str(dangerous / c["file"]), "flag")
+           for c in json.loads((dangerous / "manifest.json").read_text())["cases"]]
+    benign = REPO / "tests" / "data" / "labelled" / "benign"
+    out += [("labelled", str(benign / c["file"]), "clean")
+            for c in json.loads((benign / "manifest.json").read_text())["cases"]]
+    return out
+
+
+def throughput_files() -> list[str]:
+    """Real checkpoints: the repo's fixtures and corpus and the shared fixtures."""
+    out = []
+    for root in (REPO / "tests" / "data" / "fixtures", REPO / "tests" / "data" / "corpus"):
+        out += [str(p) for p in sorted(root.rglob("*")) if p.is_file()
+                and p.suffix not in (".md", ".json")]
+    fixtures = SHARED / "fixtures"
+    reference = json.loads((fixtures / "REFERENCE.json").read_text())
+    out += [str(fixtures / rel) for rel, ref in sorted(reference.items())
+            if ref["magic"] in CHECKPOINT_MAGICS]
+    return out
 
 
 def labelled_files(hostile: list[Path], limit: int | None = None) -> list[tuple[str, str, str]]:
@@ -154,14 +210,15 @@ def labelled_files(hostile: list[Path], limit: int | None = None) -> list[tuple[
     return out
 
 
-def run_torchless(paths: list[str]) -> dict[str, tuple[str, float]]:
+def run_torchless(paths: list[str], rounds: int = 1) -> dict[str, tuple[str, float]]:
     from torchless.scanner.files import scan
 
-    out = {}
-    for p in paths:
-        t = time.perf_counter()
-        code = scan(p).exit_code
-        out[p] = ({0: "clean", 1: "flagged"}.get(code, "error"), time.perf_counter() - t)
+    out: dict[str, tuple[str, float]] = {}
+    for _ in range(rounds):
+        for p in paths:
+            t = time.perf_counter()
+            code = scan(p).exit_code
+            out[p] = ({0: "clean", 1: "flagged"}.get(code, "error"), time.perf_counter() - t)
     return out
 
 
@@ -172,12 +229,12 @@ def venv_python(venv: Path) -> Path:
     raise SystemExit(f"{venv} has no bin/python: give the venv the scanners are installed in")
 
 
-def run_foreign(venv: Path, tool: str,
-                paths: list[str]) -> dict[str, tuple[str, float]] | None:
-    """Per-file (outcome, seconds) of ``tool`` run by VENV's interpreter; None if that
-    interpreter cannot import it."""
+def run_foreign(venv: Path, tool: str, paths: list[str],
+                rounds: int = 1) -> dict[str, tuple[str, float]] | None:
+    """Per-file (outcome, seconds) of ``tool`` run by VENV's interpreter (the last of
+    ``rounds``); None if that interpreter cannot import it."""
     with tempfile.TemporaryDirectory() as cwd:  # tools that write reports write them here
-        cp = subprocess.run([str(venv_python(venv)), "-c", _FOREIGN, tool],
+        cp = subprocess.run([str(venv_python(venv)), "-c", _FOREIGN, tool, str(rounds)],
                             input=json.dumps(paths), capture_output=True, text=True, cwd=cwd,
                             check=False, timeout=3600)
     if cp.returncode:
@@ -186,6 +243,30 @@ def run_foreign(venv: Path, tool: str,
     if isinstance(got, dict) and "not_installed" in got:
         return None
     return {p: (outcome, seconds) for p, outcome, seconds in got}
+
+
+def throughput(venv: Path, rounds: int = 3) -> int:
+    """Files per second of each tool on real checkpoints: ``rounds`` interleaved rounds (each
+    tool once per round, in one process per tool and round), the median round."""
+    paths = throughput_files()
+    seconds: dict[str, list[float]] = {t: [] for t in ("torchless", *TOOLS)}
+    for _ in range(rounds):
+        for tool in seconds:
+            r = run_torchless(paths) if tool == "torchless" else run_foreign(venv, tool, paths)
+            if r is not None:
+                seconds[tool].append(sum(s for _, s in r.values()))
+    print(f"{len(paths)} real checkpoint files (repo fixtures + corpus, shared fixtures), "
+          f"median of {rounds} interleaved rounds, interpreter start excluded\n")
+    print("| scanner | seconds | files/s | time vs torchless |")
+    print("| --- | ---: | ---: | ---: |")
+    ours = statistics.median(seconds["torchless"])
+    for tool, runs in seconds.items():
+        if not runs:
+            print(f"| {tool} | {NOT_INSTALLED} | | |")
+            continue
+        med = statistics.median(runs)
+        print(f"| {tool} | {med:.2f} | {len(paths) / med:.0f} | {med / ours:.2f}x |")
+    return 0
 
 
 def generate(out: Path, only: str | None = None) -> Path:
@@ -212,19 +293,27 @@ def main() -> int:
     ap.add_argument("--extra", type=Path, action="append", default=[],
                     help="another make_hostile-style directory to grade (repeatable)")
     ap.add_argument("--json", action="store_true", help="print per-file outcomes as JSON")
+    ap.add_argument("--labelled-only", action="store_true",
+                    help="grade only the labelled scan set (tests/scanner/labelled)")
+    ap.add_argument("--throughput", action="store_true",
+                    help="files per second of each tool on real checkpoints, then exit")
     ap.add_argument("--quick", action="store_true",
                     help=f"a smoke run in seconds: only the hostile cases whose id contains "
                          f"{QUICK_ONLY!r}, at most {QUICK_LIMIT} files of each kind per set "
                          f"(its counts mean nothing)")
     args = ap.parse_args()
     venv_python(args.venv)  # a wrong VENV fails before the scans, not after
+    if args.throughput:
+        return throughput(args.venv)
     with tempfile.TemporaryDirectory() as tmp:
-        hostile = args.hostile or generate(Path(tmp), QUICK_ONLY if args.quick else None)
-        files = labelled_files([hostile, *args.extra], QUICK_LIMIT if args.quick else None)
+        files = scan_set(Path(tmp) / "labelled")
+        if not args.labelled_only:
+            hostile = args.hostile or generate(Path(tmp), QUICK_ONLY if args.quick else None)
+            files += labelled_files([hostile, *args.extra], QUICK_LIMIT if args.quick else None)
         paths = [p for _, p, _ in files]
         results: dict[str, dict[str, tuple[str, float]] | None] = {
             "torchless": run_torchless(paths)}
-        for tool in ("picklescan", "modelscan"):
+        for tool in TOOLS:
             results[tool] = run_foreign(args.venv, tool, paths)
     if args.json:
         json.dump({tool: NOT_INSTALLED if r is None else {p: list(v) for p, v in r.items()}

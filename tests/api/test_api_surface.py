@@ -54,9 +54,9 @@ def test_one_keyword_vocabulary_with_one_default(func: str) -> None:
 
 def test_statuses_are_literal_types() -> None:
     assert set(get_args(Status)) == {"done", "skipped", "refused", "failed"}
-    assert set(get_args(FileStatus)) == {"clean", "dangerous", "anomalous", "unreadable",
-                                         "skipped", "error"}
-    assert set(get_args(Verdict)) == {"rebuilt", "opaque", "dangerous"}
+    assert set(get_args(FileStatus)) == {"clean", "dangerous", "anomalous", "unvetted",
+                                         "unreadable", "skipped", "error"}
+    assert set(get_args(Verdict)) == {"rebuilt", "opaque", "unvetted", "dangerous"}
     assert set(get_args(Op)) == {"convert", "scan", "inspect"}
 
 
@@ -78,14 +78,15 @@ def test_strict_reaches_every_reader(tmp_path: Path) -> None:
                  lambda: torchless.convert(src, tmp_path / "o.safetensors", strict=True)):
         with pytest.raises(torchless.UnsafeGlobalError):
             call()
-    assert torchless.scan(src).files[0].status == "clean"
+    assert torchless.scan(src).files[0].status == "unvetted"  # the tests' own class
     assert torchless.scan(src, strict=True).files[0].status == "dangerous"
 
 
 def test_allow_globals_reaches_the_scanner(tmp_path: Path) -> None:
     src = tmp_path / "f.pkl"
     src.write_bytes(b"\x80\x02cmylib.utils\ndo_something\nX\x01\x00\x00\x00x\x85R.")
-    assert torchless.scan(src).files[0].status == "dangerous"
+    assert torchless.scan(src).files[0].status == "unvetted"  # a package nobody vetted
+    assert torchless.scan(src, strict=True).files[0].status == "dangerous"
     allowed = torchless.scan(src, allow_globals=["mylib.utils.do_something"])
     assert allowed.files[0].status == "clean"
 

@@ -183,7 +183,7 @@ def test_static_walk_reads_memo_indices_as_the_interpreter_does() -> None:
     data = (b"\x80\x04" + b"0" + _su("collections") + b"\x94" + _su("OrderedDict") + b"\x94"
             + b"g+0\ng+1\n\x93)R.")
     assert isinstance(pickle.loads(data[:2] + data[3:]), dict)  # without the POP: C reads it
-    scan = scan_stream(data)
+    scan = scan_stream(data, want_value=True)  # a run even though every name is vetted
     assert scan.problems and scan.problems[0][0] == 2  # the interpreter stopped at the POP
     (found,) = scan.globals
     assert (found.module, found.name, found.unresolved) == ("collections", "OrderedDict", "")

@@ -769,10 +769,18 @@ def test_inert_references_a_saved_model_may_hold(module: str, name: str) -> None
     assert out == Global(module, name)
 
 
-@pytest.mark.parametrize("name", ["save", "load", "_load_global_deps", "compile", "hub"])
-def test_other_torch_functions_stay_refused(name: str) -> None:
+@pytest.mark.parametrize("name", ["save", "load"])
+def test_torch_save_and_load_are_refused_even_as_references(name: str) -> None:
     with pytest.raises(UnsafeGlobalError):
         loads(b"\x80\x02ctorch\n" + name.encode() + b"\n.")
+
+
+@pytest.mark.parametrize("name", ["_load_global_deps", "compile", "hub"])
+def test_other_torch_functions_are_refused_when_called(name: str) -> None:
+    """A reference never called runs nothing (it stays an inert Global); a call is refused."""
+    assert loads(b"\x80\x02ctorch\n" + name.encode() + b"\n.") == Global("torch", name)
+    with pytest.raises(UnsafeGlobalError):
+        loads(b"\x80\x02ctorch\n" + name.encode() + b"\n)R.")
 
 
 def test_a_dag_sharing_one_object_a_million_times_is_walked_once() -> None:

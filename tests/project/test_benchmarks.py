@@ -279,12 +279,12 @@ def test_remote_batch(torch: ModuleType) -> None:
 
 # ---- scan_compare.py --------------------------------------------------------------------
 
-SCANNERS = ("torchless", "picklescan", "modelscan")
+SCANNERS = ("torchless", "picklescan", "modelscan", "fickling")
 
 
 def test_scan_compare(shared_dir: Path) -> None:
-    """Run with this interpreter's environment as VENV: picklescan and modelscan are test
-    dependencies of nothing, so they are usually reported as not installed."""
+    """Run with this interpreter's environment as VENV: picklescan, modelscan and fickling are
+    test dependencies of nothing, so they are usually reported as not installed."""
     venv = sys.prefix
     out = _run("scan_compare.py", venv, "--quick")
     m = re.match(r"(\d+) files to flag, (\d+) not to flag \((.+)\)\n", out)
@@ -292,7 +292,8 @@ def test_scan_compare(shared_dir: Path) -> None:
     must, benign = int(m[1]), int(m[2])
     assert must > 0 and benign > 0
     sets = {name: count for name, _, count in (s.partition(": ") for s in m[3].split(", "))}
-    assert {"corpus", "fixtures"} <= sets.keys() and len(sets) == 3  # and the hostile set
+    # and the hostile set
+    assert {"corpus", "fixtures", "labelled"} <= sets.keys() and len(sets) == 4
     assert sum(map(int, sets.values())) == must + benign
 
     lines = out.splitlines()
@@ -325,3 +326,14 @@ def test_scan_compare(shared_dir: Path) -> None:
             assert Path(path).is_absolute()
             assert outcome in ("flagged", "clean", "error")
             assert _positive(seconds)
+
+
+def test_scan_compare_throughput(shared_dir: Path) -> None:
+    out = _run("scan_compare.py", sys.prefix, "--throughput")
+    lines = out.splitlines()
+    assert re.match(r"\d+ real checkpoint files", lines[0]), out
+    head = lines.index("| scanner | seconds | files/s | time vs torchless |")
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in lines[head + 2:head + 2 + len(SCANNERS)]]
+    assert [r[0] for r in rows] == list(SCANNERS)
+    assert float(rows[0][1]) > 0 and int(rows[0][2]) > 0 and rows[0][3] == "1.00x"

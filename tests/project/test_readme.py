@@ -208,7 +208,8 @@ def _check_pip(command: str, where: str) -> None:
             continue
         m = re.fullmatch(r"(?:torchless|\.)(?:\[([\w,-]+)\])?", arg)
         if m is None:  # something besides torchless: only the scanners it is compared with
-            assert arg in ("picklescan", "modelscan"), f"{where}: pip installs {arg}"
+            assert arg in ("picklescan", "modelscan", "fickling", "typing_extensions"), \
+                f"{where}: pip installs {arg}"
             continue
         extras = set(m.group(1).split(",")) if m.group(1) else set()
         assert extras <= set(project["optional-dependencies"]), f"{where}: {arg}"

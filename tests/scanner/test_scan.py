@@ -81,9 +81,11 @@ def test_hostile_case(hostile_scan: dict[str, FileScan], hostile: Hostile,  # no
     kind = expectation(case)
     detail = (got.status, [(g.module, g.name) for g in got.dangerous],
               [(a.kind, a.message) for a in got.anomalies], got.error)
-    if kind == "payload":
+    if kind == "payload" and (case["category"] in ("code-exec", "gadget") or case["marker"]):
         assert got.status == "dangerous", detail
         assert all(g.reason for g in got.dangerous)
+    elif kind == "payload":  # refused by policy, runs nothing: not vetted is enough
+        assert got.status in ("dangerous", "unvetted"), detail
     elif kind == "bypass":
         if case.get("error_class_hint") == "UnsupportedFormatError":
             assert got.exit_code != 0, detail
@@ -232,18 +234,24 @@ def test_second_pickle_after_stop(tmp_path: Path) -> None:
     assert any(a.kind == "trailing" and a.offset == len(first) for a in f.anomalies)
 
 
-def test_verdicts_come_from_the_rules(tmp_path: Path) -> None:
-    data = (b"\x80\x02ccollections\nOrderedDict\n)R"  # a rebuild rule
-            b"cmylib.config\nTrainConfig\n)R"  # a class: kept as inert data
+def test_verdicts_come_from_the_model(tmp_path: Path) -> None:
+    data = (b"\x80\x02ccollections\nOrderedDict\n)R"  # vetted, and a rebuild rule
+            b"cmylib.config\nTrainConfig\n)R"  # a class of a package nobody vetted
             b"\x86.")
     path = _write(tmp_path, "c.pkl", data)
     f = _one(path)
-    assert f.status == "clean"
+    assert (f.status, f.exit_code) == ("unvetted", 1)
     assert [(g.name, g.verdict) for g in f.globals] == [("OrderedDict", "rebuilt"),
-                                                        ("TrainConfig", "opaque")]
+                                                        ("TrainConfig", "unvetted")]
+    assert "mylib" in f.unvetted[0].reason
+    calls = [(a.target, a.severity, a.args) for a in f.actions if a.kind == "call"]
+    assert calls == [("collections.OrderedDict", "vetted", "()"),
+                     ("mylib.config.TrainConfig", "unvetted", "()")]
     strict = _one(path, strict=True)
     assert strict.status == "dangerous"
     assert [g.name for g in strict.dangerous] == ["TrainConfig"]
+    allowed = _one(path, allow_globals=["mylib.config.TrainConfig"])  # its import and call
+    assert allowed.status == "clean"
 
 
 def test_extension_opcode_is_dangerous(tmp_path: Path) -> None:

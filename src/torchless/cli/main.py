@@ -262,7 +262,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _run_scan(args: argparse.Namespace) -> int:
-    """Exit 0 clean, 1 dangerous or anomalous, 2 unreadable (never raises for a file)."""
+    """Exit 0 clean, 1 dangerous, anomalous or unvetted, 2 unreadable (never raises for a
+    file)."""
     from torchless.scanner.files import format_table, scan_paths
 
     with _workers(args.jobs) as pool:
@@ -386,21 +387,22 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("-q", "--quiet", action="store_true",
                      help="print nothing: the exit code says it (0 exact match, 1 not)")
     sc = sub.add_parser(
-        "scan", help="list every global and container trick in files, without running them",
+        "scan", help="list what torch.load would do with files, without running anything",
         description="Scan checkpoints (files or directories, recursively; layout found from "
-                    "the content) for globals that would run code and for container "
+                    "the content): every action torch.load(weights_only=False) would take "
+                    "(imports, calls, builds), judged by a vetted allowlist, and container "
                     "anomalies that make scanners and torch see different files. Every pickle "
-                    "is walked, not only data.pkl. Exit 0 clean, 1 dangerous or anomalous, "
-                    "2 unreadable.",
+                    "is walked, not only data.pkl. Exit 0 clean, 1 dangerous, anomalous or "
+                    "unvetted, 2 unreadable.",
         epilog="examples:\n  torchless scan model.pt\n  torchless scan ./models/ --json\n"
-               "  torchless scan model.ckpt --strict   # unknown classes count as dangerous\n"
+               "  torchless scan model.ckpt --strict   # unvetted actions count as dangerous\n"
                "  torchless scan ./hub-cache/ -j 4     # in 4 worker processes\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
     sc.add_argument("--json", action="store_true", help="print a JSON report")
-    _add_reading(sc, strict="count every global outside the rebuild rules as dangerous")
+    _add_reading(sc, strict="count every action that is not vetted as dangerous")
     sc.add_argument("-v", "--verbose", action="store_true",
-                    help="list every global (not only dangerous ones) and skipped files")
+                    help="list every action (not only those not vetted) and skipped files")
     sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                     help="scan files in N worker processes (default 1)")
     return p

@@ -14,19 +14,22 @@ Order of judgement for ``module.name`` (after Python 2 names are mapped):
    judged first, being exact names (``zoneinfo.ZoneInfo._unpickle`` walks an attribute).
 3. Modules in a family that runs code, touches files, processes or the
    network, imports, or deserializes, are refused — every name in them.
-4. A lower-case name (a function, not a class) is refused unless its module is
-   in :data:`INERT_FUNCTION_MODULES`: only an attack needs a file to call an
-   arbitrary function. Classes are kept as inert opaque records, so checkpoints
-   holding config objects of any library still open.
-5. ``strict=True`` refuses everything outside the rules.
-``allow`` (exact ``module.name`` strings from the user) overrides 3-5.
+4. ``strict=True`` refuses everything outside the rules.
+``allow`` (exact ``module.name`` strings from the user) overrides 3-4.
+
+The reader then asks the scanner's allowlist (:mod:`.allowlist`) what the name is: a name it
+calls dangerous (a class whose constructor writes files, ``sympy``'s string evaluation …) is
+refused, and so is every *call* the execution model calls dangerous or that calls a function
+nobody vetted (:class:`~torchless.rules.resolver.TorchResolver`); a plain reference to a
+function, never called, is kept as an inert record. So the reader refuses what ``torchless
+scan`` calls dangerous.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["DENIED_MODULE_FAMILIES", "INERT_FUNCTION_MODULES", "INERT_TORCH_FUNCTIONS", "judge"]
+__all__ = ["DENIED_MODULE_FAMILIES", "judge"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
@@ -79,28 +82,6 @@ DENIED_MODULE_FAMILIES: frozenset[str] = frozenset({
     "IPython", "jupyter_client", "nbconvert",
 })
 
-#: Modules whose lower-case names are plain functions a model object may hold as an
-#: attribute (an activation function of a saved module); kept as inert references.
-INERT_FUNCTION_MODULES: frozenset[str] = frozenset({
-    "torch.nn.functional", "torch.nn.init", "torch._C._nn", "torch.special", "torch.fft",
-    "torch.linalg", "math",
-})
-
-#: Pure tensor functions of the ``torch`` namespace a saved module may hold as an attribute
-#: (``self.act = torch.sigmoid``); kept as inert references. Exact names: torch.save and
-#: torch.load stay refused.
-INERT_TORCH_FUNCTIONS: frozenset[str] = frozenset({
-    "sigmoid", "tanh", "relu", "exp", "log", "log1p", "expm1", "abs", "sqrt", "rsqrt", "sin",
-    "cos", "erf", "softmax", "log_softmax", "clamp", "clip", "sign", "neg", "square", "add",
-    "mul", "sub", "div", "matmul", "mm", "bmm", "cat", "stack", "sum", "mean", "max", "min",
-    "maximum", "minimum", "flatten", "logsumexp", "selu", "celu", "prelu", "rrelu", "hardshrink",
-    "threshold", "dropout", "layer_norm", "group_norm", "batch_norm", "conv1d", "conv2d",
-    "conv3d", "zeros", "ones", "zeros_like", "ones_like", "full", "arange", "einsum", "where",
-    "argmax", "argmin", "topk", "sort", "cumsum", "pow", "reciprocal", "floor", "ceil", "round",
-    "mish", "silu", "gelu", "sinh", "cosh", "atan", "atan2", "norm", "outer", "diag",
-})
-
-
 def _family(module: str, families: frozenset[str]) -> bool:
     parts = module.split(".")
     return any(".".join(parts[:i]) in families for i in range(1, len(parts) + 1))
@@ -122,11 +103,7 @@ def judge(module: str, name: str, *, known: bool, strict: bool,
         return None
     if strict:
         return "is outside the rebuild rules (strict mode)"
-    if _family(module, DENIED_MODULE_FAMILIES):
+    if _family(module, DENIED_MODULE_FAMILIES) and not (
+            module.startswith("torch.") or module == "torch"):
         return "belongs to a module that can run code, touch files, processes or the network"
-    last = segments[-1].lstrip("_")
-    if module == "torch" and name in INERT_TORCH_FUNCTIONS:
-        return None
-    if last[:1].islower() and not _family(module, INERT_FUNCTION_MODULES):
-        return "is a function outside the rebuild rules"
     return None

@@ -32,10 +32,12 @@ from torchless.errors import (
 )
 from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import Global, Opaque
+from torchless.rules.allowlist import import_verdict
 from torchless.rules.arrays import NumpyRules
 from torchless.rules.policy import judge
 from torchless.rules.stdlib import METHOD_CALL_HINT, StdlibRules, calls_a_method, method_name
 from torchless.rules.torch import UNSUPPORTED_ELSEWHERE, UNSUPPORTED_TENSORS, TorchRules
+from torchless.rules.vetting import call_refusal, describe
 
 __all__ = ["GlobalRecord", "Pending", "StorageType", "TorchResolver"]
 
@@ -48,7 +50,6 @@ class GlobalRecord:
     name: str
     offset: int
     verdict: Literal["rebuilt", "opaque"]
-
 
 
 _RULES: dict[tuple[str, str], str] = {
@@ -157,6 +158,11 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         value = self._known(module, name, offset)
         reason = judge(module, name, known=value is not None, strict=self.strict,
                        allow=self.allow)
+        if reason is None and value is None and f"{module}.{name}" not in self.allow:
+            severity, why = import_verdict(module, name)
+            if severity == "dangerous":
+                reason = why if why.startswith(("is ", "reaches", "walks", "belongs")) \
+                    else f"is known to be dangerous: {why}"
         if reason is not None:
             raise UnsafeGlobalError(f"refused global {module}.{name}: it {reason}",
                                     names=(f"{module}.{name}",), offset=offset,
@@ -164,6 +170,15 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         self.globals.append(GlobalRecord(module, name, offset,
                                          "opaque" if value is None else "rebuilt"))
         return Global(module, name, offset) if value is None else value
+
+    def known(self, module: str, name: str, offset: int = -1) -> bool:
+        """Whether a rebuild rule knows ``module.name`` (as the file spells it)."""
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+        module = _MODULE_RENAMES.get(module, module)
+        return self._known(module, name, offset) is not None
 
     def _known(self, module: str, name: str, offset: int | None = None) -> Any:
         rule = _RULES.get((module, name))
@@ -201,6 +216,7 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
     # ---- calls ----------------------------------------------------------------------
 
     def call(self, func: Any, args: Any, offset: int) -> Any:
+        self._vet_call(func, args, offset)
         if isinstance(func, Known):
             try:
                 return getattr(self, "_r_" + func.rule)(func, args)
@@ -223,6 +239,14 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         if isinstance(func, (Global, Opaque)):
             return Opaque(func, args)
         raise PickleError(f"REDUCE of a non-callable {type(func).__name__}", offset=offset)
+
+    def _vet_call(self, func: Any, args: Any, offset: int) -> None:
+        """Refuse a call the scanner's execution model calls dangerous (see
+        :func:`.vetting.call_refusal`)."""
+        reason = call_refusal(func, args, self.allow)
+        if reason is not None:
+            raise UnsafeGlobalError(f"refused call: {reason}", names=(describe(func),),
+                                    offset=offset, hint=METHOD_CALL_HINT)
 
     def _call_partial(self, p: Opaque, args: tuple[Any, ...], offset: int) -> Any:
         """``functools.partial(cls.__new__, cls, *a, **kw)()``: how protocols < 4 pickle an
@@ -320,10 +344,6 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             if e.offset is None:
                 e.offset = offset
             raise
-
-
-
-
 
 
 def _refusal_hint(qualname: str, reason: str) -> str:

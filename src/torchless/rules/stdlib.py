@@ -241,7 +241,15 @@ class StdlibRules(Resolver):
         target, attr = a[0], a[1]
         if attr == "__new__":
             return Known(target.module, f"{target.name}.__new__", rule="class_new")
-        return self.find_global(target.module, f"{target.name}.{attr}", target.offset)
+        try:
+            return self.find_global(target.module, f"{target.name}.{attr}", target.offset)
+        except UnsafeGlobalError as e:
+            if "walks attributes through a dotted name" not in e.message:
+                raise
+            # one attribute read of a class the file names (torch.sigmoid is pickled as
+            # getattr(torch._C._VariableFunctionsClass, "sigmoid")): a reference, kept
+            # inert; calling it is refused like any call of an unvetted function
+            return Global(target.module, f"{target.name}.{attr}", target.offset)
 
     def _r_class_new(self, f: Known, a: tuple[Any, ...]) -> Any:
         if not a or not isinstance(a[0], Global) \

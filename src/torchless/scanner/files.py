@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
+from dataclasses import replace
 from typing import Any
 
 from torchless.containers.base import ARCHIVE_OF_FILES
@@ -49,10 +50,12 @@ from torchless.scanner.layouts import (
 )
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
 from torchless.scanner.report import (
+    Action,
     FileScan,
     FileStatus,
     GlobalRef,
     ScanReport,
+    Severity,
     Verdict,
     format_table,
 )
@@ -62,14 +65,6 @@ __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verd
 
 _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd",
                b"Rar!")
-
-
-#: Globals the reader rebuilds only for some arguments (it refuses the others): judged by
-#: name, as the scanner judges, they could run code under torch.load.
-_ARGUMENT_DEPENDENT = {
-    ("builtins", "getattr"): "getattr reaches any attribute of what it is given; torchless "
-                             "resolves only getattr(Class, 'Name'), torch.load calls it",
-}
 
 
 def scan(path: str | os.PathLike[str], *, strict: bool = False,
@@ -148,17 +143,21 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
             ) or e.message.startswith(ARCHIVE_OF_FILES)  # it may hide checkpoints
             unread: FileStatus = "unreadable" if explicit or compressed else "skipped"
             return FileScan(path, unread, error=e.message, hint=e.hint)
-        dangerous = any(g.verdict == "dangerous" for g in state.globals)
+        severities = {a.severity for a in state.actions}
+        dangerous = "dangerous" in severities or any(
+            g.verdict == "dangerous" for g in state.globals)
         cut = state.findings.truncated
         if not dangerous and cut is not None:  # torch cannot read it either
             return FileScan(path, "unreadable", layout, state.pickles, tuple(state.globals),
                             tuple(dict.fromkeys(state.anomalies)), error=cut.message,
-                            hint=cut.hint, script_ops=tuple(state.script_ops))
+                            hint=cut.hint, script_ops=tuple(state.script_ops),
+                            actions=tuple(state.actions))
         status: FileStatus = ("dangerous" if dangerous else
-                              "anomalous" if state.anomalies else "clean")
+                              "anomalous" if state.anomalies else
+                              "unvetted" if "unvetted" in severities else "clean")
         return FileScan(path, status, layout, state.pickles, tuple(state.globals),
                         tuple(dict.fromkeys(state.anomalies)),
-                        script_ops=tuple(state.script_ops))
+                        script_ops=tuple(state.script_ops), actions=tuple(state.actions))
 
 
 class _File(LayoutScans):
@@ -174,6 +173,7 @@ class _File(LayoutScans):
         self.limits = limits
         self.globals: list[GlobalRef] = []
         self.script_ops: list[str] = []
+        self.actions: list[Action] = []
         #: The containers' findings in report mode, and the scanner's own observations.
         self.findings = Findings("report")
         self.anomalies: list[Anomaly] = self.findings.anomalies
@@ -187,26 +187,35 @@ class _File(LayoutScans):
 
     # ---- verdicts ---------------------------------------------------------------------
 
-    def verdict(self, g: FoundGlobal) -> tuple[Verdict, str]:
-        if g.unresolved:
-            return "dangerous", f"{g.opcode} whose name cannot be read statically ({g.unresolved})"
-        if g.module == "copyreg.extension":
-            return "dangerous", ("names a global through the loading process's copyreg "
-                                 "extension registry")
+    def verdict(self, g: FoundGlobal, severity: Severity) -> tuple[Verdict, str]:
+        """A name's verdict: the worst severity of the actions it takes part in; a vetted
+        name is ``rebuilt`` when the reader has a rule for it, else ``opaque``."""
+        if severity == "dangerous":
+            return "dangerous", ""
+        if severity == "unvetted":
+            return ("dangerous", "strict mode: not vetted") if self.strict else ("unvetted", "")
         key = (g.module, g.name)
         if key not in self._verdicts:
             resolver = TorchResolver(self.limits, strict=self.strict, allow=self.allow)
             try:
-                resolver.find_global(g.module, g.name, g.offset)
-            except CheckpointError as e:
-                self._verdicts[key] = ("dangerous", e.message)
-            else:
-                rec = resolver.globals[-1]
-                if (rec.module, rec.name) in _ARGUMENT_DEPENDENT:
-                    self._verdicts[key] = ("dangerous", _ARGUMENT_DEPENDENT[rec.module, rec.name])
-                else:
-                    self._verdicts[key] = (rec.verdict, "")
+                known = resolver.known(g.module, g.name, g.offset)
+            except CheckpointError:
+                known = False
+            self._verdicts[key] = ("rebuilt" if known else "opaque", "")
         return self._verdicts[key]
+
+    def judged(self, action: Action) -> Action:
+        """The action as this scan reports it: ``allow_globals`` vets its target; strict
+        mode counts an unvetted one as dangerous."""
+        if action.severity == "vetted":
+            return action
+        if action.target.removesuffix(".__new__") in self.allow:
+            return replace(action, severity="vetted", reason="allowed by the caller "
+                           "(allow_globals)")
+        if action.severity == "unvetted" and self.strict:
+            return replace(action, severity="dangerous", reason=f"strict mode: "
+                           f"{action.reason}")
+        return action
 
     # ---- pickles ----------------------------------------------------------------------
 
@@ -217,12 +226,26 @@ class _File(LayoutScans):
         :func:`.layouts.plausible`. None if the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
-        result = scan_stream(data, start, end, self.limits, want_value=want_value)
+        result = scan_stream(data, start, end, self.limits, want_value=want_value,
+                             member=member)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
+        actions = [self.judged(a) for a in result.actions]
+        self.actions.extend(actions)
+        worst: dict[int, Severity] = {}
+        reasons: dict[int, str] = {}
+        order = {"vetted": 0, "unvetted": 1, "dangerous": 2}
+        for a in actions:
+            if a.origin is not None and order[a.severity] >= order[worst.get(a.origin,
+                                                                               "vetted")]:
+                if a.origin not in reasons or order[a.severity] > order[worst[a.origin]]:
+                    reasons[a.origin] = a.reason
+                worst[a.origin] = a.severity
         for g in result.globals:
-            verdict, reason = self.verdict(g)
+            severity = worst.get(g.offset, "vetted")
+            verdict, _ = self.verdict(g, severity)
+            reason = reasons.get(g.offset, "") if verdict in ("dangerous", "unvetted") else ""
             self.globals.append(GlobalRef(g.module, g.name, g.offset, g.opcode, verdict,
                                           member, reason))
         for offset, message in result.problems:

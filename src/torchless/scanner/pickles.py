@@ -9,11 +9,17 @@ Two passes over one stream, because a scanner must not stop where a reader stops
    ``STACK_GLOBAL`` takes its operands from the stack: the walk follows string pushes and
    memo puts/gets closely enough to name them when the two values just before it are
    strings, and otherwise reports it unresolved (which the scanner calls dangerous).
-2. **Inert run.** The repo's interpreter (:class:`._pickle.vm.Machine`) with a resolver that
-   records each name and never refuses: it gives the exact operands of every
-   ``STACK_GLOBAL`` it reaches, memo tricks and decoys included. Where it breaks (malformed
-   data, a limit), the globals found before the break stay recorded and the walk of pass 1
-   still covers the rest of the stream.
+2. **Inert run.** The repo's interpreter (:class:`._pickle.vm.Machine`) with the execution
+   model's resolver (:mod:`.model`), which records each name and each action torch.load
+   would take (imports, calls, builds, updates) and never refuses: it gives the exact
+   operands of every ``STACK_GLOBAL`` it reaches, memo tricks and decoys included. Where it
+   breaks (malformed data, a limit), the actions found before the break stay recorded; the
+   names pass 1 found that the run never reached are judged as if called.
+
+A stream whose every name is vetted to be called with any data (:data:`FAST_NAMES`: torch's
+rebuild functions, storages, OrderedDict …) cannot take an action that is not vetted, whatever
+its stack does (every name is an opcode the walk saw), so it is not run unless its value is
+wanted; its names are listed as imports.
 
 Nothing here imports, calls or unpickles anything.
 """
@@ -28,11 +34,13 @@ from typing import Any
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, LimitError
 from torchless.pickle.arguments import ARGS, memo_index
-from torchless.pickle.machine import Machine, Resolver
 from torchless.pickle.opcodes import Arg, by_code
-from torchless.pickle.values import Global, Opaque
+from torchless.rules.allowlist import CALLS, call_verdict
+from torchless.scanner.model import ActionLog, storage_verdict
+from torchless.scanner.modelrun import FoundGlobal, ModelMachine, ModelRecorder
+from torchless.scanner.report import Action, Severity
 
-__all__ = ["FoundGlobal", "StreamScan", "scan_stream"]
+__all__ = ["FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
 
 _STR_PUSH = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE",
                        "BINUNICODE", "BINUNICODE8"})
@@ -40,18 +48,6 @@ _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 #: Bytes of one text line the walk accepts (a global name, a decimal) before calling it broken.
 _MAX_LINE = 1 << 20
-
-
-@dataclass(frozen=True)
-class FoundGlobal:
-    """One name a stream references: ``opcode`` at ``offset`` (from the stream's base)."""
-
-    module: str
-    name: str
-    offset: int
-    opcode: str
-    #: Why the name could not be read statically, if it could not ("" when it was).
-    unresolved: str = ""
 
 
 @dataclass
@@ -72,75 +68,10 @@ class StreamScan:
     opcodes: int = 0
     #: True when a Limits bound stopped the walk or the run before the end of the stream.
     limited: bool = False
-
-
-class _Persistent:
-    """What a persistent id stands for in the inert run."""
-
-    def __init__(self, pid: Any) -> None:
-        self.pid = pid
-
-
-class _Recorder(Resolver):
-    """Records every name; refuses nothing; lets every update of an object pass."""
-
-    def __init__(self, data: Any) -> None:
-        self.data = data
-        self.found: dict[int, FoundGlobal] = {}
-        self.pids: list[Any] = []
-
-    def find_global(self, module: str, name: str, offset: int) -> Any:
-        op = by_code(self.data[offset])
-        self.found[offset] = FoundGlobal(module, name, offset, op.name if op else "?")
-        return Global(module, name, offset)
-
-    def extension(self, code: int, offset: int) -> Any:
-        op = by_code(self.data[offset])
-        self.found[offset] = FoundGlobal("copyreg.extension", str(code), offset,
-                                         op.name if op else "EXT")
-        return Global("copyreg.extension", str(code), offset)
-
-    def build(self, obj: Any, state: Any, offset: int) -> Any:
-        return super().build(obj, state, offset) if isinstance(obj, Opaque) else obj
-
-    def persistent_load(self, pid: Any, offset: int) -> Any:
-        self.pids.append(pid)
-        return _Persistent(pid)
-
-    def append(self, obj: Any, items: list[Any], offset: int) -> None:
-        if isinstance(obj, Opaque):
-            super().append(obj, items, offset)
-
-    def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
-        if isinstance(obj, Opaque):
-            super().setitems(obj, pairs, offset)
-
-    def additems(self, obj: Any, items: list[Any], offset: int) -> None:
-        if isinstance(obj, Opaque):
-            super().additems(obj, items, offset)
-
-
-class _Machine(Machine):
-    """The interpreter, except that a STACK_GLOBAL on non-strings is recorded, not fatal."""
-
-    def op_STACK_GLOBAL(self) -> None:
-        name = self.pop()
-        module = self.pop()
-        if type(module) is str and type(name) is str:
-            self.push(self.resolver.find_global(module, name, self.op_start))
-            return
-        assert isinstance(self.resolver, _Recorder)
-        what = (f"operands are {type(module).__name__} and {type(name).__name__}, "
-                "not two strings")
-        self.resolver.found[self.op_start] = FoundGlobal(
-            _show(module), _show(name), self.op_start, "STACK_GLOBAL", what)
-        self.push(Global("?", "?", self.op_start))
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, Global):
-        return value.path
-    return value if isinstance(value, str) else f"<{type(value).__name__}>"
+    #: What torch.load would do with the stream (offsets from the stream's base).
+    actions: list[Action] = field(default_factory=list)
+    #: The worst severity of the actions each name (by its opcode's offset) takes part in.
+    worst: dict[int, Severity] = field(default_factory=dict)
 
 
 def _text(raw: bytes) -> str:
@@ -353,25 +284,60 @@ def _index(name: str, unpack: Callable[[Any, int], tuple[Any, ...]],
     return int(unpack(raw, 0)[0])
 
 
-#: Streams up to this size always get the inert run (it also finds stack and memo misuse);
-#: larger ones only when they hold a STACK_GLOBAL or their value is wanted.
-_RUN_ALWAYS = 256 << 10
+#: Names vetted to be called with any data whose results are not callable and not
+#: forwarding: a stream naming only these (and storage types) takes only vetted actions.
+FAST_NAMES: frozenset[tuple[str, str]] = frozenset(
+    tuple(path.rsplit(".", 1)) for path in CALLS  # type: ignore[misc]
+    if path not in ("copyreg.__newobj__", "copyreg.__newobj_ex__", "_codecs.encode"))
+
+
+def _fast(g: FoundGlobal) -> bool:
+    if (g.module, g.name) in FAST_NAMES:
+        return True
+    storage = storage_verdict(g.module, g.name)
+    return storage is not None and storage[0] == "vetted" and not g.unresolved
+
+
+def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
+    """A name the static walk found where the run did not reach: judged as if called."""
+    if g.unresolved:
+        log.add("import", f"{g.module}.{g.name}", "dangerous", f"{g.opcode} whose name cannot "
+                f"be read statically ({g.unresolved})", g.offset, g.offset)
+    elif g.module == "copyreg.extension":
+        log.add("import", f"copyreg.extension.{g.name}", "dangerous", "names a global "
+                "through the loading process's copyreg extension registry", g.offset, g.offset)
+    elif _fast(g):
+        log.add("import", f"{g.module}.{g.name}", "vetted", "vetted to be called with any "
+                "data", g.offset, g.offset)
+    elif storage_verdict(g.module, g.name) is not None:
+        severity, reason = storage_verdict(g.module, g.name)  # type: ignore[misc]
+        log.add("import", f"{g.module}.{g.name}", severity, reason, g.offset, g.offset)
+    else:
+        severity, reason = call_verdict(g.module, g.name)
+        log.add("call", f"{g.module}.{g.name}", severity, "not reached by the model run "
+                f"(judged as called): {reason}", g.offset, g.offset)
 
 
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
-                limits: Limits | None = None, *, want_value: bool = False) -> StreamScan:
-    """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap)."""
+                limits: Limits | None = None, *, want_value: bool = False,
+                member: str | None = None) -> StreamScan:
+    """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
+    ``member``: the archive member it is, for the actions' report."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
     static = _static(data, start, stop, scan, lim.max_pickle_bytes)
-    stack_global = any(g.opcode == "STACK_GLOBAL" for g in static.values())
-    if not (want_value or stack_global or scan.end - start <= _RUN_ALWAYS):
+    fast = all(_fast(g) for g in static.values())
+    if fast and not want_value:
         scan.globals = [static[k] for k in sorted(static)]
+        log = ActionLog(data, member)
+        for g in scan.globals:
+            _judge_unreached(log, g)
+        _finish(scan, log, start)
         return scan
     view = data if stop == len(data) else data[:stop]
-    recorder = _Recorder(view)
-    machine = _Machine(view, recorder, lim)
+    recorder = ModelRecorder(view, member)
+    machine = ModelMachine(view, recorder, lim)
     try:
         scan.value, _ = machine.run(start)
     except CheckpointError as e:
@@ -387,4 +353,12 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
         merged[offset] = record  # the interpreter's operands are exact
     scan.globals = [merged[k] for k in sorted(merged)]
     scan.pids = recorder.pids
+    for offset in sorted(static.keys() - recorder.found.keys()):
+        _judge_unreached(recorder.log, static[offset])
+    _finish(scan, recorder.log, start)
     return scan
+
+
+def _finish(scan: StreamScan, log: ActionLog, start: int) -> None:
+    scan.actions = log.finished()
+    scan.worst = log.worst

@@ -4,18 +4,55 @@ anomalies of its container, and the whole report as JSON or as a table."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from torchless.core.findings import Anomaly
 from torchless.core.text import printable
 
-__all__ = ["FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict", "format_table"]
+__all__ = ["Action", "ActionKind", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
+           "format_table"]
 
-#: What the scanner makes of one global.
-Verdict = Literal["rebuilt", "opaque", "dangerous"]
+#: What the scanner makes of one global: vetted names are ``rebuilt`` (the reader has a rule
+#: for them) or ``opaque`` (kept as an inert record), the others ``unvetted`` or ``dangerous``.
+Verdict = Literal["rebuilt", "opaque", "unvetted", "dangerous"]
 #: What the scanner makes of one file.
-FileStatus = Literal["clean", "dangerous", "anomalous", "unreadable", "skipped", "error"]
+FileStatus = Literal["clean", "dangerous", "anomalous", "unvetted", "unreadable", "skipped",
+                     "error"]
+#: What one action of the execution model is.
+ActionKind = Literal["import", "call", "build", "update"]
+#: How one action of the execution model is judged (see torchless.rules.allowlist).
+Severity = Literal["vetted", "unvetted", "dangerous"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing ``torch.load(weights_only=False)`` would do: ``import`` a name, ``call`` a
+    callable (``X.__new__`` for NEWOBJ), ``build`` (``__setstate__``/``__setattr__``) or
+    ``update`` (``append``/``__setitem__``) an object. Vetted actions of one kind and target
+    are listed once, with their ``count``."""
+
+    kind: ActionKind
+    target: str
+    severity: Severity
+    reason: str
+    #: Offset of the opcode (inside ``member`` when set, else inside the file).
+    offset: int
+    opcode: str
+    #: The arguments, where the file spells them out (a short rendering).
+    args: str | None = None
+    #: Offset of the GLOBAL/STACK_GLOBAL/INST that named what acts, if one did.
+    origin: int | None = None
+    member: str | None = None
+    count: int = 1
+
+    def counted(self, n: int) -> Action:
+        return replace(self, count=n)
+
+    def at(self, base: int, member: str | None) -> Action:
+        """The action with offsets moved by ``base`` inside ``member``."""
+        return replace(self, offset=self.offset + base, member=member,
+                       origin=None if self.origin is None else self.origin + base)
 
 
 @dataclass(frozen=True)
@@ -44,14 +81,21 @@ class FileScan:
     hint: str | None = None  # what to do about ``error``
     #: The operators the file's TorchScript code calls, in the order first met.
     script_ops: tuple[str, ...] = ()
+    #: Every action torch.load would take (vetted ones once per kind and target).
+    actions: tuple[Action, ...] = ()
 
     @property
     def dangerous(self) -> tuple[GlobalRef, ...]:
         return tuple(g for g in self.globals if g.verdict == "dangerous")
 
     @property
+    def unvetted(self) -> tuple[GlobalRef, ...]:
+        return tuple(g for g in self.globals if g.verdict == "unvetted")
+
+    @property
     def exit_code(self) -> int:
-        return {"dangerous": 1, "anomalous": 1, "unreadable": 2, "error": 2}.get(self.status, 0)
+        return {"dangerous": 1, "anomalous": 1, "unvetted": 1, "unreadable": 2,
+                "error": 2}.get(self.status, 0)
 
 
 @dataclass(frozen=True)
@@ -68,8 +112,8 @@ class ScanReport:
         return self.exit_code == 0
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("clean", "dangerous", "anomalous", "unreadable", "skipped",
-                             "error"), 0)
+        out = dict.fromkeys(("clean", "dangerous", "anomalous", "unvetted", "unreadable",
+                             "skipped", "error"), 0)
         for f in self.files:
             out[f.status] += 1
         return out
@@ -83,8 +127,8 @@ class ScanReport:
         return json.dumps(self.to_dict(), indent=indent)
 
 
-_MARK = {"clean": "ok", "dangerous": "DANGER", "anomalous": "ANOMALY", "unreadable": "ERROR",
-         "skipped": "skip", "error": "BUG"}
+_MARK = {"clean": "ok", "dangerous": "DANGER", "anomalous": "ANOMALY", "unvetted": "UNVETTED",
+         "unreadable": "ERROR", "skipped": "skip", "error": "BUG"}
 
 
 def format_table(report: ScanReport, *, verbose: bool = False) -> str:
@@ -100,18 +144,22 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
             lines.append(f"    error: {f.error}")
             if f.hint and f.status in ("unreadable", "error"):
                 lines.append(f"    hint: {f.hint}")
-        shown = f.globals if verbose else f.dangerous
-        for g in shown:
-            where = f"{g.member}@{g.offset}" if g.member else f"@{g.offset}"
-            why = f": {g.reason}" if g.reason else ""
-            lines.append(f"    {g.verdict:<9} {g.module}.{g.name} ({g.opcode} {where}){why}")
+        for act in f.actions:
+            if not verbose and act.severity == "vetted":
+                continue
+            where = f"{act.member}@{act.offset}" if act.member else f"@{act.offset}"
+            args = f"{act.args}" if act.args is not None and act.kind == "call" else ""
+            times = f" x{act.count}" if act.count > 1 else ""
+            lines.append(f"    {act.severity:<9} {act.kind} {act.target}{args} ({act.opcode} "
+                         f"{where}){times}: {act.reason}")
         for a in f.anomalies:
             where = f" [{a.member}]" if a.member else ""
             at = f" @{a.offset}" if a.offset is not None else ""
             lines.append(f"    anomaly   {a.kind}{where}{at}: {a.message}")
     c = report.counts()
     lines.append(f"{len(report.files)} files: {c['clean']} clean, {c['dangerous']} dangerous, "
-                 f"{c['anomalous']} anomalous, {c['unreadable']} unreadable, "
+                 f"{c['anomalous']} anomalous, {c['unvetted']} unvetted, "
+                 f"{c['unreadable']} unreadable, "
                  f"{c['skipped']} skipped"
                  + (f", {c['error']} internal errors (torchless bugs)" if c["error"] else ""))
     return "\n".join(printable(line) for line in lines) + "\n"

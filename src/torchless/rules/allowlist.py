@@ -1,0 +1,381 @@
+"""The vetted allowlist: what ``torch.load(weights_only=False)`` may do to a file's say-so.
+
+The scanner models each action the unpickler would take (:mod:`torchless.scanner.model`):
+an **import** (``GLOBAL``, ``STACK_GLOBAL``, ``INST``), a **call** (``REDUCE``, ``NEWOBJ``,
+``NEWOBJ_EX``, ``INST``, ``OBJ``), a **build** (``BUILD`` reaching ``__setstate__`` or
+``__setattr__``) and an **update** (``APPEND``/``SETITEM`` on an object). An action is
+clean only when this module vets it, each entry with the reason it is safe. Everything else
+is **dangerous** (known to run code, touch files, processes or the network, or a rule that
+forwards a callable the file chose) or **unvetted** (the code of a package nobody vetted
+would run; the verdict names the package).
+
+Three kinds of entry, because a class can be safe to *re-create* and unsafe to *call*:
+
+* :data:`CALLS`: safe to call with the data a pickle holds (``REDUCE``/``INST``/``OBJ``);
+  also safe to create with ``__new__`` and to build;
+* :data:`NEW_ONLY`: safe to create through ``cls.__new__(cls, …)`` (``NEWOBJ``,
+  ``copyreg.__newobj__``) and to restore with ``BUILD``, but calling the class runs
+  ``__init__``/``__post_init__`` code that was not vetted (``TrainingArguments`` sets up
+  devices);
+* :data:`FORWARDS`: vetted calls that call something the file passes them (``functools.partial``,
+  ``copyreg._reconstructor``, ``_rebuild_from_type_v2``, NumPy's RNG constructors, ``getattr``):
+  the scanner vets the forwarded call on its own, and a forwarded callable that is not in
+  :data:`CALLS` makes the file dangerous.
+
+A name only *referenced* (imported and stored, never called: an activation function kept as a
+module attribute, ``numpy.float32`` as a dtype) runs nothing but its module's import: it is
+vetted when the module is (:func:`import_verdict`).
+
+Adding an entry: put the exact ``module.name`` (as the pickle spells it, after Python 2 names
+are mapped) in the right table with one line saying why loading it cannot run unvetted code,
+and add a file to the labelled set (``tests/scanner/labelled``) that shows it in real output.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from typing import Literal
+
+from torchless.pickle.values import Global
+from torchless.rules.policy import DENIED_MODULE_FAMILIES
+
+__all__ = ["CALLS", "DANGEROUS", "FORWARDS", "IMPORT_PACKAGES", "NEW_ONLY", "Severity",
+           "call_verdict", "import_verdict", "package_of"]
+
+#: What the scanner makes of one action.
+Severity = Literal["vetted", "unvetted", "dangerous"]
+
+_TORCH_REBUILD = "a torch rebuild function: makes a tensor or storage view from data arguments"
+_ENUM = "an Enum: calling it with a value looks the member up, no other code runs"
+_DATACLASS = ("a plain data class: __new__ is object's and BUILD fills __dict__ (no "
+              "__setstate__ of its own)")
+
+#: Callables safe to call with pickled data (and to create with __new__ and build).
+CALLS: dict[str, str] = {
+    **{f"torch._utils.{n}": _TORCH_REBUILD for n in (
+        "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+        "_rebuild_parameter_with_state", "_rebuild_device_tensor_from_cpu_tensor",
+        "_rebuild_sparse_tensor",
+        "_rebuild_sparse_csr_tensor", "_rebuild_nested_tensor", "_rebuild_qtensor",
+        "_rebuild_meta_tensor_no_storage", "_rebuild_xla_tensor", "_rebuild_mtia_tensor")},
+    "torch.nested._internal.nested_tensor._rebuild_njt": _TORCH_REBUILD,
+    "torch.serialization._get_layout": "looks a layout up by name in torch's own table",
+    **{f"torch.jit._pickle.{n}": "TorchScript list tag: returns its list argument" for n in (
+        "build_intlist", "build_floatlist", "build_boollist", "build_doublelist",
+        "build_tensorlist", "build_complexlist", "restore_type_tag")},
+    "torch.Size": "a tuple of ints", "torch.device": "parses a device string",
+    "torch._C.Generator": "a random generator; __setstate__ sets its state tensor",
+    "torch.Generator": "a random generator; __setstate__ sets its state tensor",
+    "torch.Tensor": "the tensor class (the oldest saves call it, then __setstate__)",
+    "torch._tensor.Tensor": "the tensor class (the oldest saves call it, then __setstate__)",
+    "torch.nn.parameter.Parameter": "wraps a tensor; __setstate__ restores flags",
+    "torch.nn.parameter.Buffer": "wraps a tensor",
+    "torch.nn.parameter.UninitializedParameter": "a placeholder without data",
+    "torch.nn.parameter.UninitializedBuffer": "a placeholder without data",
+    "torch.torch_version.TorchVersion": "a str subclass",
+    **{f"builtins.{n}": "a builtin value type: builds a value from data" for n in (
+        "set", "frozenset", "list", "dict", "tuple", "int", "float", "str", "bool",
+        "complex", "bytes", "bytearray", "slice", "range", "object")},
+    "collections.OrderedDict": "a dict", "collections.deque": "a list-like container",
+    "collections.Counter": "a dict of counts",
+    "collections.defaultdict": "a dict; its factory is only called on a missing key, which "
+                               "unpickling never reads",
+    "copyreg.__newobj__": "cls.__new__(cls, *args): vetted as the NEWOBJ it stands for",
+    "copyreg.__newobj_ex__": "cls.__new__(cls, *args, **kw): vetted as the NEWOBJ it stands for",
+    "_codecs.encode": "str.encode with a text codec (other codecs are not vetted)",
+    **{f"datetime.{n}": "a datetime value from numbers and a tzinfo" for n in (
+        "datetime", "date", "time", "timedelta", "timezone")},
+    "zoneinfo.ZoneInfo": "a time zone; the key is validated (no absolute path, no ..) and "
+                         "only a zone file is read",
+    "zoneinfo.ZoneInfo._unpickle": "a time zone from its key (validated, reads a zone file)",
+    **{f"pathlib.{n}": "a path object: constructing it touches no file" for n in (
+        "Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")},
+    "argparse.Namespace": "an attribute bag", "types.SimpleNamespace": "an attribute bag",
+    "uuid.UUID": "a 128-bit value; __setstate__ sets its int",
+    "uuid.SafeUUID": _ENUM,
+    "re._compile": "compiles a regular expression (nothing is matched at load)",
+    "re.compile": "compiles a regular expression (nothing is matched at load)",
+    "re.RegexFlag": _ENUM,
+    "decimal.Decimal": "a number from a string", "fractions.Fraction": "a number",
+    "array.array": "a typed array from data",
+    "array._array_reconstructor": "a typed array from bytes",
+    "enum.Enum": _ENUM,
+    "numpy.core.multiarray._reconstruct": "an empty array of a vetted class; BUILD fills it",
+    "numpy._core.multiarray._reconstruct": "an empty array of a vetted class; BUILD fills it",
+    "numpy.ndarray": "the array class; __setstate__ copies the bytes",
+    "numpy.dtype": "a dtype from its code; __setstate__ sets byte order and fields",
+    "numpy.core.multiarray.scalar": "a scalar from a dtype and its bytes",
+    "numpy._core.multiarray.scalar": "a scalar from a dtype and its bytes",
+    "numpy.core.numeric._frombuffer": "an array from bytes", "numpy._core.numeric._frombuffer":
+        "an array from bytes",
+    "numpy.ma.core._mareconstruct": "a masked array; BUILD fills data and mask",
+    "numpy.random.bit_generator.__pyx_unpickle_SeedSequence":
+        "Cython's unpickle helper: checks a checksum, creates a SeedSequence, sets its state",
+    "numpy.random.bit_generator.SeedSequence": "entropy pool state",
+    **{f"numpy.random.{m}.{c}": "a NumPy bit generator; its state is set from numbers" for m, c
+       in (("_mt19937", "MT19937"), ("_pcg64", "PCG64"), ("_pcg64", "PCG64DXSM"),
+           ("_philox", "Philox"), ("_sfc64", "SFC64"))},
+    "numpy.random._generator.Generator": "a Generator over a vetted bit generator",
+    "numpy.random.mtrand.RandomState": "a RandomState over a vetted bit generator",
+    "accelerate.utils.dataclasses.DistributedType": _ENUM,
+    "accelerate.utils.dataclasses.DynamoBackend": _ENUM,
+    "accelerate.utils.dataclasses.PrecisionType": _ENUM,
+}
+for _m, _names in {
+    "transformers.trainer_utils": ("IntervalStrategy", "SaveStrategy", "HubStrategy",
+                                   "SchedulerType", "EvaluationStrategy", "HPSearchBackend",
+                                   "FSDPOption"),
+    "accelerate.utils.dataclasses": ("DDPCommunicationHookType", "SageMakerDistributedType",
+                                     "FP8BackendType", "ComputeEnvironment", "LoggerType",
+                                     "RNGType", "CustomDtype"),
+    "transformers.training_args": ("OptimizerNames", "ParallelMode"),
+    "transformers.debug_utils": ("DebugOption",),
+    "transformers.utils.generic": ("PaddingStrategy", "TensorType", "ExplicitEnum"),
+    "transformers.trainer_callback": ("IntervalStrategy",),
+    "lightning.pytorch.trainer.states": ("TrainerFn", "TrainerStatus", "RunningStage"),
+    "pytorch_lightning.trainer.states": ("TrainerFn", "TrainerStatus", "RunningStage"),
+    "lightning.fabric.utilities.enums": ("LightningEnum",),
+    "omegaconf.base": ("SCMode",),
+}.items():
+    for _n in _names:
+        CALLS[f"{_m}.{_n}"] = _ENUM
+
+#: Classes safe to create with __new__ and restore with BUILD, but not vetted to be called.
+NEW_ONLY: dict[str, str] = {
+    "transformers.training_args.TrainingArguments": _DATACLASS,
+    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": _DATACLASS,
+    "transformers.trainer_pt_utils.AcceleratorConfig": _DATACLASS,
+    "transformers.generation.configuration_utils.GenerationConfig":
+        "a config: BUILD fills __dict__",
+    "transformers.configuration_utils.PretrainedConfig": "a config: BUILD fills __dict__",
+    "accelerate.state.PartialState": "NEWOBJ + BUILD of the state dict only: __init__ (which "
+                                     "sets up processes) is not called",
+    "accelerate.state.AcceleratorState": "NEWOBJ + BUILD of the state dict only",
+    "omegaconf.dictconfig.DictConfig": "__setstate__ restores the node tree; interpolations "
+                                       "and resolvers run only when a value is read",
+    "omegaconf.listconfig.ListConfig": "__setstate__ restores the node tree",
+    "omegaconf.base.Metadata": _DATACLASS, "omegaconf.base.ContainerMetadata": _DATACLASS,
+    "lightning.fabric.utilities.data.AttributeDict": "a dict subclass with attribute access",
+    "lightning_fabric.utilities.data.AttributeDict": "a dict subclass with attribute access",
+    "pytorch_lightning.utilities.parsing.AttributeDict": "a dict subclass",
+    "lightning.pytorch.utilities.parsing.AttributeDict": "a dict subclass",
+}
+for _n in ("AutocastKwargs", "DistributedDataParallelKwargs", "GradScalerKwargs",
+           "InitProcessGroupKwargs", "DataLoaderConfiguration", "ProjectConfiguration",
+           "GradientAccumulationPlugin", "TorchDynamoPlugin", "TensorInformation"):
+    NEW_ONLY[f"accelerate.utils.dataclasses.{_n}"] = _DATACLASS
+NEW_ONLY["lightning.pytorch.trainer.states.TrainerState"] = _DATACLASS
+NEW_ONLY["pytorch_lightning.trainer.states.TrainerState"] = _DATACLASS
+NEW_ONLY["omegaconf.base.UnionNode"] = "an omegaconf union node: BUILD restores its value"
+for _n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
+           "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode", "NoneNode",
+           "LiteralNode"):
+    NEW_ONLY[f"omegaconf.nodes.{_n}"] = "an omegaconf value node: BUILD restores its value"
+
+#: Vetted calls that call what the file passes them: name -> what is forwarded.
+FORWARDS: dict[str, str] = {
+    "functools.partial": "stores a callable; calling the partial calls it (BUILD may swap it)",
+    "copyreg._reconstructor": "base.__new__(cls, state) and base.__init__(obj, state)",
+    "torch._tensor._rebuild_from_type_v2": "calls func(*args), then restores new_type's state",
+    "torch._tensor._rebuild_from_type": "calls func(*args), then sets new_type's __dict__",
+    "torch._utils._rebuild_wrapper_subclass": "makes an instance of the class it is given",
+    "numpy.random._pickle.__generator_ctor": "calls bit_generator_ctor(bit_generator_name)",
+    "numpy.random._pickle.__randomstate_ctor": "calls bit_generator_ctor(bit_generator_name)",
+    "numpy.random._pickle.__bit_generator_ctor": "calls the class it is given, or looks a "
+                                                 "name up in NumPy's table",
+    "builtins.getattr": "reads one attribute; calling what it read calls a method",
+    "builtins.type": "type(x) reads the type of x; type(name, bases, ns) makes a class",
+    "operator.getitem": "subscripts its first argument (typing.Optional[int] is pickled so)",
+    "hmac.new": "calls its digestmod", "hmac.HMAC": "calls its digestmod",
+    "hmac.digest": "calls its digest",
+}
+
+#: Top-level packages whose import (module code run by ``import``) is vetted, with why.
+IMPORT_PACKAGES: dict[str, str] = {
+    "torch": "the loader itself (torch.load imported it)",
+    "__torch__": "TorchScript class names: torch.jit builds them from the archive's code/, "
+                 "nothing is imported",
+    "numpy": "a torch dependency", "omegaconf": "config library vetted for its nodes",
+    "transformers": "vetted for configs and TrainingArguments",
+    "accelerate": "imported by transformers' TrainingArguments",
+    "lightning": "vetted for checkpoints", "lightning_fabric": "vetted for checkpoints",
+    "pytorch_lightning": "vetted for checkpoints",
+}
+
+#: Modules and names known to run code, touch files, processes or the network when called or
+#: imported, beyond DENIED_MODULE_FAMILIES (prefixes: a module and its submodules, or exact
+#: module.name).
+DANGEROUS: dict[str, str] = {
+    "wave": "wave.open / Wave_write open the file they are given for writing",
+    "aifc": "aifc.open / Aifc_write open the file they are given",
+    "sunau": "sunau.open / Au_write open the file they are given",
+    "_pyio": "the pure-Python io module opens files",
+    "argparse.FileType": "an instance called with a path opens that file",
+    "torch.utils._zip": "writes ZIP files", "torch.PyTorchFileWriter": "writes a file",
+    "torch.PyTorchFileReader": "opens a file", "torch.from_file": "maps a file",
+    "torch.load": "a nested torch.load", "torch.save": "writes a file",
+    "torch.storage._load_from_bytes": "a nested torch.load(weights_only=False) of bytes the "
+                                      "file holds",
+    "torch.fx.graph_module": "reduce_graph_module execs Python source from the file",
+    "fsspec": "opens local and remote files (LocalFileOpener …)",
+    "sympy": "sympy constructors parse and evaluate strings (sympify)",
+    "_sitebuiltins": "Quitter exits the process, _Printer reads files, _Helper runs pydoc",
+    "netrc": "reads a file", "uu": "writes files", "binhex": "writes files",
+    "zipapp": "writes archives", "mimetypes": "reads files", "trace": "runs code",
+    "numpy.memmap": "maps a file", "numpy.lib._npyio_impl": "loads files",
+    "numpy.fromfile": "reads a file", "numpy.load": "loads (and unpickles) a file",
+    "antigravity": "opens a web browser on import", "this": "prints on import",
+    "__hello__": "prints on import", "__phello__": "prints on import",
+    "idlelib": "starts IDLE", "turtledemo": "starts a GUI",
+    "_aix_support": "runs shell commands", "_osx_support": "runs shell commands",
+    "_pyrepl": "its pager runs shell commands", "test": "CPython's test helpers run processes",
+    "codecs.open": "opens a file", "codecs.EncodedFile": "wraps a file",
+    "ensurepip": "runs pip", "venv": "creates environments and runs pip",
+    "_bootlocale": "imports by name", "_posixshmem": "shared memory",
+}
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
+_STDLIB = frozenset(sys.stdlib_module_names)
+_HF_CONFIG = re.compile(r"transformers\.models\.[a-z0-9_]+\.configuration_[a-z0-9_]+\Z")
+
+
+def package_of(module: str) -> str:
+    """The top-level package whose code an import of ``module`` runs."""
+    return module.split(".", 1)[0]
+
+
+def _in(prefixes: dict[str, str] | frozenset[str], path: str) -> str | None:
+    """The longest key of ``prefixes`` that is ``path`` or a dotted prefix of it."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        key = ".".join(parts[:i])
+        if key in prefixes:
+            return key
+    return None
+
+
+def _known_danger(module: str, name: str, *, called: bool) -> str | None:
+    path = f"{module}.{name}"
+    key = _in(DANGEROUS, path)
+    if key is not None:
+        return f"{DANGEROUS[key]} ({key})"
+    if module.split(".")[-1] == "__main__" and module != "__main__":
+        return "runs a program's __main__ on import"
+    if _in(DENIED_MODULE_FAMILIES, module) is not None and (called or not top_is(module, "torch")):
+        # torch's own native and JIT modules hold plain functions a module keeps as an
+        # attribute (torch._C._nn.gelu): a reference to them runs nothing
+        return "belongs to a module that can run code, touch files, processes or the network"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def import_verdict(module: str, name: str, *, called: bool = False) -> tuple[Severity, str]:
+    """What importing ``module`` and reading ``name`` from it would run (a reference)."""
+    path = f"{module}.{name}"
+    if not _DOTTED.match(module) or not _DOTTED.match(name):
+        return "dangerous", "is not a valid dotted Python name"
+    if any(s.startswith("__") and s.endswith("__") for s in name.split(".")):
+        return "dangerous", "reaches a dunder attribute"
+    if path in CALLS or path in NEW_ONLY or path in FORWARDS:
+        return "vetted", (CALLS.get(path) or NEW_ONLY.get(path) or FORWARDS[path])
+    segments = name.split(".")
+    if len(segments) > 1 and not all(s[:1].isupper() for s in segments):
+        return "dangerous", "walks attributes through a dotted name"
+    danger = _known_danger(module, name, called=called)
+    if danger is not None:
+        return "dangerous", danger
+    top = package_of(module)
+    if top in IMPORT_PACKAGES:
+        return "vetted", f"a reference; importing {top} is vetted: {IMPORT_PACKAGES[top]}"
+    if top in _STDLIB or top == "__main__":
+        return "vetted", (f"a reference; importing the standard library's {top} runs no "
+                          "unvetted code")
+    return "unvetted", f"importing {module} runs the code of the {top} package, not vetted"
+
+
+@functools.lru_cache(maxsize=4096)
+def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity, str]:
+    """What calling ``module.name`` (``new``: creating it with ``__new__`` and building it)
+    would run."""
+    path = f"{module}.{name}"
+    if path in CALLS:
+        return "vetted", CALLS[path]
+    if path in FORWARDS and not path.startswith("hmac."):
+        return "vetted", f"{FORWARDS[path]} (what it calls is judged on its own)"
+    if new and path in NEW_ONLY:
+        return "vetted", NEW_ONLY[path]
+    severity, reason = import_verdict(module, name, called=True)
+    if severity == "dangerous":
+        return severity, reason
+    if new and name[:1].isupper() and (top_is(module, "torch.nn.modules")
+                                       or top_is(module, "torch.optim")):
+        return "vetted", "a torch module or optimizer class: __new__ is object's and " \
+                         "__setstate__ restores its __dict__"
+    if new and name.endswith("Config") and _HF_CONFIG.match(module):
+        return "vetted", "a transformers model config (PretrainedConfig): __new__ is " \
+                         "object's and BUILD fills __dict__ (no __setstate__ of its own)"
+    if new and module == "__main__" and name[:1].isupper() and "." not in name:
+        return "vetted", "a class of the loading program itself (__main__) created with " \
+                         "__new__ and built: code the user already runs"
+    if top_is(module, "torch.return_types") or top_is(module, "__torch__"):
+        return "vetted", "a torch struct sequence, or a TorchScript class torch.jit builds " \
+                         "from the archive's code/"
+    if path in NEW_ONLY:
+        return "unvetted", (f"calling {path} runs its __init__, which is not vetted (only "
+                            "__new__ + BUILD is)")
+    top = package_of(module)
+    where = "the standard library's" if top in _STDLIB else "the"
+    verb = "creating" if new else "calling"
+    return "unvetted", f"{verb} {path} runs code of {where} {top} package that is not vetted"
+
+
+def top_is(module: str, package: str) -> bool:
+    """Whether ``module`` is ``package`` or one of its submodules."""
+    return module == package or module.startswith(package + ".")
+
+
+_Forward = list[tuple[object, tuple[object, ...]]]
+
+
+def forwarded(path: str, args: tuple[object, ...],
+              kwargs: dict[object, object] | None = None) -> _Forward:
+    """The calls a vetted forwarding rule ``path`` makes with what the file gave it, as
+    ``(callable, arguments)`` pairs (the callable as the file built it); [] when it forwards
+    nothing for these arguments. ``functools.partial`` forwards when the partial is called,
+    not here; ``builtins.getattr``, ``type`` and ``operator.getitem`` are judged by the caller
+    (they read, they do not call)."""
+    kw = kwargs or {}
+    if path in ("torch._tensor._rebuild_from_type_v2", "torch._tensor._rebuild_from_type"):
+        if len(args) >= 3 and isinstance(args[2], tuple):
+            return [(args[0], args[2])]
+        return []
+    if path == "copyreg._reconstructor":
+        if len(args) == 3 and not _is_object(args[1]):
+            return [(args[1], (args[2],))]
+        return []
+    if path in ("numpy.random._pickle.__generator_ctor",
+                "numpy.random._pickle.__randomstate_ctor"):
+        name = args[0] if args else kw.get("bit_generator_name", "MT19937")
+        ctor = args[1] if len(args) > 1 else kw.get("bit_generator_ctor")
+        if ctor is None:
+            return forwarded("numpy.random._pickle.__bit_generator_ctor", (name,))
+        return [(ctor, (name,))]
+    if path == "numpy.random._pickle.__bit_generator_ctor":
+        target = args[0] if args else kw.get("bit_generator")
+        return [(target, ())] if _is_global(target) else []
+    if path in ("hmac.new", "hmac.HMAC", "hmac.digest"):
+        digest = args[2] if len(args) > 2 else kw.get("digestmod", kw.get("digest"))
+        return [] if digest is None or isinstance(digest, str) else [(digest, ())]
+    return []
+
+
+def _is_global(value: object) -> bool:
+    return isinstance(value, Global)
+
+
+def _is_object(value: object) -> bool:
+    return isinstance(value, Global) and value.name == "object" and \
+        value.module in ("builtins", "__builtin__")

@@ -1,0 +1,390 @@
+"""The execution model: every action ``torch.load(weights_only=False)`` would take on a pickle.
+
+A resolver for the inert interpreter (:class:`~torchless.pickle.machine.Machine`) that, instead
+of rebuilding values, follows what CPython's unpickler inside ``torch.load`` would do and
+records each step as an :class:`~torchless.scanner.report.Action`:
+
+* **import**: ``GLOBAL``/``STACK_GLOBAL``/``INST`` import a module and read a name (torch's
+  own ``find_class`` maps storage names without an import, and ``torch.tensor`` to
+  ``torch._tensor``; Python 2 names are mapped as the C unpickler maps them);
+* **call**: ``REDUCE``/``INST``/``OBJ`` call a value, ``NEWOBJ``/``NEWOBJ_EX`` call
+  ``cls.__new__``; calls a vetted rule *forwards* (``copyreg._reconstructor``'s base,
+  ``_rebuild_from_type_v2``'s func, a ``functools.partial``'s function, NumPy's RNG
+  constructor callbacks, ``hmac``'s digestmod) are calls of their own;
+* **build**: ``BUILD`` calls the object's ``__setstate__`` (or its ``__setattr__`` for slot
+  state); **update**: ``APPEND``/``SETITEM``/``ADDITEMS`` on an object call its methods.
+
+Each action gets a severity from :mod:`torchless.rules.allowlist`. Values stay symbolic: a
+name is a :class:`Global`, a call's result an :class:`_Made` that remembers what made it
+(so that a later call or BUILD on it is judged by its maker), a ``functools.partial``
+remembers its function (a ``BUILD`` can swap it). Nothing is imported or called.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+from typing import Any
+
+from torchless.core import dtypes as _dtypes
+from torchless.pickle.opcodes import by_code
+from torchless.pickle.values import Global
+from torchless.rules.allowlist import (
+    FORWARDS,
+    Severity,
+    call_verdict,
+    forwarded,
+    import_verdict,
+)
+from torchless.scanner.report import Action, ActionKind
+
+__all__ = ["ActionLog", "Made", "Model", "static_args", "storage_verdict"]
+
+_ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
+_MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
+_TEXT_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8",
+                          "ascii"})
+_TYPING = frozenset({"typing", "typing_extensions", "collections.abc", "builtins"})
+#: Characters of a static argument rendering kept in a report.
+_ARGS_MAX = 160
+#: Actions listed one by one per stream; past this, those of one kind, target and severity
+#: are counted on the first (a hostile stream may repeat a call a million times).
+_MAX_LISTED = 1000
+
+
+class Made:
+    """What a call or ``__new__`` returned: judged by what made it."""
+
+    __slots__ = ("attr", "func", "maker", "origin", "pargs", "pkw", "severity")
+
+    def __init__(self, maker: str, severity: Severity, origin: int | None) -> None:
+        self.maker = maker
+        self.severity = severity
+        self.origin = origin
+        self.func: Any = None  # a functools.partial's function (None otherwise)
+        self.pargs: tuple[Any, ...] = ()
+        self.pkw: dict[Any, Any] = {}  # a functools.partial's keywords
+        self.attr: str | None = None  # getattr(obj, attr) of an object the file built
+
+    def __repr__(self) -> str:
+        return f"<{self.maker}>"
+
+
+def _plain(value: Any, depth: int = 2) -> bool:
+    """A value of plain data (an Enum's value: scalars, or a tuple of them)."""
+    if value is None or isinstance(value, (str, bytes, int, float, complex)):
+        return True
+    return depth > 0 and isinstance(value, (tuple, frozenset)) and len(value) <= 64 and \
+        all(_plain(v, depth - 1) for v in value)
+
+
+def _origin(value: Any) -> int | None:
+    if isinstance(value, Global):
+        return value.offset
+    if isinstance(value, Made):
+        return value.origin
+    return None
+
+
+def static_args(args: Any) -> str | None:
+    """A short rendering of arguments the file spells out (None if none)."""
+    text = _show(args, 4)
+    return text if len(text) <= _ARGS_MAX else text[:_ARGS_MAX - 1] + "…"
+
+
+def _show(value: Any, depth: int) -> str:
+    if isinstance(value, Global):
+        return value.path
+    if isinstance(value, Made):
+        return repr(value)
+    if hasattr(value, "pid"):  # a persistent id: a storage of the archive
+        return f"<storage {_show(value.pid, 1)}>"
+    if type(value) is int and value.bit_length() > 256:
+        return f"<int of {value.bit_length()} bits>"
+    if isinstance(value, (str, bytes, int, float, bool, complex)) or value is None:
+        return repr(value if not isinstance(value, (str, bytes)) or len(value) <= 80
+                    else value[:80])
+    if depth <= 0:
+        return "…"
+    if isinstance(value, tuple):
+        inner = ", ".join(_show(v, depth - 1) for v in value[:8])
+        return f"({inner}{', …' if len(value) > 8 else ''}{',' if len(value) == 1 else ''})"
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v, depth - 1) for v in value[:8]) + \
+            (", …]" if len(value) > 8 else "]")
+    if isinstance(value, dict):
+        items = list(value.items())[:6]
+        return "{" + ", ".join(f"{_show(k, 0)}: {_show(v, depth - 1)}" for k, v in items) + \
+            (", …}" if len(value) > 6 else "}")
+    return f"<{type(value).__name__}>"
+
+
+class ActionLog:
+    """Actions of one stream; vetted ones are counted per (kind, target), the others kept
+    one by one."""
+
+    def __init__(self, data: Any, member: str | None = None) -> None:
+        self.data = data
+        self.member = member
+        self.actions: list[Action] = []
+        self._vetted: dict[tuple[str, str], int] = {}
+        self._counts: dict[int, int] = {}
+        self.worst: dict[int, Severity] = {}  # per origin offset
+
+    def add(self, kind: ActionKind, target: str, severity: Severity, reason: str, offset: int,
+            origin: int | None, args: Any = None) -> None:
+        if origin is not None and _ORDER[severity] > _ORDER[self.worst.get(origin, "vetted")]:
+            self.worst[origin] = severity
+        elif origin is not None and origin not in self.worst:
+            self.worst[origin] = severity
+        if severity == "vetted" or len(self.actions) >= _MAX_LISTED:
+            key = (kind, target) if severity == "vetted" else (kind, f"{severity}:{target}")
+            at = self._vetted.get(key)
+            if at is not None:
+                self._counts[at] += 1
+                return
+            self._vetted[key] = len(self.actions)
+            self._counts[len(self.actions)] = 1
+        op = _opcode(self.data, offset)
+        self.actions.append(Action(kind, target, severity, reason, offset, op,
+                                   static_args(args) if args is not None else None, origin,
+                                   self.member))
+
+    def finished(self) -> list[Action]:
+        out = []
+        for i, a in enumerate(self.actions):
+            n = self._counts.get(i, 1)
+            out.append(a if n == 1 else a.counted(n))
+        return out
+
+
+def _opcode(data: Any, offset: int) -> str:
+    if 0 <= offset < len(data):
+        op = by_code(data[offset])
+        if op is not None:
+            return op.name
+    return "?"
+
+
+def storage_verdict(module: str, name: str) -> tuple[Severity, str] | None:
+    """torch's find_class maps a storage type's name without an import; a storage name torch
+    does not know is not what torch.save writes. None for other names."""
+    if "Storage" not in name:
+        return None
+    if name == "UntypedStorage" or _dtypes.by_storage_name(name) is not None:
+        return "vetted", "torch's find_class maps a storage name to its type without an import"
+    if module.startswith("torch") and "." not in name:
+        return "dangerous", "torch has no such storage type: torch.save never writes this name"
+    return None
+
+
+class Model:
+    """The resolver half of the model (mixed into the scanner's recording resolver)."""
+
+    log: ActionLog
+
+    # ---- names -------------------------------------------------------------------------
+
+    def model_global(self, module: str, name: str, offset: int) -> Global:
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+        module = _MODULE_RENAMES.get(module, module)
+        g = Global(module, name, offset)
+        severity, reason = storage_verdict(module, name) or import_verdict(module, name)
+        self.log.add("import", g.path, severity, reason, offset, offset)
+        return g
+
+    # ---- calls -------------------------------------------------------------------------
+
+    def model_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None,
+                   offset: int, *, new: bool = False, via: str = "") -> Any:
+        """``func(*args, **kwargs)`` (``new``: ``func.__new__(func, *args)``); ``via``: the
+        forwarding rule that makes the call (then only a vetted callable is clean)."""
+        log = self.log
+        origin = _origin(func)
+        if isinstance(func, Global):
+            path = func.path
+            if not new and path in FORWARDS:
+                return self._forwarding(func, args, kwargs or {}, offset, via)
+            if not new and path in ("copyreg.__newobj__", "copyreg.__newobj_ex__"):
+                self._add_call(func, "vetted", FORWARDS.get(path, "NEWOBJ"), offset, args)
+                cls = args[0] if args else None
+                rest = args[1] if path.endswith("ex__") and len(args) > 1 else args[1:]
+                return self.model_call(cls, rest if isinstance(rest, tuple) else (),
+                                       None, offset, new=True, via=via)
+            severity, reason = call_verdict(func.module, func.name, new=new)
+            if (severity == "unvetted" and not via and not new and func.module == "__main__"
+                    and func.name[:1].isupper() and "." not in func.name and len(args) <= 1
+                    and all(_plain(a) for a in args)):
+                severity, reason = "vetted", ("an Enum member lookup (or a one-value "
+                                              "constructor) of the loading program's own class")
+            if path == "_codecs.encode" and not (
+                    len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], str)
+                    and args[1].lower().replace("_", "-") in _TEXT_CODECS):
+                severity, reason = "unvetted", ("_codecs.encode with a codec other than a "
+                                                "text one: the lookup imports encodings.<name>")
+            if via and severity != "vetted":
+                severity, reason = "dangerous", f"{via} calls a callable the file chose, " \
+                                                f"{path}, which is not vetted ({reason})"
+            log.add("call", f"{path}.__new__" if new else path, severity, reason, offset,
+                    origin, args)
+            return Made(path, severity, origin)
+        if isinstance(func, Made):
+            if func.func is not None and not new:  # a functools.partial
+                return self.model_call(func.func, (*func.pargs, *args),
+                                       {**func.pkw, **(kwargs or {})}, offset,
+                                       via=via or "functools.partial")
+            if func.maker == "__new__" and func.attr is not None:
+                target = func.pargs[0] if func.pargs else None
+                return self.model_call(target, args[1:], kwargs, offset, new=True, via=via)
+            what = (f"a method ({func.attr!r}) of an object the file built"
+                    if func.attr is not None else f"an object the file built ({func.maker})")
+            log.add("call", f"{func.maker}.{func.attr or '__call__'}", "dangerous",
+                    f"calls {what}: torch.load would run that code (how gadget chains "
+                    "run code)", offset, origin, args)
+            return Made(f"{func.maker}()", "dangerous", origin)
+        if func is None or isinstance(func, (str, bytes, int, float, tuple, list, dict)):
+            return Made("?", "vetted", None)  # the unpickler fails here: nothing runs
+        log.add("call", f"<{type(func).__name__}>", "dangerous",
+                "calls a value that is not a name the file gave", offset, origin, args)
+        return Made("?", "dangerous", origin)
+
+    def _add_call(self, func: Global, severity: Severity, reason: str, offset: int,
+                  args: Any) -> None:
+        self.log.add("call", func.path, severity, reason, offset, func.offset, args)
+
+    def _forwarding(self, func: Global, args: tuple[Any, ...], kwargs: dict[Any, Any],
+                    offset: int, via: str) -> Any:
+        path = func.path
+        reason = FORWARDS[path]
+        origin = func.offset
+        if path == "functools.partial":
+            self._add_call(func, "vetted", reason, offset, args)
+            made = Made(path, "vetted", origin)
+            made.func = args[0] if args else None
+            made.pargs = tuple(args[1:])
+            made.pkw = dict(kwargs)
+            return made
+        if path == "builtins.getattr":
+            return self._getattr(func, args, offset)
+        if path == "builtins.type":
+            ok = len(args) == 1
+            self._add_call(func, "vetted" if ok else "dangerous",
+                           "type(x) only reads the type of x" if ok else
+                           "type(name, bases, namespace) makes a class: its bases' and "
+                           "metaclass's code runs", offset, args)
+            return Made("builtins.type()", "vetted" if ok else "dangerous", origin)
+        if path == "operator.getitem":
+            base = args[0] if args else None
+            ok = isinstance(base, Global) and base.module in _TYPING
+            self._add_call(func, "vetted" if ok else "dangerous",
+                           "subscripts a typing form (how typing.Optional[int] is pickled)"
+                           if ok else "subscripts an object the file chose: its "
+                           "__getitem__ runs", offset, args)
+            return Made(f"{_show(base, 1)}[…]", "vetted" if ok else "dangerous", origin)
+        if path.startswith("hmac."):
+            calls = forwarded(path, args, kwargs)
+            self._add_call(func, "unvetted", "the standard library's hmac is not vetted",
+                           offset, args)
+            for target, fargs in calls:
+                self.model_call(target, fargs, None, offset, via=f"{path} (digestmod)")
+            return Made(path, "unvetted", origin)
+        self._add_call(func, "vetted", reason, offset, args)
+        for target, fargs in forwarded(path, args, kwargs):
+            if path == "copyreg._reconstructor" and target is not None:
+                self.model_call(target, fargs, None, offset, via=path)
+            else:
+                self.model_call(target, fargs, None, offset, via=path)
+        if path == "copyreg._reconstructor" and len(args) == 3:
+            cls = args[0]
+            if isinstance(cls, Global):
+                severity, why = call_verdict(cls.module, cls.name, new=True)
+                if severity != "dangerous":  # object.__new__ runs none of the class's code
+                    severity, why = "vetted", "object.__new__(cls) runs none of its code"
+                self.log.add("call", f"{cls.path}.__new__", severity, why, offset, cls.offset)
+                return Made(cls.path, call_verdict(cls.module, cls.name, new=True)[0],
+                            cls.offset)
+        if path in ("torch._tensor._rebuild_from_type_v2", "torch._tensor._rebuild_from_type"):
+            new_type = args[1] if len(args) > 1 else None
+            if isinstance(new_type, Global) and new_type.path not in (
+                    "torch._tensor.Tensor", "torch.Tensor"):
+                severity, why = call_verdict(new_type.module, new_type.name, new=True)
+                self.log.add("build", new_type.path, severity,
+                             f"the tensor becomes a {new_type.path} whose state is restored: "
+                             + why, offset, new_type.offset)
+        if path == "torch._utils._rebuild_wrapper_subclass" and args:
+            cls = args[0]
+            if isinstance(cls, Global):
+                severity, why = call_verdict(cls.module, cls.name, new=True)
+                self.log.add("call", f"{cls.path}.__new__", severity, why, offset, cls.offset)
+        return Made(path, "vetted", origin)
+
+    def _getattr(self, func: Global, args: tuple[Any, ...], offset: int) -> Any:
+        if len(args) != 2 or type(args[1]) is not str or not args[1].isidentifier():
+            self._add_call(func, "dangerous", "getattr is asked for something other than a "
+                           "plain attribute name", offset, args)
+            return Made("getattr()", "dangerous", func.offset)
+        obj, attr = args
+        if attr == "__new__" and isinstance(obj, Global):
+            self._add_call(func, "vetted", "reads cls.__new__ (the protocol-2 form of NEWOBJ)",
+                           offset, args)
+            made = Made("__new__", "vetted", obj.offset)
+            made.attr, made.pargs = attr, (obj,)
+            return made
+        if attr.startswith("__") and attr.endswith("__"):
+            self._add_call(func, "dangerous", f"getattr reaches the dunder attribute {attr}",
+                           offset, args)
+            return Made("getattr()", "dangerous", func.offset)
+        if isinstance(obj, Global):
+            self._add_call(func, "vetted", "reads one attribute of a module or class the "
+                           "file names", offset, args)
+            return Global(obj.module, f"{obj.name}.{attr}", obj.offset)
+        severity: Severity = obj.severity if isinstance(obj, Made) else "vetted"
+        self._add_call(func, severity, "reads an attribute of an object the file built",
+                       offset, args)
+        maker = obj.maker if isinstance(obj, Made) else type(obj).__name__
+        made = Made(maker, severity, _origin(obj))
+        made.attr = attr
+        return made
+
+    # ---- updates -----------------------------------------------------------------------
+
+    def model_build(self, obj: Any, state: Any, offset: int) -> Any:
+        if isinstance(obj, Made) and obj.func is not None and obj.maker == "functools.partial":
+            if isinstance(state, tuple) and len(state) == 4:
+                obj.func = state[0]
+                obj.pargs = state[1] if isinstance(state[1], tuple) else ()
+                obj.pkw = state[2] if isinstance(state[2], dict) else {}
+            self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ sets "
+                         "its function (judged when the partial is called)", offset,
+                         obj.origin, state)
+            return obj
+        self._update("build", obj, offset, state)
+        return obj
+
+    def _update(self, kind: ActionKind, obj: Any, offset: int, args: Any = None) -> None:
+        what = "__setstate__ or __setattr__" if kind == "build" else "item methods"
+        if isinstance(obj, Made):
+            if obj.attr is not None or obj.severity == "dangerous":
+                self.log.add(kind, obj.maker, "dangerous", f"calls {what} of an object a "
+                             "dangerous call made", offset, obj.origin, args)
+            elif obj.severity == "unvetted":
+                self.log.add(kind, obj.maker, "unvetted", f"calls {what} of {obj.maker}, "
+                             "which is not vetted", offset, obj.origin, args)
+            else:
+                self.log.add(kind, obj.maker, "vetted", f"{what} of a vetted class", offset,
+                             obj.origin)
+        elif isinstance(obj, Global):
+            self.log.add(kind, obj.path, "dangerous", f"calls {what} of the class {obj.path} "
+                         "itself (no pickler writes that: it can rebind the class's "
+                         "attributes)", offset, obj.offset, args)
+
+    def model_update(self, obj: Any, offset: int) -> None:
+        if isinstance(obj, (Made, Global)):
+            self._update("update", obj, offset)
+
+
+def worst(severities: list[Severity]) -> Severity:
+    """The most severe of ``severities`` ('vetted' for none)."""
+    return max(severities, key=_ORDER.__getitem__, default="vetted")
