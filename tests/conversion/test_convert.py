@@ -7,6 +7,7 @@ numpy and torch loaders, and ``save_file``'s own layout for the same tensors).
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import re
@@ -208,7 +209,8 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     assert (tmp_path / "map.st").read_bytes() == reference
     # the contiguous 160,000-byte "big" went out in releases of 1000 bytes, in order
     runs = [(o, n) for o, n in released if n == 1000]
-    assert len(runs) == 160 and all(b[0] - a[0] == 1000 for a, b in zip(runs, runs[1:]))
+    assert len(runs) == 160 and all(
+        b[0] - a[0] == 1000 for a, b in itertools.pairwise(runs))
     # with kernel copies: copy_file_range, else sendfile, else writes from the map
     variants: list[tuple[str, ...]] = [(), ("copy_file_range",), ("copy_file_range",
                                                                   "sendfile")]
