@@ -10,7 +10,6 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
 
-from torchless.conversion import hf as _hf
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
@@ -110,6 +109,8 @@ def convert(
     try:
         local_dir = not is_remote(spath) and os.path.isdir(spath)
         if local_dir or spath.endswith(".index.json") or max_shard_size is not None:
+            from torchless.conversion import hf as _hf  # directories only: not at start-up
+
             return _hf.convert_layout(
                 spath, None if dst is None else os.fspath(dst), key=key, force=force,
                 dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
@@ -196,6 +197,8 @@ def verify(
     spath, dpath = os.fspath(src), os.fspath(dst)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     if any(os.path.isdir(p) or p.endswith(".index.json") for p in (spath, dpath)):
+        from torchless.conversion import hf as _hf
+
         return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
                                  read=read)
     with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:
