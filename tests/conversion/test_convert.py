@@ -7,6 +7,7 @@ numpy and torch loaders, and ``save_file``'s own layout for the same tensors).
 from __future__ import annotations
 
 import errno
+import gc
 import itertools
 import json
 import os
@@ -266,6 +267,19 @@ def test_small_tensors_are_gathered(torch: ModuleType, tg: ModuleType,  # noqa: 
     data = [n for n in fd_writes if n > 8]
     assert len(data) == 1 and data[0] > 300 * 200, fd_writes
     check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
+
+
+def test_collector_paused_while_converting(tmp_path: Path) -> None:
+    """The cyclic garbage collector is off during a conversion and on again after it, also
+    when the conversion fails."""
+    assert gc.isenabled()
+    seen: list[bool] = []
+    torchless.convert(REPO / "examples" / "tiny.pt", tmp_path / "o.st",
+                      progress=lambda done, total: seen.append(gc.isenabled()))
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(torchless.CheckpointError):
+        torchless.convert(tmp_path / "missing.pt", tmp_path / "x.st")
+    assert gc.isenabled()
 
 
 # ---- determinism, header, names -----------------------------------------------------------

@@ -16,6 +16,7 @@ from torchless.conversion.common import (
     compare,
     compare_tree,
     default_dst,
+    gc_paused,
     prepare,
     safetensors_data,
     select,
@@ -107,17 +108,9 @@ def convert(
     spath = os.fspath(src)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     try:
-        local_dir = not is_remote(spath) and os.path.isdir(spath)
-        if local_dir or spath.endswith(".index.json") or max_shard_size is not None:
-            from torchless.conversion import hf as _hf  # directories only: not at start-up
-
-            return _hf.convert_layout(
-                spath, None if dst is None else os.fspath(dst), key=key, force=force,
-                dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
-                progress=progress, max_shard_size=max_shard_size, read=read)
-        dpath = os.fspath(dst) if dst is not None else default_dst(spath)
-        return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
-                        tree, read)
+        with gc_paused():
+            return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
+                                progress, max_shard_size, tree, read)
     except CheckpointError:
         raise
     except MemoryError as e:
@@ -126,6 +119,24 @@ def convert(
                                    "memory") from e
     except Exception as e:  # a bug of ours: reported as one, never as a refusal
         raise InternalError.wrap(e, "converting", spath) from e
+
+
+def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None,
+                 force: bool, dedupe: bool, skip_unsupported: bool, verify: bool,
+                 progress: Callable[[int, int], None] | None,
+                 max_shard_size: int | str | None, tree: bool,
+                 read: ReadOptions) -> ConversionReport:
+    local_dir = not is_remote(spath) and os.path.isdir(spath)
+    if local_dir or spath.endswith(".index.json") or max_shard_size is not None:
+        from torchless.conversion import hf as _hf  # directories only: not at start-up
+
+        return _hf.convert_layout(
+            spath, None if dst is None else os.fspath(dst), key=key, force=force,
+            dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
+            progress=progress, max_shard_size=max_shard_size, read=read)
+    dpath = os.fspath(dst) if dst is not None else default_dst(spath)
+    return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
+                    tree, read)
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,

@@ -110,7 +110,7 @@ def check_name(name: str) -> bytes:
                               ) from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Planned:
     """One tensor's place in the output file."""
 
@@ -125,16 +125,19 @@ def plan(tensors: Mapping[str, Tensor],
     """The padded header (with its 8-byte length prefix) and where each tensor goes."""
     for name in tensors:
         check_name(name)
-    order = sorted(tensors, key=lambda n: (-_DTYPE_RANK[_st_dtype(tensors[n])], n))
+    keyed = []
+    for name, t in tensors.items():
+        dtype = _st_dtype(t)
+        keyed.append((-_DTYPE_RANK[dtype], name, dtype, t))
+    keyed.sort(key=lambda k: (k[0], k[1]))
     header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
     planned: list[Planned] = []
     pos = 0
-    for name in order:
-        t = tensors[name]
-        planned.append(Planned(name, t, pos, pos + t.nbytes))
-        header[name] = {"dtype": _st_dtype(t), "shape": list(t.shape),
-                        "data_offsets": [pos, pos + t.nbytes]}
-        pos += t.nbytes
+    for _, name, dtype, t in keyed:
+        end = pos + t.nbytes
+        planned.append(Planned(name, t, pos, end))
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [pos, end]}
+        pos = end
     try:
         text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError as e:
