@@ -216,6 +216,25 @@ def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     assert len(re.findall(r": (?:yes|NO)(?:, |$)", startup[6])) == 2, startup
 
 
+# ---- copy_methods.py --------------------------------------------------------------------
+
+
+def test_copy_methods() -> None:
+    """Every copy method's row for the one size, and the same in --json."""
+    methods = ("map", "copy_file_range", "sendfile", "gather", "sendfile-pieces")
+    lines = _run("copy_methods.py", "--quick").splitlines()
+    assert lines[0].split() == ["size", "method", "seconds", "peak", "RSS", "x",
+                                "copy_file_range"]
+    assert len(lines) == 1 + len(methods)
+    for line, method in zip(lines[1:], methods, strict=True):
+        cols = line.split()
+        assert cols[:3] == ["1", "MiB", method] and len(cols) == 7, cols
+        assert all(re.fullmatch(NUMBER, c) for c in (cols[3], cols[4], cols[6])), cols
+    results = json.loads(_run("copy_methods.py", "--quick", "--sync", "--json"))
+    assert set(results) == {"1 MiB"} and set(results["1 MiB"]) == set(methods)
+    assert all(_positive(v["rss"]) and v["seconds"] >= 0 for v in results["1 MiB"].values())
+
+
 # ---- compare_readers.py -----------------------------------------------------------------
 
 
