@@ -28,10 +28,12 @@ member, a legacy storage) is copied by the kernel (``os.copy_file_range``, else
 :data:`KERNEL_MIN_BYTES`, tensors adjacent in the file joined into one call; its pages never
 enter the process. Smaller ones are copied from the source's map into one buffer of
 :data:`GATHER_BYTES` and written together (one system call per tensor costs more than the
-copy), the map's pages handed back every :data:`RELEASE_BYTES`. Measured on ext4 (see
-``benchmarks/copy_methods.py``): the kernel copy matches writes from the map in the page
-cache and stays ahead when the files outgrow it, at a flat resident set; gathering is 2-3x
-faster than a call per tensor for tensors of a few KiB. Where the kernel will not copy
+copy), the map's pages handed back every :data:`RELEASE_BYTES`. Measured on ext4 with
+``benchmarks/copy_methods.py --sync`` (medians of 3 on a shared machine): writes from the map
+took 0.70x ``copy_file_range``'s time at 512 MiB but 5.4x at 2 GiB (and 1.47x ``cp`` at 8 GiB
+in issue 16), ``sendfile`` within 7 % of ``copy_file_range``; for 11,200-byte pieces,
+gathering took half the CPU time of one ``sendfile`` each (0.10 s against 0.20 s for 20,000),
+the same wall time once fsynced. Where the kernel will not copy
 between the two files, the runs are written from the map in blocks of
 :data:`COPY_BLOCK_BYTES`, releasing pages behind. A contiguous little-endian tensor whose
 storage is a deflated ZIP member is inflated and written in blocks of at most
