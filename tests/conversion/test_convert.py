@@ -31,7 +31,7 @@ from tests.reader.test_differential_torch import NUMPY_DTYPES, tg  # noqa: F401 
 from torchless.cli.main import main
 from torchless.io.source import Source
 from torchless.model import chunks as _chunks
-from torchless.write import safetensors as _safetensors
+from torchless.write import stream as _stream
 
 pytestmark = pytest.mark.torch
 
@@ -186,7 +186,7 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     torchless.convert(src, tmp_path / "a.st")
     reference = (tmp_path / "a.st").read_bytes()
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(_safetensors, "KERNEL_MIN_BYTES", 1000)  # "big" is a run
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)  # "big" is a run
 
     def fail(*args: Any) -> int:
         raise OSError(errno.ENOSYS, "not here")
@@ -201,10 +201,10 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     # no kernel copy: runs written from the map in 100-byte blocks, pages released every
     # 1000 bytes; small pieces gathered 64 bytes at a time
     with monkeypatch.context() as m:
-        m.setattr(_safetensors, "KERNEL_COPY", ())
-        m.setattr(_safetensors, "COPY_BLOCK_BYTES", 100)
-        m.setattr(_safetensors, "RELEASE_BYTES", 1000)
-        m.setattr(_safetensors, "GATHER_BYTES", 64)
+        m.setattr(_stream, "KERNEL_COPY", ())
+        m.setattr(_stream, "COPY_BLOCK_BYTES", 100)
+        m.setattr(_stream, "RELEASE_BYTES", 1000)
+        m.setattr(_stream, "GATHER_BYTES", 64)
         m.setattr(Source, "release", spy)
         torchless.convert(src, tmp_path / "map.st")
     assert (tmp_path / "map.st").read_bytes() == reference
@@ -242,7 +242,7 @@ def test_adjacent_tensors_are_one_kernel_copy(torch: ModuleType, tg: ModuleType,
              "d": torch.ones(300, dtype=torch.float32)}  # a storage of its own
     src = tmp_path / "m.pt"
     torch.save(saved, src)
-    monkeypatch.setattr(_safetensors, "KERNEL_MIN_BYTES", 1000)
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)
     counts: list[int] = []
     real = os.copy_file_range
     monkeypatch.setattr(os, "copy_file_range",

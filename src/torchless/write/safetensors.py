@@ -24,18 +24,18 @@ agree on everything but the ``__metadata__`` key order (which it leaves to a has
 The bytes go out in the fewest system calls, and memory stays bounded whatever the model
 size. A contiguous little-endian tensor whose bytes lie in the source file (a stored ZIP
 member, a legacy storage) is copied by the kernel (``os.copy_file_range``, else
-``os.sendfile``: :data:`KERNEL_COPY`) straight from the file when it is at least
-:data:`KERNEL_MIN_BYTES`, tensors adjacent in the file joined into one call; its pages never
+``os.sendfile``: :data:`.stream.KERNEL_COPY`) straight from the file when it is at least
+:data:`.stream.KERNEL_MIN_BYTES`, tensors adjacent in the file joined into one call; its pages never
 enter the process. Smaller ones are copied from the source's map into one buffer of
-:data:`GATHER_BYTES` and written together (one system call per tensor costs more than the
-copy), the map's pages handed back every :data:`RELEASE_BYTES`. Measured on ext4 with
+:data:`.stream.GATHER_BYTES` and written together (one system call per tensor costs more than the
+copy), the map's pages handed back every :data:`.stream.RELEASE_BYTES`. Measured on ext4 with
 ``benchmarks/copy_methods.py --sync`` (medians of 3 on a shared machine): writes from the map
 took 0.70x ``copy_file_range``'s time at 512 MiB but 5.4x at 2 GiB (and 1.47x ``cp`` at 8 GiB
 in issue 16), ``sendfile`` within 7 % of ``copy_file_range``; for 11,200-byte pieces,
 gathering took half the CPU time of one ``sendfile`` each (0.10 s against 0.20 s for 20,000),
 the same wall time once fsynced. Where the kernel will not copy
 between the two files, the runs are written from the map in blocks of
-:data:`COPY_BLOCK_BYTES`, releasing pages behind. A contiguous little-endian tensor whose
+:data:`.stream.COPY_BLOCK_BYTES`, releasing pages behind. A contiguous little-endian tensor whose
 storage is a deflated ZIP member is inflated and written in blocks of at most
 :data:`INFLATE_CHUNK_BYTES` (the storage is not kept in memory); any other tensor is made
 contiguous and little-endian in chunks of at most :data:`CHUNK_BYTES`. The header goes
@@ -49,10 +49,8 @@ DST's name; without ``force`` an existing file is never replaced. Any error,
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,26 +59,15 @@ from typing import Any
 from torchless.core import jsondepth as _json
 from torchless.core.limits import Limits
 from torchless.errors import ConversionError, FormatError, InvalidKeyError
-from torchless.model import chunks as _chunks
 from torchless.model.chunks import chunks, is_plain
 from torchless.model.tensor import Tensor
 from torchless.write import atomic as _atomic
+from torchless.write import stream as _stream
+from torchless.write.stream import Progress, Release
 
 __all__ = ["MAX_HEADER_BYTES", "Planned", "Progress", "SafetensorsHeader", "check_name", "plan",
            "read_header", "write_atomic", "write_into"]
 
-#: Runs of the source file at least this long are copied by the kernel (no page of them
-#: enters the process); shorter pieces are gathered into one buffer and written together.
-KERNEL_MIN_BYTES = 1 << 20
-#: The kernel copies to try, in order; the first that works on these files is kept.
-#: Empty: write every run from the map instead.
-KERNEL_COPY: tuple[str, ...] = ("copy_file_range", "sendfile")
-#: Size of the buffer small pieces are gathered in.
-GATHER_BYTES = 4 << 20
-#: Block size of writes straight from the source's map (without a kernel copy).
-COPY_BLOCK_BYTES = 1 << 20
-#: How many bytes read from the source's map before its pages are released.
-RELEASE_BYTES = 16 << 20
 #: The safetensors package refuses headers larger than this (``MAX_HEADER_SIZE``).
 MAX_HEADER_BYTES = 100_000_000
 #: The safetensors ``Dtype`` enum order; data is laid out highest rank first.
@@ -91,12 +78,8 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0":
              "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
              "C64": 8, "F64": 8, "I64": 8, "U64": 8}
 
-#: ``progress(bytes_done)`` after each block written.
-Progress = Callable[[int], None]
 #: The absolute offset of a tensor's bytes in the open source file, or None.
 FileOffset = Callable[[Tensor], int | None]
-#: ``release(offset, count)``: the process no longer needs these bytes of the source's map.
-Release = Callable[[int, int], None]
 
 
 def check_name(name: str) -> bytes:
@@ -162,162 +145,6 @@ def _st_dtype(t: Tensor) -> str:
 # ---- writing ------------------------------------------------------------------------------
 
 
-_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP,
-                   errno.EBADF, errno.ESPIPE, errno.ETXTBSY}
-
-
-class _Writer:
-    """The output's bytes, in order: small pieces gathered into one buffer and written
-    together, runs of the source file of at least :data:`KERNEL_MIN_BYTES` copied by the
-    kernel (adjacent runs joined into one call), anything else written as it comes."""
-
-    def __init__(self, fd: int, src_fd: int | None, progress: Progress | None,
-                 release: Release | None = None) -> None:
-        self.fd = fd
-        self.src_fd = src_fd
-        self.progress = progress
-        self.release = release
-        self.done = 0  # bytes in the file
-        self.queued = 0  # bytes taken, some still in the buffer or the pending run
-        self.kernel = [m for m in KERNEL_COPY if hasattr(os, m)] if src_fd is not None else []
-        self.buf: bytearray | None = None
-        self.fill = 0
-        self.mapped = 0  # bytes gathered from the map since its pages were last released
-        # a pending run of the source file: where it starts, its length, its views
-        self.run_offset = 0
-        self.run_count = 0
-        self.run_views: list[memoryview] = []
-
-    def _advance(self, n: int) -> None:
-        self.done += n
-        if self.progress is not None:
-            self.progress(self.done)
-
-    def _write_all(self, view: memoryview) -> None:
-        while view:
-            n = os.write(self.fd, view[:_chunks.CHUNK_BYTES])
-            view = view[n:]
-            self._advance(n)
-
-    def flush(self) -> None:
-        """Write out the pending run and the gathered bytes."""
-        self._flush_run()
-        self._flush_buffer()
-        self._release_gathered()
-
-    def _flush_buffer(self) -> None:
-        if self.fill:
-            assert self.buf is not None
-            self._write_all(memoryview(self.buf)[:self.fill])
-            self.fill = 0
-
-    def _release_gathered(self) -> None:
-        """Hand back the map's pages read while gathering: they are in the buffer now. Their
-        offsets are not tracked (small pieces need no file offset), so all of the map's."""
-        if self.mapped and self.release is not None:
-            self.release(0, 1 << 62)
-        self.mapped = 0
-
-    def _gather(self, view: memoryview, from_map: bool) -> None:
-        n = len(view)
-        if self.buf is None:
-            self.buf = bytearray(GATHER_BYTES)
-        if self.fill + n > GATHER_BYTES:
-            self._flush_buffer()
-        self.buf[self.fill:self.fill + n] = view
-        self.fill += n
-        if from_map:
-            self.mapped += n
-            if self.mapped >= RELEASE_BYTES:
-                self._release_gathered()
-
-    def write(self, data: bytes | memoryview) -> None:
-        """Bytes that are not a range of the source file (the header, converted blocks)."""
-        self._flush_run()
-        view = memoryview(data).cast("B")
-        self.queued += len(view)
-        if len(view) < KERNEL_MIN_BYTES:
-            self._gather(view, False)
-        else:
-            self._flush_buffer()
-            self._write_all(view)
-
-    def copy(self, offset: int | None, mapped: memoryview) -> None:
-        """``mapped``, a view of the source's map that is also bytes ``offset`` (if known)
-        of the file behind ``src_fd``."""
-        count = len(mapped)
-        self.queued += count
-        if offset is None or count < KERNEL_MIN_BYTES:
-            self._flush_run()
-            if count < GATHER_BYTES:
-                self._gather(mapped, True)
-            else:
-                self._flush_buffer()
-                self._write_mapped(None, mapped)
-            return
-        if self.run_count and self.run_offset + self.run_count == offset:
-            self.run_count += count
-            self.run_views.append(mapped)
-            return
-        self._flush_run()
-        self.run_offset, self.run_count, self.run_views = offset, count, [mapped]
-
-    def _flush_run(self) -> None:
-        if not self.run_count:
-            return
-        offset, count, views = self.run_offset, self.run_count, self.run_views
-        self.run_count, self.run_views = 0, []
-        self._flush_buffer()
-        copied = self._kernel_copy(offset, count)
-        pos = 0
-        for view in views:  # what the kernel did not copy, from the map
-            n = len(view)
-            if pos + n > copied:
-                skip = max(0, copied - pos)
-                self._write_mapped(offset + pos + skip, view[skip:])
-            pos += n
-
-    def _kernel_copy(self, offset: int, count: int) -> int:
-        """Copy ``count`` bytes at ``offset`` with the first kernel method that works;
-        returns how many were copied (fewer if none works here)."""
-        copied = 0
-        while self.kernel and self.src_fd is not None and copied < count:
-            method = self.kernel[0]
-            n = min(count - copied, 1 << 30)
-            try:
-                if method == "copy_file_range":
-                    got = os.copy_file_range(self.src_fd, self.fd, n, offset + copied)
-                else:
-                    got = os.sendfile(self.fd, self.src_fd, offset + copied, n)
-            except OSError as e:
-                if e.errno not in _NO_KERNEL_COPY:
-                    raise
-                self.kernel.pop(0)
-                continue
-            if got == 0:
-                raise ConversionError("the source file ended early (changed while "
-                                      "converting?)")
-            copied += got
-            self._advance(got)
-        return copied
-
-    def _write_mapped(self, offset: int | None, mapped: memoryview) -> None:
-        """Write a view of the map in blocks, releasing its pages behind (all of the map's
-        pages when ``offset``, where the view lies in the file, is not known)."""
-        end = len(mapped)
-        released = pos = 0
-        while pos < end:
-            n = os.write(self.fd, mapped[pos:min(end, pos + COPY_BLOCK_BYTES)])
-            pos += n
-            self._advance(n)
-            if self.release is not None and (pos - released >= RELEASE_BYTES or pos == end):
-                if offset is None:
-                    self.release(0, 1 << 62)
-                else:
-                    self.release(offset + released, pos - released)
-                released = pos
-
-
 def _write_error(e: OSError, dst: str) -> ConversionError:
     return ConversionError(f"cannot write: {e.strerror or e}", path=dst)
 
@@ -357,7 +184,7 @@ def write_into(
     Returns the bytes written. ``file_offset(t)`` says where a tensor's bytes are in the file
     behind ``src_fd`` (None when they are not a plain byte range there); ``release`` is told
     which of those bytes have been written."""
-    writer = _Writer(out.fd, src_fd, progress, release)
+    writer = _stream.Writer(out.fd, src_fd, progress, release)
     try:
         writer.write(header)
         for p in planned:
@@ -371,7 +198,7 @@ def write_into(
     return writer.done
 
 
-def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None,
+def _write_tensor(writer: _stream.Writer, p: Planned, file_offset: FileOffset | None,
                   spill_dir: str) -> None:
     t = p.tensor
     n = p.end - p.begin
@@ -380,7 +207,7 @@ def _write_tensor(writer: _Writer, p: Planned, file_offset: FileOffset | None,
         begin = t.storage_offset * t.dtype.itemsize
         mapped = memoryview(t.storage.buffer()).cast("B")[begin:begin + n]
         offset = None
-        if file_offset is not None and n >= KERNEL_MIN_BYTES:  # small ones are gathered
+        if file_offset is not None and n >= _stream.KERNEL_MIN_BYTES:  # small ones are gathered
             offset = file_offset(t)
         writer.copy(None if offset is None else offset + begin, mapped)
     else:
