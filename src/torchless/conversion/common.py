@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -49,7 +48,7 @@ from torchless.write.safetensors import (
 
 __all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "compare", "compare_tree",
            "default_dst", "prepare", "safetensors_data", "select", "store_tree", "summary",
-           "verify_unpublished", "write_output", "gc_paused"]
+           "verify_unpublished", "write_output"]
 
 
 @dataclass(frozen=True)
@@ -96,21 +95,6 @@ class ConversionReport:
 class OpaqueObjectWarning(UserWarning):
     """A converted checkpoint holds objects torchless keeps as inert records (their class
     path and state): :func:`torchless.load` returns them as :class:`torchless.Opaque`."""
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while converting: a checkpoint of 10^4-10^5 tensors
-    makes hundreds of thousands of objects, almost none in cycles, and the collector's
-    passes over them were a fifth of the time of converting 20,000 small tensors. It is
-    turned back on (if it was on) when the block ends, whatever happens."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def default_dst(src: str) -> str:
