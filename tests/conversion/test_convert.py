@@ -7,6 +7,8 @@ numpy and torch loaders, and ``save_file``'s own layout for the same tensors).
 from __future__ import annotations
 
 import errno
+import gc
+import itertools
 import json
 import os
 import re
@@ -29,7 +31,7 @@ from tests.reader.test_differential_torch import NUMPY_DTYPES, tg  # noqa: F401 
 from torchless.cli.main import main
 from torchless.io.source import Source
 from torchless.model import chunks as _chunks
-from torchless.write import safetensors as _safetensors
+from torchless.write import stream as _stream
 
 pytestmark = pytest.mark.torch
 
@@ -174,7 +176,7 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
                                           tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiny chunks (every strided tensor split by rows, then within rows) and each copy path
-    (copy_file_range, sendfile, plain writes) give the same file."""
+    (copy_file_range, sendfile, writes from the map, gathering) give the same file."""
     saved = {"big": torch.arange(40000, dtype=torch.float32).reshape(200, 200),
              "t": torch.arange(40000, dtype=torch.float32).reshape(200, 200).t(),
              "x": torch.arange(10, dtype=torch.int64).expand(300, 10),
@@ -184,6 +186,7 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     torchless.convert(src, tmp_path / "a.st")
     reference = (tmp_path / "a.st").read_bytes()
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)  # "big" is a run
 
     def fail(*args: Any) -> int:
         raise OSError(errno.ENOSYS, "not here")
@@ -195,22 +198,25 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
         released.append((offset, n))
         real_release(self, offset, n)
 
-    # writes from the map in 100-byte blocks, pages released every 1000 bytes
+    # no kernel copy: runs written from the map in 100-byte blocks, pages released every
+    # 1000 bytes; small pieces gathered 64 bytes at a time
     with monkeypatch.context() as m:
-        m.setattr(_safetensors, "COPY_BLOCK_BYTES", 100)
-        m.setattr(_safetensors, "RELEASE_BYTES", 1000)
+        m.setattr(_stream, "KERNEL_COPY", ())
+        m.setattr(_stream, "COPY_BLOCK_BYTES", 100)
+        m.setattr(_stream, "RELEASE_BYTES", 1000)
+        m.setattr(_stream, "GATHER_BYTES", 64)
         m.setattr(Source, "release", spy)
         torchless.convert(src, tmp_path / "map.st")
     assert (tmp_path / "map.st").read_bytes() == reference
     # the contiguous 160,000-byte "big" went out in releases of 1000 bytes, in order
-    runs = [n for _, n in released]
-    assert runs.count(1000) >= 160 and all(0 < n <= 1000 for n in runs)
-    # with kernel copies on: copy_file_range, else sendfile, else writes from the map
+    runs = [(o, n) for o, n in released if n == 1000]
+    assert len(runs) == 160 and all(
+        b[0] - a[0] == 1000 for a, b in itertools.pairwise(runs))
+    # with kernel copies: copy_file_range, else sendfile, else writes from the map
     variants: list[tuple[str, ...]] = [(), ("copy_file_range",), ("copy_file_range",
                                                                   "sendfile")]
     for i, broken in enumerate(variants):
         with monkeypatch.context() as m:
-            m.setattr(_safetensors, "KERNEL_COPY", True)
             calls: list[str] = []
             for name in ("copy_file_range", "sendfile"):
                 if name in broken:
@@ -224,6 +230,56 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
         expected = [n for n in ("copy_file_range", "sendfile") if n not in broken][:1]
         assert sorted(set(calls)) == expected, (broken, calls)
     check_against_torch(torch, tg, src, tmp_path / "a.st", torch.load(src, weights_only=False))
+
+
+def test_adjacent_tensors_are_one_kernel_copy(torch: ModuleType, tg: ModuleType,  # noqa: F811
+                                             tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors that follow each other in the file and in the output (slices of one storage,
+    in name order) go out in one copy_file_range call; the bytes are torch's."""
+    flat = torch.arange(30000, dtype=torch.float32)
+    saved = {"a": flat[:10000], "b": flat[10000:25000], "c": flat[25000:],
+             "d": torch.ones(300, dtype=torch.float32)}  # a storage of its own
+    src = tmp_path / "m.pt"
+    torch.save(saved, src)
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)
+    counts: list[int] = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range",
+                        lambda s, d, n, *a: counts.append(n) or real(s, d, n, *a))
+    torchless.convert(src, tmp_path / "o.st", tree=False)
+    assert counts == [120000, 1200]  # a+b+c as one run, then d
+    check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
+
+
+def test_small_tensors_are_gathered(torch: ModuleType, tg: ModuleType,  # noqa: F811
+                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many small tensors are copied into one buffer and written together, not one write
+    per tensor (nor one kernel copy each)."""
+    saved = {f"p{i:03d}": torch.full((50,), float(i)) for i in range(300)}
+    src = tmp_path / "m.pt"
+    torch.save(saved, src)
+    fd_writes: list[int] = []
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, b: fd_writes.append(len(b)) or real_write(fd, b))
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: pytest.fail("no kernel copy"))
+    torchless.convert(src, tmp_path / "o.st", tree=False)
+    data = [n for n in fd_writes if n > 8]
+    assert len(data) == 1 and data[0] > 300 * 200, fd_writes
+    check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
+
+
+def test_collector_paused_while_converting(tmp_path: Path) -> None:
+    """The cyclic garbage collector is off during a conversion and on again after it, also
+    when the conversion fails."""
+    assert gc.isenabled()
+    seen: list[bool] = []
+    torchless.convert(REPO / "examples" / "tiny.pt", tmp_path / "o.st",
+                      progress=lambda done, total: seen.append(gc.isenabled()))
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(torchless.CheckpointError):
+        torchless.convert(tmp_path / "missing.pt", tmp_path / "x.st")
+    assert gc.isenabled()
 
 
 # ---- determinism, header, names -----------------------------------------------------------

@@ -189,43 +189,74 @@ def test_dcp_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> N
 
 # ---- convert.py -------------------------------------------------------------------------
 
-CONVERT_METHODS = ("torchless", "torchless-nofsync", "torch", "cp", "cp+sync")
+CONVERT_METHODS = ("torchless", "torchless-nofsync", "floor", "floor-nofsync", "cp", "cp+sync",
+                   "torch")
 
 
 def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
-    """--json: every method's medians, the ratios and the targets; then the table they print.
-    One file (bf16: many tensors of mixed sizes) keeps it to one torch child."""
-    results = json.loads(_run("convert.py", "--quick", "--files", "bf16", "--json"))
-    assert set(results) == {"bf16"}
-    r = results["bf16"]
-    assert {"bytes", "median", "samples", "ratios", "targets"} <= r.keys()
-    assert _positive(r["bytes"])
+    """--json: every method's medians, the ratios and the targets, the start-up timings; then
+    the table they print. One file (bf16: many tensors of mixed sizes) keeps it to one torch
+    child; no peers (they need their own environment)."""
+    results = json.loads(_run("convert.py", "--quick", "--files", "bf16", "--json",
+                              "--methods", ",".join(CONVERT_METHODS)))
+    assert set(results) == {"files", "startup"} and set(results["files"]) == {"bf16-1M"}
+    r = results["files"]["bf16-1M"]
+    assert {"bytes", "median", "samples", "ratios", "targets", "failed"} <= r.keys()
+    assert _positive(r["bytes"]) and r["failed"] == {}
     assert set(r["median"]) == set(CONVERT_METHODS)
     for method in CONVERT_METHODS:
         assert len(r["samples"][method]) == 1
-        assert all(_positive(r["median"][method][k]) for k in ("seconds", "process", "rss"))
-    assert set(r["ratios"]) == {"torchless/cp", "torchless/cp+sync", "torchless-nofsync/cp",
-                                "torch/torchless-nofsync",
-                                "torch/torchless-nofsync (process)"}
+        assert all(_positive(r["median"][method][k]) for k in ("seconds", "op", "rss"))
+    assert set(r["ratios"]) == {"torchless/cp+sync", "torchless/floor", "torchless-nofsync/cp",
+                                "torchless-nofsync/floor-nofsync", "torch/torchless-nofsync"}
     assert all(_positive(v) for v in r["ratios"].values())
-    assert len(r["targets"]) == 5 and all(isinstance(v, bool) for v in r["targets"].values())
+    assert set(r["targets"]) == {"<= 1.15x cp+sync", "<= 1.3x floor", "peak RSS <= 64 MiB"}
+    assert all(isinstance(v, bool) for v in r["targets"].values())
+    st = results["startup"]
+    assert set(st["median"]) == {"python -c pass", "import numpy", "torchless --version",
+                                 "torchless inspect tiny.pt"}
+    assert all(_positive(v) for v in st["median"].values()) and st["ratio"]["import numpy"] == 1
 
     with _module("convert") as convert:
         capsys.readouterr()
         convert.print_results(results, False)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["file", "method", "seconds", "process", "peak", "RSS", "GB/s"]
-    for line, method in zip(lines[1:6], CONVERT_METHODS, strict=True):
+    assert lines[0].split() == ["file", "method", "seconds", "op", "peak", "RSS", "GB/s"]
+    n = len(CONVERT_METHODS)
+    for line, method in zip(lines[1:n + 1], CONVERT_METHODS, strict=True):
         cols = line.split()
-        assert len(cols) == 7 and cols[:2] == ["bf16", method], cols
+        assert len(cols) == 7 and cols[:2] == ["bf16-1M", method], cols
         assert all(re.fullmatch(NUMBER, c) for c in (cols[2], cols[3], cols[4], cols[6])), cols
         assert cols[5] in ("B", "KiB", "MiB", "GiB"), cols
-    assert len(lines) == 7
-    ratios, _, targets = lines[6].partition("; targets ")
-    assert ratios.startswith("bf16 ")
+    ratios, targets = lines[n + 1], lines[n + 2]
+    assert ratios.startswith("bf16-1M ")
     for name in r["ratios"]:
-        assert re.search(re.escape(name) + rf" {NUMBER}(,|$)", ratios), ratios
-    assert len(re.findall(r": (?:yes|NO)(?:, |$)", targets)) == 5, targets
+        assert re.search(re.escape(name) + rf" {NUMBER}x(,|$)", ratios), ratios
+    assert targets.startswith("bf16-1M ") and len(
+        re.findall(r": (?:yes|NO)(?:, |$)", targets)) == 3, targets
+    startup = lines[n + 3:]
+    assert startup[0] == "" and startup[1].split()[:2] == ["start-up", "(whole"]
+    assert [line.rsplit(None, 3)[0] for line in startup[2:6]] == list(st["median"])
+    assert len(re.findall(r": (?:yes|NO)(?:, |$)", startup[6])) == 2, startup
+
+
+# ---- copy_methods.py --------------------------------------------------------------------
+
+
+def test_copy_methods() -> None:
+    """Every copy method's row for the one size, and the same in --json."""
+    methods = ("map", "copy_file_range", "sendfile", "gather", "sendfile-pieces")
+    lines = _run("copy_methods.py", "--quick").splitlines()
+    assert lines[0].split() == ["size", "method", "seconds", "peak", "RSS", "x",
+                                "copy_file_range"]
+    assert len(lines) == 1 + len(methods)
+    for line, method in zip(lines[1:], methods, strict=True):
+        cols = line.split()
+        assert cols[:3] == ["1", "MiB", method] and len(cols) == 7, cols
+        assert all(re.fullmatch(NUMBER, c) for c in (cols[3], cols[4], cols[6])), cols
+    results = json.loads(_run("copy_methods.py", "--quick", "--sync", "--json"))
+    assert set(results) == {"1 MiB"} and set(results["1 MiB"]) == set(methods)
+    assert all(_positive(v["rss"]) and v["seconds"] >= 0 for v in results["1 MiB"].values())
 
 
 # ---- compare_readers.py -----------------------------------------------------------------

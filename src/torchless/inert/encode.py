@@ -112,6 +112,9 @@ class Encoder:
 
     def _atom(self, obj: Any, path: str) -> Any:
         """The node of a value without identity, or ``_NOT_ATOM``."""
+        kind = type(obj)
+        if kind is Tensor or kind is dict or kind is list:  # most nodes: no test below holds
+            return _NOT_ATOM
         if obj is None or obj is True or obj is False or type(obj) is str:
             return obj
         if type(obj) is int:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import sys
 from collections.abc import Sequence
 from types import TracebackType
@@ -59,6 +58,12 @@ __all__ = ["TMPFILE", "Output", "commit"]
 TMPFILE = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _COPY_BLOCK = 1 << 20
+
+
+def _token() -> str:
+    """A random part for a temporary name (``secrets`` would cost its imports, ``hashlib``
+    and ``random``, at every start)."""
+    return os.urandom(6).hex()
 
 
 def _exists_error(dst: str) -> ConversionError:
@@ -110,7 +115,7 @@ class Output:
     def _open_named(self, kind: str) -> tuple[str, int]:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _CLOEXEC
         for _ in range(100):
-            path = os.path.join(self.directory, f".{self.name}.{secrets.token_hex(6)}.{kind}")
+            path = os.path.join(self.directory, f".{self.name}.{_token()}.{kind}")
             try:
                 return path, os.open(path, flags, 0o666)
             except FileExistsError:
@@ -187,7 +192,7 @@ class Output:
         dirfd = os.open(self.directory, os.O_RDONLY | _CLOEXEC)
         try:
             for _ in range(100):
-                name = f".{self.name}.{secrets.token_hex(6)}.tmp"
+                name = f".{self.name}.{_token()}.tmp"
                 try:
                     os.link(f"/proc/self/fd/{self.fd}", name, dst_dir_fd=dirfd,
                             follow_symlinks=True)
@@ -310,7 +315,7 @@ def _publish_all(outputs: Sequence[Output], force: bool) -> None:
 
 def _move_aside(out: Output) -> str:
     for _ in range(100):
-        old = os.path.join(out.directory, f".{out.name}.{secrets.token_hex(6)}.old")
+        old = os.path.join(out.directory, f".{out.name}.{_token()}.old")
         if not os.path.lexists(old):
             try:
                 os.rename(out.dst, old)

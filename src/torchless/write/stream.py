@@ -1,0 +1,189 @@
+"""The bytes of an output file in the fewest system calls, in bounded memory: runs of the
+source file copied by the kernel, small pieces gathered into one buffer, writes from the
+source's map only where the kernel will not copy (the choice and its measurements:
+:mod:`torchless.write.safetensors`)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+
+from torchless.errors import ConversionError
+from torchless.model import chunks as _chunks
+
+__all__ = ["COPY_BLOCK_BYTES", "GATHER_BYTES", "KERNEL_COPY", "KERNEL_MIN_BYTES", "Progress",
+           "RELEASE_BYTES", "Release", "Writer"]
+
+#: Runs of the source file at least this long are copied by the kernel (no page of them
+#: enters the process); shorter pieces are gathered into one buffer and written together.
+KERNEL_MIN_BYTES = 1 << 20
+#: The kernel copies to try, in order; the first that works on these files is kept.
+#: Empty: write every run from the map instead.
+KERNEL_COPY: tuple[str, ...] = ("copy_file_range", "sendfile")
+#: Size of the buffer small pieces are gathered in.
+GATHER_BYTES = 4 << 20
+#: Block size of writes straight from the source's map (without a kernel copy).
+COPY_BLOCK_BYTES = 1 << 20
+#: How many bytes read from the source's map before its pages are released.
+RELEASE_BYTES = 16 << 20
+
+#: ``progress(bytes_done)`` after each block written.
+Progress = Callable[[int], None]
+#: ``release(offset, count)``: the process no longer needs these bytes of the source's map.
+Release = Callable[[int, int], None]
+
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP,
+                   errno.EBADF, errno.ESPIPE, errno.ETXTBSY}
+
+
+class Writer:
+    """The output's bytes, in order: small pieces gathered into one buffer and written
+    together, runs of the source file of at least :data:`KERNEL_MIN_BYTES` copied by the
+    kernel (adjacent runs joined into one call), anything else written as it comes."""
+
+    def __init__(self, fd: int, src_fd: int | None, progress: Progress | None,
+                 release: Release | None = None) -> None:
+        self.fd = fd
+        self.src_fd = src_fd
+        self.progress = progress
+        self.release = release
+        self.done = 0  # bytes in the file
+        self.queued = 0  # bytes taken, some still in the buffer or the pending run
+        self.kernel = [m for m in KERNEL_COPY if hasattr(os, m)] if src_fd is not None else []
+        self.buf: bytearray | None = None
+        self.fill = 0
+        self.mapped = 0  # bytes gathered from the map since its pages were last released
+        # a pending run of the source file: where it starts, its length, its views
+        self.run_offset = 0
+        self.run_count = 0
+        self.run_views: list[memoryview] = []
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done)
+
+    def _write_all(self, view: memoryview) -> None:
+        while view:
+            n = os.write(self.fd, view[:_chunks.CHUNK_BYTES])
+            view = view[n:]
+            self._advance(n)
+
+    def flush(self) -> None:
+        """Write out the pending run and the gathered bytes."""
+        self._flush_run()
+        self._flush_buffer()
+        self._release_gathered()
+
+    def _flush_buffer(self) -> None:
+        if self.fill:
+            assert self.buf is not None
+            self._write_all(memoryview(self.buf)[:self.fill])
+            self.fill = 0
+
+    def _release_gathered(self) -> None:
+        """Hand back the map's pages read while gathering: they are in the buffer now. Their
+        offsets are not tracked (small pieces need no file offset), so all of the map's."""
+        if self.mapped and self.release is not None:
+            self.release(0, 1 << 62)
+        self.mapped = 0
+
+    def _gather(self, view: memoryview, from_map: bool) -> None:
+        n = len(view)
+        if self.buf is None:
+            self.buf = bytearray(GATHER_BYTES)
+        if self.fill + n > GATHER_BYTES:
+            self._flush_buffer()
+        self.buf[self.fill:self.fill + n] = view
+        self.fill += n
+        if from_map:
+            self.mapped += n
+            if self.mapped >= RELEASE_BYTES:
+                self._release_gathered()
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Bytes that are not a range of the source file (the header, converted blocks)."""
+        self._flush_run()
+        view = memoryview(data).cast("B")
+        self.queued += len(view)
+        if len(view) < KERNEL_MIN_BYTES:
+            self._gather(view, False)
+        else:
+            self._flush_buffer()
+            self._write_all(view)
+
+    def copy(self, offset: int | None, mapped: memoryview) -> None:
+        """``mapped``, a view of the source's map that is also bytes ``offset`` (if known)
+        of the file behind ``src_fd``."""
+        count = len(mapped)
+        self.queued += count
+        if offset is None or count < KERNEL_MIN_BYTES:
+            self._flush_run()
+            if count < GATHER_BYTES:
+                self._gather(mapped, True)
+            else:
+                self._flush_buffer()
+                self._write_mapped(None, mapped)
+            return
+        if self.run_count and self.run_offset + self.run_count == offset:
+            self.run_count += count
+            self.run_views.append(mapped)
+            return
+        self._flush_run()
+        self.run_offset, self.run_count, self.run_views = offset, count, [mapped]
+
+    def _flush_run(self) -> None:
+        if not self.run_count:
+            return
+        offset, count, views = self.run_offset, self.run_count, self.run_views
+        self.run_count, self.run_views = 0, []
+        self._flush_buffer()
+        copied = self._kernel_copy(offset, count)
+        pos = 0
+        for view in views:  # what the kernel did not copy, from the map
+            n = len(view)
+            if pos + n > copied:
+                skip = max(0, copied - pos)
+                self._write_mapped(offset + pos + skip, view[skip:])
+            pos += n
+
+    def _kernel_copy(self, offset: int, count: int) -> int:
+        """Copy ``count`` bytes at ``offset`` with the first kernel method that works;
+        returns how many were copied (fewer if none works here)."""
+        copied = 0
+        while self.kernel and self.src_fd is not None and copied < count:
+            method = self.kernel[0]
+            n = min(count - copied, 1 << 30)
+            try:
+                if method == "copy_file_range":
+                    got = os.copy_file_range(self.src_fd, self.fd, n, offset + copied)
+                else:
+                    got = os.sendfile(self.fd, self.src_fd, offset + copied, n)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                self.kernel.pop(0)
+                continue
+            if got == 0:
+                raise ConversionError("the source file ended early (changed while "
+                                      "converting?)")
+            copied += got
+            self._advance(got)
+        return copied
+
+    def _write_mapped(self, offset: int | None, mapped: memoryview) -> None:
+        """Write a view of the map in blocks, releasing its pages behind (all of the map's
+        pages when ``offset``, where the view lies in the file, is not known)."""
+        end = len(mapped)
+        released = pos = 0
+        while pos < end:
+            n = os.write(self.fd, mapped[pos:min(end, pos + COPY_BLOCK_BYTES)])
+            pos += n
+            self._advance(n)
+            if self.release is not None and (pos - released >= RELEASE_BYTES or pos == end):
+                if offset is None:
+                    self.release(0, 1 << 62)
+                else:
+                    self.release(offset + released, pos - released)
+                released = pos

@@ -1,0 +1,67 @@
+"""Start-up stays small: what ``import torchless``, ``torchless inspect`` and a conversion
+import, bounded by which modules are loaded (never by a timing, which belongs in
+``benchmarks/convert.py``). Each check runs in a fresh interpreter and lists
+``sys.modules`` at its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..conftest import REPO
+
+TINY = REPO / "examples" / "tiny.pt"
+
+#: Pulled in only by remote files (urllib.request, http, email, ssl, socket), process pools
+#: (concurrent.futures, multiprocessing), ``secrets`` (hashlib, OpenSSL), torch, or the
+#: parts of torchless a command does not use.
+NEVER = ("torch", "urllib.request", "http", "http.client", "email", "ssl", "socket",
+         "concurrent.futures", "multiprocessing", "secrets", "hashlib", "decimal", "asyncio",
+         "torchless.scanner", "torchless.api.batch", "torchless.conversion.hf")
+
+
+def _modules(code: str, tmp_path: Path) -> set[str]:
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"),
+                                         *filter(None, [env.get("PYTHONPATH")])])
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def test_import_and_version_load_no_library(tmp_path: Path) -> None:
+    """``import torchless`` and ``--version`` load neither NumPy nor any reader."""
+    loaded = _modules("import contextlib, torchless\nfrom torchless.cli.main import main\n"
+                      "with contextlib.redirect_stdout(None), "
+                      "contextlib.suppress(SystemExit):\n    main(['--version'])",
+                      tmp_path)
+    assert "torchless.cli.main" in loaded  # the check ran
+    heavy = {"numpy", "ml_dtypes", "torchless.reader.checkpoint", "torchless.inert.encode",
+             "torchless.conversion.api", *NEVER}
+    assert not loaded & heavy, sorted(loaded & heavy)
+
+
+def test_inspect_loads_only_the_reader(tmp_path: Path) -> None:
+    """``torchless inspect`` of a local file: the reader, not the writers, the inert format's
+    encoder, the scanner, batches or anything remote."""
+    loaded = _modules("import contextlib\nfrom torchless.cli.main import main\n"
+                      "with contextlib.redirect_stdout(None), "
+                      f"contextlib.suppress(SystemExit):\n    main(['inspect', {str(TINY)!r}])",
+                      tmp_path)
+    assert "torchless.reader.checkpoint" in loaded
+    heavy = {"torchless.write.safetensors", "torchless.inert.encode", "torchless.inert.decode",
+             "torchless.conversion.api", "tempfile", *NEVER}
+    assert not loaded & heavy, sorted(loaded & heavy)
+
+
+def test_convert_loads_no_remote_or_batch_code(tmp_path: Path) -> None:
+    """Converting a local file: no remote, batch, scanner or model-directory code, and no
+    ``secrets`` (temporary names come from ``os.urandom``)."""
+    loaded = _modules(f"import torchless\ntorchless.convert({str(TINY)!r}, 'o.safetensors')",
+                      tmp_path)
+    assert (tmp_path / "o.safetensors").exists() and "torchless.conversion.api" in loaded
+    assert not loaded & set(NEVER), sorted(loaded & set(NEVER))
