@@ -101,7 +101,7 @@ class TorchZip:
 
     def record(self, record: str) -> bytes:
         """A small record's bytes, CRC-checked."""
-        return bytes(self.archive.data(self.prefix + record, check_crc=self.has_crc))
+        return self.archive.copy(self.prefix + record, check_crc=self.has_crc)
 
     def _version(self) -> int | None:
         for record in (".data/version", "version"):
@@ -133,7 +133,7 @@ class TorchZip:
         declared = self.archive.entries[name].size
         if declared > self.limits.max_pickle_bytes:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
-        data = self.archive.data(name, check_crc=self.has_crc)
+        data = self.archive.copy(name, check_crc=self.has_crc)
         try:
             value, end = run_pickle(data, resolver, self.limits)
         except CheckpointError as e:
@@ -203,7 +203,7 @@ class TorchZip:
                 continue
             if entry.size > self.limits.max_pickle_bytes:
                 continue
-            text = bytes(self.archive.data(name, check_crc=self.has_crc)).decode(
+            text = self.archive.copy(name, check_crc=self.has_crc).decode(
                 "utf-8", "replace")
             module = name[len(code_prefix):-3].replace("/", ".")
             blocks = list(_CLASS.finditer(text))

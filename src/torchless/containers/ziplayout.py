@@ -108,13 +108,16 @@ class MemberLayout:
                                            "outside the archive data"), e.name, h)
             if h + LOCAL.size > src.size:
                 return
-        (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = LOCAL.unpack(
-            src.view(h, LOCAL.size))
+        # the header and the name it should hold, in one read (clipped to the file)
+        head = src.read(h, min(LOCAL.size + len(e.raw_name), src.size - h), "local header")
+        (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = LOCAL.unpack_from(
+            head)
         if sig != SIG_LOCAL:
             f("header", ArchiveFormatError(f"member {e.name!r}: bad local header signature"),
               e.name, h)
             return
-        raw_name = self._bytes(h + LOCAL.size, nlen, "local header name")
+        raw_name = head[LOCAL.size:] if nlen == len(head) - LOCAL.size else \
+            self._bytes(h + LOCAL.size, nlen, "local header name")
         if raw_name != e.raw_name:
             f("header", AmbiguousArchiveError(
                 f"member {e.name!r}: local header names it {raw_name[:60]!r}"), e.name, h)
