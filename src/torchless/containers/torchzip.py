@@ -15,11 +15,12 @@ Every member lives under one prefix, taken from the first entry as torch does.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchless.containers.ziparchive import ZipArchive
+from torchless.containers.zipformat import DEFLATED
 from torchless.core.limits import Limits
 from torchless.errors import (
     AmbiguousArchiveError,
@@ -47,6 +48,25 @@ MAX_FORMAT_VERSION = 64
 _KEY = re.compile(r"[A-Za-z0-9_]+\Z")
 _CLASS = re.compile(r"^class (\w+)\((\w+(?:\.\w+)*)\):", re.M)
 _LIST = re.compile(r"^  (__parameters__|__buffers__) = \[(.*?)\]", re.M)
+
+
+class _Member:
+    """A storage's bytes in the archive: its loader (called) and, where the bytes are
+    compressed or remote, its stream (:meth:`blocks`). A small object per storage, not two
+    closures (opening a file of many small tensors made one of each per tensor)."""
+
+    __slots__ = ("archive", "check", "name")
+
+    def __init__(self, archive: ZipArchive, name: str, check: bool) -> None:
+        self.archive = archive
+        self.name = name
+        self.check = check
+
+    def __call__(self) -> memoryview | bytes:
+        return self.archive.data(self.name, check_crc=self.check)
+
+    def blocks(self, chunk: int) -> Iterator[memoryview | bytes]:
+        return self.archive.iter_member(self.name, chunk, check_crc=self.check)
 
 
 @dataclass
@@ -179,16 +199,15 @@ class TorchZip:
             raise StorageError(
                 f"storage {key!r} declares {numel} x {dtype.itemsize} = {nbytes} bytes, "
                 f"its record holds {entry.size}")
-        check = self.verify_crc and self.has_crc
-        archive = self.archive  # not self: the loader must not keep the storage table alive
+        # not self: the loader must not keep the storage table alive; the entry's name, not
+        # ours: one string per member
+        member = _Member(self.archive, entry.name, self.verify_crc and self.has_crc)
         # a deflated or remote storage can also be read block by block (converting, in
         # bounded memory)
-        stream: Callable[[int], Iterator[memoryview | bytes]] | None = (
-            (lambda chunk: archive.iter_member(name, chunk, check_crc=check))
-            if archive.is_deflated(name) or archive.source.remote else None)
-        storage = Storage(key, dtype, nbytes,
-                          lambda: archive.data(name, check_crc=check),
-                          location=location, byteorder=self.byteorder, stream=stream)
+        stream = member.blocks if entry.method == DEFLATED or self.archive.source.remote \
+            else None
+        storage = Storage(key, dtype, nbytes, member, location=location,
+                          byteorder=self.byteorder, stream=stream)
         self._storages[key] = storage
         return storage
 
