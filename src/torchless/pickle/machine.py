@@ -194,6 +194,11 @@ class Machine:
         self.metastack: list[list[Any]] = []
         # values the current stack segment may still take: max_stack minus those below MARKs
         self.room = self.limits.max_stack
+        # The memo: slots 0, 1, 2 … as picklers number them, in a list (a dict of a million
+        # int keys was a third of the memory of opening a file of many small tensors); any
+        # other index, and every one after it, in the dict. Together they hold each index
+        # once: the list grows only while the dict is empty.
+        self.memo_dense: list[Any] = []
         self.memo: dict[int, Any] = {}
         self.proto = 0
         # id(tuple or frozenset) -> (object, nesting depth); immutables only, so exact.
@@ -226,6 +231,7 @@ class Machine:
             # drop the bound-method table and working state: no cycle outlives the run
             self.dispatch = []
             self.memo = {}
+            self.memo_dense = []
             self.depths = {}
             self.metastack = []
 
@@ -246,6 +252,7 @@ class Machine:
         max_str = lim.max_str_bytes
         max_depth = lim.max_depth
         memo = self.memo
+        dense = self.memo_dense
         metastack = self.metastack
         resolver = self.resolver
         immutable = self._immutable
@@ -295,9 +302,12 @@ class Machine:
                     index = data[op + 1]
                 if not stack:
                     raise PickleError("stack underflow", offset=op)
-                if len(memo) >= max_memo and index not in memo:
-                    raise LimitError("max_memo", max_memo, len(memo) + 1, offset=op)
-                memo[index] = stack[-1]
+                if index < len(dense):
+                    dense[index] = stack[-1]
+                elif index == len(dense) and not memo and index < max_memo:
+                    dense.append(stack[-1])
+                else:
+                    self._memo_put(index, stack[-1])
             elif code == 0x68 or code == 0x6A:  # BINGET, LONG_BINGET
                 if code == 0x68:
                     pos += 2
@@ -309,11 +319,7 @@ class Machine:
                     if pos > limit:
                         self._overrun_at(op, 4)
                     index = from_bytes(data[op + 1:pos], "little")
-                try:
-                    value = memo[index]
-                except KeyError:
-                    raise PickleError(f"memo slot {index} read before it was written",
-                                      offset=op) from None
+                value = dense[index] if index < len(dense) else self._memo_get(index)
                 if len(stack) >= room:
                     self._stack_full()
                 stack.append(value)
@@ -650,12 +656,22 @@ class Machine:
                              offset=self.op_start)
 
     def _memo_put(self, index: int, value: Any) -> None:
-        if index not in self.memo and len(self.memo) >= self.limits.max_memo:
-            raise LimitError("max_memo", self.limits.max_memo, len(self.memo) + 1,
+        dense, memo = self.memo_dense, self.memo
+        if 0 <= index < len(dense):
+            dense[index] = value
+            return
+        count = len(dense) + len(memo)
+        if index not in memo and count >= self.limits.max_memo:
+            raise LimitError("max_memo", self.limits.max_memo, count + 1,
                              offset=self.op_start)
-        self.memo[index] = value
+        if index == len(dense) and not memo:
+            dense.append(value)
+        else:
+            memo[index] = value
 
     def _memo_get(self, index: int) -> Any:
+        if 0 <= index < len(self.memo_dense):
+            return self.memo_dense[index]
         try:
             return self.memo[index]
         except KeyError:
@@ -944,7 +960,7 @@ class Machine:
         self._memo_put(index, self.top())
 
     def op_MEMOIZE(self) -> None:
-        self._memo_put(len(self.memo), self.top())
+        self._memo_put(len(self.memo_dense) + len(self.memo), self.top())
 
     # ---- opcodes: names, calls and objects ----------------------------------------
 
