@@ -5,8 +5,9 @@ not a timing: deterministic for a given Python.
 
 Measured on CPython 3.11 with 2,000 four-element tensors: 1,240 B kept and 1,603 B at the
 peak per tensor; before the per-tensor work of issue 16 (two closures and a dict per storage,
-the memo a dict of int keys) 1,684 B and 2,569 B, which these bounds refuse. Figures at 30,000 and 100,000 tensors, and
-the time per tensor next to C pickle and torch, are in ``benchmarks/bench_open.py``.
+the memo a dict of int keys) 1,684 B and 2,569 B, which these bounds refuse. Figures at
+30,000 and 100,000 tensors, and the time per tensor next to C pickle and torch, are in
+``benchmarks/bench_open.py``.
 """
 
 from __future__ import annotations
