@@ -30,7 +30,7 @@ from torchless.io.source import Source
 __all__ = ["MemberLayout"]
 
 #: Bytes read at a time for local headers and data descriptors.
-_WINDOW = 16 << 10
+_WINDOW = 4 << 10
 
 
 class MemberLayout:
