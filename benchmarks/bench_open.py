@@ -28,7 +28,8 @@ and ``torch.load(weights_only=True, mmap=True)``: warm (after reading the file),
 open adds; cold (its pages evicted with ``posix_fadvise(DONTNEED)``, no root needed), the
 time and the bytes the process made the kernel read from storage (``/proc/self/io``).
 
-Time is wall time of the operation alone (medians). Memory is what the result holds: the
+Time is wall time of the operation alone, CPU its process time (medians; on a shared
+machine the CPU ratio is the steadier one). Memory is what the result holds: the
 process's resident set after the operation (result alive) minus before, and, for the
 Python readers, the bytes ``tracemalloc`` sees alive (torch's tensors live in C++ memory
 that ``tracemalloc`` does not see, so its column is the RSS one). Ratios are torchless's time
@@ -125,10 +126,10 @@ def _measure(reader: str, path: str, traced: bool) -> dict[str, float]:
     before = _rss()
     if traced:
         tracemalloc.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result, n = op()
-    dt = time.perf_counter() - t0
-    out = {"seconds": dt, "rss": _rss() - before, "count": n}
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out = {"seconds": dt, "cpu": cpu, "rss": _rss() - before, "count": n}
     if traced:
         out["traced"] = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
@@ -261,9 +262,10 @@ def run(counts: list[int], reps: int, directory: str, have_torch: bool,
         for reader in readers:
             traced = _in_child(reader, path, traced=True) if reader != "torch-wo" else {}
             seconds = statistics.median(s["seconds"] for s in samples[reader])
+            cpu = statistics.median(s["cpu"] for s in samples[reader])
             rss = statistics.median(s["rss"] for s in samples[reader])
             results["rows"].append({
-                "count": count, "reader": reader, "seconds": seconds,
+                "count": count, "reader": reader, "seconds": seconds, "cpu": cpu,
                 "us_per_tensor": seconds / count * 1e6, "rss_per_tensor": rss / count,
                 "traced_per_tensor": traced["traced"] / count if traced else None,
                 "tensors": samples[reader][0]["count"]})
@@ -284,15 +286,17 @@ def big_table(rows: list[dict[str, Any]]) -> str:
 def table(results: dict[str, Any]) -> str:
     rows = results["rows"]
     lines = [f"| tensors | reader | time (median of {results['reps']}) | µs/tensor | "
-             "RSS B/tensor | traced B/tensor | torchless time / this |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+             "CPU | RSS B/tensor | traced B/tensor | torchless time / this (CPU) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         ours = next((r for r in rows if r["count"] == row["count"]
                      and r["reader"] == "torchless"), None)
-        ratio = "" if ours is None else f"{ours['seconds'] / row['seconds']:.2f}x"
+        ratio = "" if ours is None else (f"{ours['seconds'] / row['seconds']:.2f}x "
+                                         f"({ours['cpu'] / row['cpu']:.2f}x)")
         traced = "" if row["traced_per_tensor"] is None else f"{row['traced_per_tensor']:,.0f}"
         lines.append(f"| {row['count']:,} | {row['reader']} | {row['seconds']:.3f} s | "
-                     f"{row['us_per_tensor']:.1f} | {row['rss_per_tensor']:,.0f} | {traced} | "
+                     f"{row['us_per_tensor']:.1f} | {row['cpu']:.3f} s | "
+                     f"{row['rss_per_tensor']:,.0f} | {traced} | "
                      f"{ratio} |")
     return "\n".join(lines)
 
