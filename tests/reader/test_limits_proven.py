@@ -157,7 +157,14 @@ def _many_opcodes(path: Path, scale: int) -> None:
 
 @case("max_memo", limits=Limits(max_memo=10_000), bound=4 * MiB, needs=N * 40, control=True)
 def _memoize_everything(path: Path, scale: int) -> None:
-    # one None memoised N times: a dict entry and an int key per MEMOIZE
+    # one None memoised N times after a first PUT at slot 2**32 - 1 (not the 0, 1, 2 …
+    # picklers write, which the VM keeps in a list): a dict entry and an int key each
+    path.write_bytes(b"\x80\x04Nr\xff\xff\xff\xff" + b"\x94" * (N * scale // 8) + b".")
+
+
+@case("max_memo", limits=Limits(max_memo=10_000), bound=MiB, needs=N * REF)
+def _memoize_in_order(path: Path, scale: int) -> None:
+    # one None memoised N times by MEMOIZE (slots 0, 1, 2 …): a list slot each
     path.write_bytes(b"\x80\x04N" + b"\x94" * (N * scale // 8) + b".")
 
 

@@ -15,7 +15,7 @@ Every member lives under one prefix, taken from the first entry as torch does.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,25 @@ MAX_FORMAT_VERSION = 64
 _KEY = re.compile(r"[A-Za-z0-9_]+\Z")
 _CLASS = re.compile(r"^class (\w+)\((\w+(?:\.\w+)*)\):", re.M)
 _LIST = re.compile(r"^  (__parameters__|__buffers__) = \[(.*?)\]", re.M)
+
+
+class _Member:
+    """A storage's bytes in the archive: its loader (called) and, where the bytes are
+    compressed or remote, its stream (:meth:`blocks`). A small object per storage, not two
+    closures (opening a file of many small tensors made one of each per tensor)."""
+
+    __slots__ = ("archive", "check", "name")
+
+    def __init__(self, archive: ZipArchive, name: str, check: bool) -> None:
+        self.archive = archive
+        self.name = name
+        self.check = check
+
+    def __call__(self) -> memoryview | bytes:
+        return self.archive.data(self.name, check_crc=self.check)
+
+    def blocks(self, chunk: int) -> Iterator[memoryview | bytes]:
+        return self.archive.iter_member(self.name, chunk, check_crc=self.check)
 
 
 @dataclass
@@ -122,7 +141,7 @@ class TorchZip:
 
     def record(self, record: str) -> bytes:
         """A small record's bytes, CRC-checked."""
-        return bytes(self.archive.data(self._member(record), check_crc=self.has_crc))
+        return self.archive.copy(self._member(record), check_crc=self.has_crc)
 
     def _version(self) -> int | None:
         for record in (".data/version", "version"):
@@ -154,7 +173,7 @@ class TorchZip:
         declared = self.archive.entries[name].size
         if declared > self.limits.max_pickle_bytes:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, declared, name)
-        data = self.archive.data(name, check_crc=self.has_crc)
+        data = self.archive.copy(name, check_crc=self.has_crc)
         try:
             value, end = run_pickle(data, resolver, self.limits)
         except CheckpointError as e:
@@ -200,7 +219,9 @@ class TorchZip:
             raise StorageError(
                 f"storage {key!r} declares {numel} x {dtype.itemsize} = {nbytes} bytes, "
                 f"its record holds {entry.size}")
-        storage = member_storage(self.archive, name, key, dtype, nbytes, location,
+        # not self: the loader must not keep the storage table alive; the entry's name, not
+        # ours: one string per member
+        storage = member_storage(self.archive, entry.name, key, dtype, nbytes, location,
                                  self.byteorder, self.verify_crc and self.has_crc)
         self._storages[key] = storage
         return storage
@@ -216,7 +237,7 @@ class TorchZip:
                 continue
             if entry.size > self.limits.max_pickle_bytes:
                 continue
-            text = bytes(self.archive.data(name, check_crc=self.has_crc)).decode(
+            text = self.archive.copy(name, check_crc=self.has_crc).decode(
                 "utf-8", "replace")
             module = name[len(code_prefix):-3].replace("/", ".")
             blocks = list(_CLASS.finditer(text))
@@ -285,9 +306,8 @@ def member_storage(archive: ZipArchive, name: str, key: str, dtype: DType, nbyte
                    location: str, byteorder: str, check: bool) -> Storage:
     """A storage over archive member ``name`` (its size already checked), read when first
     used; a deflated or remote member can also be read block by block (converting, in
-    bounded memory). The loaders hold the archive, never the container's storage table."""
-    stream: Callable[[int], Iterator[memoryview | bytes]] | None = (
-        (lambda chunk: archive.iter_member(name, chunk, check_crc=check))
-        if archive.is_deflated(name) or archive.source.remote else None)
-    return Storage(key, dtype, nbytes, lambda: archive.data(name, check_crc=check),
-                   location=location, byteorder=byteorder, stream=stream)
+    bounded memory). The loader holds the archive, never the container's storage table."""
+    member = _Member(archive, name, check)
+    stream = member.blocks if archive.is_deflated(name) or archive.source.remote else None
+    return Storage(key, dtype, nbytes, member, location=location, byteorder=byteorder,
+                   stream=stream)

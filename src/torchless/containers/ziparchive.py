@@ -182,7 +182,7 @@ class ZipArchive(MemberLayout, MemberReader):
     def _directory(self, eocd: int, seen: set[int]) -> None:
         src, f = self.source, self.findings
         _, disk, cd_disk, n_here, n_total, cd_size, cd_off, _ = EOCD.unpack(
-            src.view(eocd, EOCD.size))
+            src.read(eocd, EOCD.size))
         if disk != 0 or cd_disk != 0 or n_here != n_total:
             f("eocd", UnsupportedError(_MULTI_DISK, hint=JOIN_HINT), offset=eocd,
               report="end record describes a multi-disk (split) archive")
@@ -229,7 +229,7 @@ class ZipArchive(MemberLayout, MemberReader):
         """(entries, directory size, directory offset, ZIP64 end record offset), or None
         (report mode) when the locator points at no ZIP64 end record."""
         src, f = self.source, self.findings
-        _, disk, rec, disks = EOCD64_LOC.unpack(src.view(loc, EOCD64_LOC.size))
+        _, disk, rec, disks = EOCD64_LOC.unpack(src.read(loc, EOCD64_LOC.size))
         if disk != 0 or disks != 1:  # miniz refuses every disk count but 1
             f("eocd", UnsupportedError(_MULTI_DISK, hint=JOIN_HINT), offset=loc,
               report=f"ZIP64 end-record locator counts {disks} disks (torch reads only 1)")
@@ -238,7 +238,7 @@ class ZipArchive(MemberLayout, MemberReader):
               offset=loc)
             return None
         sig, rec_size, _, _, d, cdd, n_here, n_total, cd_size, cd_off = EOCD64.unpack(
-            src.view(rec, EOCD64.size))
+            src.read(rec, EOCD64.size))
         if sig != SIG_EOCD64:
             f("eocd", ArchiveFormatError("bad ZIP64 end-of-directory signature"), offset=rec)
             return None
@@ -256,7 +256,7 @@ class ZipArchive(MemberLayout, MemberReader):
                  eocd: int) -> None:
         """The central entries in ``[start, limit)``."""
         f = self.findings
-        cd = self.source.view(start, limit - start) if start < limit else memoryview(b"")
+        cd = memoryview(self.source.read(start, limit - start) if start < limit else b"")
         pos = count = 0
         most = min(n_total, self.limits.max_archive_entries)
         members = self.members

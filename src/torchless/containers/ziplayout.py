@@ -29,6 +29,9 @@ from torchless.io.source import Source
 
 __all__ = ["MemberLayout"]
 
+#: Bytes read at a time for local headers and data descriptors.
+_WINDOW = 4 << 10
+
 
 class MemberLayout:
     """The local-header half of :class:`~.ziparchive.ZipArchive`."""
@@ -45,6 +48,24 @@ class MemberLayout:
     #: ``n`` bytes at ``offset``: :meth:`Source.read` in strict mode (past the end of the
     #: file an error), :meth:`_clipped` in report mode.
     _bytes: Callable[[int, int, str], bytes]
+
+    _window_at = -1
+    _window = b""
+
+    def _header(self, offset: int, n: int, what: str) -> bytes:
+        """``n`` bytes of a local header or data descriptor. The members of a file of many
+        small tensors lie a few hundred bytes apart: the bytes come from a block of
+        :data:`_WINDOW` read ahead with one ``pread``, not one system call each (a remote
+        file: the bytes alone, one range request each)."""
+        at = self._window_at
+        if at <= offset and offset + n <= at + len(self._window):
+            return self._window[offset - at:offset - at + n]
+        size = self.source.size
+        if self.source.remote or offset < 0 or offset + n > size:
+            return self._bytes(offset, n, what)
+        self._window = self.source.read(offset, min(size - offset, max(n, _WINDOW)), what)
+        self._window_at = offset
+        return self._window[:n]
 
     def _clipped(self, offset: int, n: int, what: str) -> bytes:
         """As many of the ``n`` bytes at ``offset`` as the file holds."""
@@ -108,13 +129,16 @@ class MemberLayout:
                                            "outside the archive data"), e.name, h)
             if h + LOCAL.size > src.size:
                 return
-        (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = LOCAL.unpack(
-            src.view(h, LOCAL.size))
+        # the header and the name it should hold, in one read (clipped to the file)
+        head = self._header(h, min(LOCAL.size + len(e.raw_name), src.size - h), "local header")
+        (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = LOCAL.unpack_from(
+            head)
         if sig != SIG_LOCAL:
             f("header", ArchiveFormatError(f"member {e.name!r}: bad local header signature"),
               e.name, h)
             return
-        raw_name = self._bytes(h + LOCAL.size, nlen, "local header name")
+        raw_name = head[LOCAL.size:] if nlen == len(head) - LOCAL.size else \
+            self._bytes(h + LOCAL.size, nlen, "local header name")
         if raw_name != e.raw_name:
             f("header", AmbiguousArchiveError(
                 f"member {e.name!r}: local header names it {raw_name[:60]!r}"), e.name, h)
@@ -146,7 +170,7 @@ class MemberLayout:
                 e.end_offset = src.size
                 return
         if flags & FLAG_DESCRIPTOR:
-            extra = self._bytes(h + LOCAL.size + nlen, elen, "local extra field")
+            extra = self._header(h + LOCAL.size + nlen, elen, "local extra field")
             try:
                 local_zip64 = zip64_field(extra) is not None
             except ValueError as err:
@@ -160,7 +184,7 @@ class MemberLayout:
         """Where the data descriptor after a member's data ends, checked against the
         central entry (its width: :func:`.zipformat.descriptor_is_zip64`)."""
         pos = e.end_offset
-        head = self._bytes(pos, max(0, min(24, limit - pos)), "data descriptor")
+        head = self._header(pos, max(0, min(24, limit - pos)), "data descriptor")
         if head[:4] == SIG_DESCRIPTOR:
             head, pos = head[4:], pos + 4
         fmt = "<IQQ" if descriptor_is_zip64(local_zip64, e) else "<III"

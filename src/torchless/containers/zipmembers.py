@@ -42,6 +42,17 @@ class MemberReader:
             raise ChecksumError(f"CRC-32 of member {name!r} does not match its bytes")
         return out
 
+    def copy(self, name: str, *, check_crc: bool) -> bytes:
+        """A member's bytes as a copy read with ``pread`` (a record or the pickle, not a
+        tensor): opening never faults the file's map in around them (see
+        :mod:`torchless.io.source`)."""
+        e = self._located(name)
+        raw = self.source.read(e.data_offset, e.compressed_size, name)
+        out = raw if e.method == STORED else self._inflate(e, memoryview(raw))
+        if check_crc and zlib.crc32(out) != e.crc:
+            raise ChecksumError(f"CRC-32 of member {name!r} does not match its bytes")
+        return out
+
     def _check_inflate(self, e: Entry) -> None:
         lim = self.limits
         if e.size > lim.max_inflated_bytes:

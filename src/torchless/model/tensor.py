@@ -58,7 +58,7 @@ class Storage:
         self._loader = loader
         self._stream = stream
         self._buffer: memoryview | bytes | None = None
-        self._swapped: dict[int, bytes] = {}
+        self._swapped: dict[int, bytes] | None = None  # made when first swapped
 
     def buffer(self) -> memoryview | bytes:
         if self._buffer is None:
@@ -125,6 +125,8 @@ class Storage:
         strides and share memory as they do in torch."""
         if self.byteorder == "little" or unit == 1:
             return self.buffer()
+        if self._swapped is None:
+            self._swapped = {}
         if unit not in self._swapped:
             raw = np.frombuffer(self.buffer(), dtype=f">u{unit}", count=self.nbytes // unit)
             self._swapped[unit] = raw.astype(f"<u{unit}").tobytes()
@@ -282,6 +284,14 @@ def storage_record(storage_type: Any, key: Any, location: Any,
     return storage_type, key, location, numel
 
 
+def _plain_dims(value: tuple[Any, ...]) -> bool:
+    """Whether a tuple holds only non-negative ints (what :func:`_dims` makes of it)."""
+    for v in value:
+        if type(v) is not int or v < 0:
+            return False
+    return True
+
+
 def _dims(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)):
         raise TensorGeometryError(f"{what} is {type_phrase(value)}, not a sequence")
@@ -308,8 +318,9 @@ def make_tensor(
     """Check a tensor's geometry against its storage and build it."""
     if not isinstance(storage, Storage):
         raise TensorGeometryError(f"tensor storage is {type_phrase(storage)}, not a storage")
-    shape = _dims(size, "size")
-    strides = _dims(stride, "stride")
+    shape = size if type(size) is tuple and _plain_dims(size) else _dims(size, "size")
+    strides = stride if type(stride) is tuple and _plain_dims(stride) else _dims(stride,
+                                                                                 "stride")
     if len(shape) > limits.max_ndim:
         raise LimitError("max_ndim", limits.max_ndim, len(shape))
     if len(shape) != len(strides):
@@ -318,8 +329,10 @@ def make_tensor(
         raise TensorGeometryError(f"invalid storage offset {storage_offset!r}")
     itemsize = dtype.itemsize
     numel = 1
-    for s in shape:
-        numel *= s
+    last = storage_offset
+    for n, s in zip(shape, strides):  # noqa: B905 - lengths are equal (checked above)
+        numel *= n
+        last += (n - 1) * s
     if numel * itemsize > _INT64_MAX:
         raise TensorGeometryError(f"size {list(shape)} overflows 64-bit byte counts")
     if numel * itemsize > limits.max_tensor_bytes:
@@ -329,7 +342,6 @@ def make_tensor(
         if storage_offset * itemsize > _INT64_MAX:
             raise TensorGeometryError(f"storage offset {storage_offset} overflows 64 bits")
     else:
-        last = storage_offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
         if last > _INT64_MAX:
             raise TensorGeometryError("last element index overflows 64 bits")
         if (last + 1) * itemsize > storage.nbytes:

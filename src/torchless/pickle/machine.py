@@ -99,6 +99,9 @@ def _pause_collector() -> bool:
     return True
 
 
+_IMMUTABLE = (tuple, frozenset)
+
+
 class _Mark:
     """Sentinel for MARK on the stack-of-stacks; never escapes."""
 
@@ -191,6 +194,11 @@ class Machine:
         self.metastack: list[list[Any]] = []
         # values the current stack segment may still take: max_stack minus those below MARKs
         self.room = self.limits.max_stack
+        # The memo: slots 0, 1, 2 … as picklers number them, in a list (a dict of a million
+        # int keys was a third of the memory of opening a file of many small tensors); any
+        # other index, and every one after it, in the dict. Together they hold each index
+        # once: the list grows only while the dict is empty.
+        self.memo_dense: list[Any] = []
         self.memo: dict[int, Any] = {}
         self.proto = 0
         # id(tuple or frozenset) -> (object, nesting depth); immutables only, so exact.
@@ -223,40 +231,214 @@ class Machine:
             # drop the bound-method table and working state: no cycle outlives the run
             self.dispatch = []
             self.memo = {}
+            self.memo_dense = []
             self.depths = {}
             self.metastack = []
 
     def _run(self, start: int) -> tuple[Any, int]:
-        self.pos = start
+        """The opcode loop. The opcodes a torch checkpoint is made of (memo, small ints,
+        strings, MARK, tuples, REDUCE, BINPERSID: 30 per tensor) run here on local state,
+        each with the checks and errors of its ``op_`` method; every other opcode goes to
+        its method with the position written back first and the state read again after.
+        (Four to five Python calls per opcode were most of the time of opening a file of
+        many small tensors.)"""
         data = self.data
         end = len(data)
         dispatch = self.dispatch
-        max_ops = self.limits.max_opcodes
-        max_end = start + self.limits.max_pickle_bytes
+        lim = self.limits
+        max_ops = lim.max_opcodes
+        max_end = start + lim.max_pickle_bytes
+        max_memo = lim.max_memo
+        max_str = lim.max_str_bytes
+        max_depth = lim.max_depth
+        memo = self.memo
+        dense = self.memo_dense
+        metastack = self.metastack
+        resolver = self.resolver
+        immutable = self._immutable
+        from_bytes = int.from_bytes
+        stack = self.stack
+        room = self.room
+        frame_end = self.frame_end
+        limit = self.limit
+        pos = start
         count = 0
+        # Every opcode takes a byte, so the opcode count can pass max_ops only in data
+        # longer than that: otherwise it is not kept. The rare checks (end of a frame, of
+        # the data, of max_pickle_bytes, and the count where it matters) run when ``pos``
+        # reaches ``guard``.
+        counting = max_ops < end - start
+        shallow = max_depth >= 1  # a tuple of no tuples is within the depth limit
+        guard = -1
         while True:
-            pos = self.pos
-            if pos == self.frame_end:
-                self.frame_end = -1
-                self.limit = end
-            if pos > max_end:
-                raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, pos - start,
-                                 offset=pos)
-            if pos >= end:
-                raise TruncatedInputError(
-                    "pickle ends without a STOP opcode", offset=pos)
+            if pos >= guard:
+                if pos == frame_end:
+                    frame_end = self.frame_end = -1
+                    limit = self.limit = end
+                if pos > max_end:
+                    raise LimitError("max_pickle_bytes", lim.max_pickle_bytes, pos - start,
+                                     offset=pos)
+                if pos >= end:
+                    raise TruncatedInputError(
+                        "pickle ends without a STOP opcode", offset=pos)
+                if counting:
+                    count += 1
+                    if count > max_ops:
+                        raise LimitError("max_opcodes", max_ops, count, offset=pos)
+                else:
+                    guard = min(limit, max_end + 1)
             code = data[pos]
-            self.op_start = pos
-            self.pos = pos + 1
-            count += 1
-            if count > max_ops:
-                raise LimitError("max_opcodes", max_ops, count, offset=pos)
-            handler = dispatch[code]
-            if handler is None:
-                raise UnsupportedOpcodeError(f"unknown opcode byte 0x{code:02x}", offset=pos)
-            if code == 0x2E:  # STOP
-                return self._stop(), self.pos
-            handler()
+            self.op_start = op = pos
+            if code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
+                if code == 0x72:
+                    pos += 5
+                    if pos > limit:
+                        self._overrun_at(op, 4)
+                    index = from_bytes(data[op + 1:pos], "little")
+                else:
+                    pos += 2
+                    if pos > limit:
+                        self._overrun_at(op, 1)
+                    index = data[op + 1]
+                if not stack:
+                    raise PickleError("stack underflow", offset=op)
+                if index < len(dense):
+                    dense[index] = stack[-1]
+                elif index == len(dense) and not memo and index < max_memo:
+                    dense.append(stack[-1])
+                else:
+                    self._memo_put(index, stack[-1])
+            elif code == 0x68 or code == 0x6A:  # BINGET, LONG_BINGET
+                if code == 0x68:
+                    pos += 2
+                    if pos > limit:
+                        self._overrun_at(op, 1)
+                    index = data[op + 1]
+                else:
+                    pos += 5
+                    if pos > limit:
+                        self._overrun_at(op, 4)
+                    index = from_bytes(data[op + 1:pos], "little")
+                value = dense[index] if index < len(dense) else self._memo_get(index)
+                if len(stack) >= room:
+                    self._stack_full()
+                stack.append(value)
+            elif code == 0x4B:  # BININT1
+                pos += 2
+                if pos > limit:
+                    self._overrun_at(op, 1)
+                if len(stack) >= room:
+                    self._stack_full()
+                stack.append(data[op + 1])
+            elif code == 0x28:  # MARK
+                if len(metastack) >= max_depth:
+                    raise LimitError("max_depth", max_depth, len(metastack) + 1, "open MARKs",
+                                     offset=op)
+                metastack.append(stack)
+                room -= len(stack)
+                self.room = room
+                self.stack = stack = []
+                pos += 1
+            elif code == 0x58 or code == 0x8C:  # BINUNICODE, SHORT_BINUNICODE
+                if code == 0x58:
+                    pos += 5
+                    if pos > limit:
+                        self._overrun_at(op, 4)
+                    n = from_bytes(data[op + 1:pos], "little")
+                else:
+                    pos += 2
+                    if pos > limit:
+                        self._overrun_at(op, 1)
+                    n = data[op + 1]
+                if n > limit - pos or n > max_str:
+                    self.pos = pos
+                    self._sized(n)  # raises: runs past the data or its frame, or too long
+                raw = data[pos:pos + n]
+                pos += n
+                try:
+                    text = raw.decode("utf-8", "surrogatepass")
+                except UnicodeDecodeError:
+                    text = self._text(raw)  # raises with the reason
+                if len(stack) >= room:
+                    self._stack_full()
+                stack.append(text)
+            elif code == 0x74:  # TUPLE
+                if not metastack:
+                    raise PickleError("no MARK on the stack", offset=op)
+                items = stack
+                self.stack = stack = metastack.pop()
+                room += len(stack)
+                self.room = room
+                value = tuple(items)
+                for item in value if shallow else (0,):
+                    if not shallow or isinstance(item, _IMMUTABLE):
+                        value = immutable(value)
+                        break
+                if len(stack) >= room:
+                    self._stack_full()
+                stack.append(value)
+                pos += 1
+            elif 0x85 <= code <= 0x87:  # TUPLE1, TUPLE2, TUPLE3
+                k = code - 0x84
+                if len(stack) < k:
+                    raise PickleError("stack underflow", offset=op)
+                value = tuple(stack[-k:])
+                for item in value if shallow else (0,):
+                    if not shallow or isinstance(item, _IMMUTABLE):
+                        value = immutable(value)
+                        break
+                del stack[-k:]
+                stack.append(value)
+                pos += 1
+            elif code == 0x52:  # REDUCE
+                if len(stack) < 2:
+                    raise PickleError("stack underflow", offset=op)
+                args = stack.pop()
+                func = stack.pop()
+                if not isinstance(args, tuple):
+                    raise PickleError("REDUCE arguments are not a tuple", offset=op)
+                if isinstance(func, (str, bytes, int, float, list, dict, tuple, type(None))):
+                    raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
+                                      offset=op)
+                value = resolver.call(func, args, op)
+                if isinstance(value, (tuple, frozenset)):
+                    value = immutable(value)
+                stack.append(value)
+                pos += 1
+            elif code == 0x51:  # BINPERSID
+                if not stack:
+                    raise PickleError("stack underflow", offset=op)
+                stack[-1] = resolver.persistent_load(stack[-1], op)
+                pos += 1
+            elif code == 0x89 or code == 0x88 or code == 0x4E or code == 0x29 \
+                    or code == 0x7D or code == 0x5D:  # NEWFALSE NEWTRUE NONE () {} []
+                if len(stack) >= room:
+                    self._stack_full()
+                stack.append(False if code == 0x89 else True if code == 0x88 else None
+                             if code == 0x4E else () if code == 0x29 else {} if code == 0x7D
+                             else [])
+                pos += 1
+            else:
+                handler = dispatch[code]
+                if handler is None:
+                    raise UnsupportedOpcodeError(f"unknown opcode byte 0x{code:02x}",
+                                                 offset=pos)
+                self.pos = pos + 1
+                if code == 0x2E:  # STOP
+                    return self._stop(), self.pos
+                handler()
+                pos = self.pos
+                stack = self.stack
+                room = self.room
+                frame_end = self.frame_end
+                limit = self.limit
+                guard = -1
+
+    def _overrun_at(self, op: int, n: int) -> None:
+        """The error of an argument of ``n`` bytes after the opcode at ``op`` that runs past
+        the data or its frame (:meth:`_overrun`)."""
+        self.pos = op + 1
+        self._overrun(n)
 
     def _stop(self) -> Any:
         if self.metastack:
@@ -474,12 +656,22 @@ class Machine:
                              offset=self.op_start)
 
     def _memo_put(self, index: int, value: Any) -> None:
-        if index not in self.memo and len(self.memo) >= self.limits.max_memo:
-            raise LimitError("max_memo", self.limits.max_memo, len(self.memo) + 1,
+        dense, memo = self.memo_dense, self.memo
+        if 0 <= index < len(dense):
+            dense[index] = value
+            return
+        count = len(dense) + len(memo)
+        if index not in memo and count >= self.limits.max_memo:
+            raise LimitError("max_memo", self.limits.max_memo, count + 1,
                              offset=self.op_start)
-        self.memo[index] = value
+        if index == len(dense) and not memo:
+            dense.append(value)
+        else:
+            memo[index] = value
 
     def _memo_get(self, index: int) -> Any:
+        if 0 <= index < len(self.memo_dense):
+            return self.memo_dense[index]
         try:
             return self.memo[index]
         except KeyError:
@@ -768,7 +960,7 @@ class Machine:
         self._memo_put(index, self.top())
 
     def op_MEMOIZE(self) -> None:
-        self._memo_put(len(self.memo), self.top())
+        self._memo_put(len(self.memo_dense) + len(self.memo), self.top())
 
     # ---- opcodes: names, calls and objects ----------------------------------------
 

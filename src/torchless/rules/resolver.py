@@ -144,6 +144,7 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         self.strict = strict
         self.allow = allow
         self.globals: list[GlobalRecord] = []
+        self._rule_methods: dict[str, Callable[[Known, Any], Any]] = {}
 
     # ---- names ----------------------------------------------------------------------
 
@@ -219,7 +220,10 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         self._vet_call(func, args, offset)
         if isinstance(func, Known):
             try:
-                return getattr(self, "_r_" + func.rule)(func, args)
+                rule = self._rule_methods.get(func.rule)
+                if rule is None:
+                    rule = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
+                return rule(func, args)
             except CheckpointError as e:
                 if e.offset is None:
                     e.offset = offset
