@@ -33,6 +33,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 _LOAD = """
 import json, sys, torch
 from transformers import AutoModelForCausalLM
+torch.set_num_threads(1)  # as the oracle's logits were computed: sums in one order
 out = {}
 for d, ref in json.loads(sys.argv[1]):
     want = torch.load(ref, weights_only=True)
@@ -72,8 +73,15 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str]]
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
         ids = torch.arange(10)[None]
-        with torch.no_grad():
-            logits = model(ids).logits
+        # one thread here and in the loading process: with several, the order of a matmul's
+        # partial sums depends on the thread count (which earlier tests may have changed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                logits = model(ids).logits
+        finally:
+            torch.set_num_threads(threads)
         ref = root / f"{name}.ref.pt"
         torch.save({"state": model.state_dict(), "ids": ids, "logits": logits}, ref)
         for shard in ("one", "sharded"):
