@@ -71,6 +71,15 @@ def test_dcp_written_by_torch_is_one_clean_item(dcp_cases: Path, case: str) -> N
     assert f.pickles >= 1  # the metadata at least
 
 
+def test_cli_scan_of_a_dcp_directory(dcp_cases: Path,  # noqa: F811
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from torchless.cli.main import main
+
+    assert main(["scan", str(dcp_cases / "single")]) == 0
+    out = capsys.readouterr().out
+    assert "dcp" in out and "1 files: 1 clean" in out
+
+
 def test_dcp_found_in_a_tree_is_one_item(dcp_cases: Path, tmp_path: Path) -> None:  # noqa: F811
     shutil.copytree(dcp_cases / "single", tmp_path / "run" / "step-1")
     report = scan_paths([tmp_path])
@@ -92,8 +101,8 @@ def test_dcp_hostile_metadata(torch: Any, dcp_cases: Path, tmp_path: Path) -> No
 
 def _value_item(d: Path) -> tuple[Any, Any]:
     with open(d / ".metadata", "rb") as fh:
-        meta = pickle.load(fh)  # noqa: S301 - written by torch in this session
-    for index, info in meta.storage_data.items():
+        meta = pickle.load(fh)
+    for index in meta.storage_data:
         if type(meta.state_dict_metadata[index.fqn]).__name__ == "BytesStorageMetadata":
             return meta, index
     raise AssertionError("no value item")
@@ -142,8 +151,8 @@ def test_dcp_shard_not_matching_metadata(dcp_cases: Path, tmp_path: Path,  # noq
         os.truncate(shard, size - 10)
     else:
         with open(d / ".metadata", "rb") as fh:
-            meta = pickle.load(fh)  # noqa: S301 - written by torch in this session
-        (first, a), (second, b) = sorted(meta.storage_data.items(),
+            meta = pickle.load(fh)
+        (_, a), (second, b) = sorted(meta.storage_data.items(),
                                          key=lambda kv: kv[1].offset)[:2]
         meta.storage_data[second] = type(b)(b.relative_path, a.offset, b.length,
                                             b.transform_descriptors)
