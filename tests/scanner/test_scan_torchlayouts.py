@@ -167,6 +167,31 @@ def test_dcp_shard_not_matching_metadata(dcp_cases: Path, tmp_path: Path,  # noq
     assert any(words in a.message for a in f.anomalies), f.anomalies
 
 
+@pytest.mark.parametrize("metadata", [b"", b"\x80\x04garbage", b"N.", b"(lp0\n."])
+def test_dcp_unreadable_metadata_scans_every_file(dcp_cases: Path, tmp_path: Path,  # noqa: F811
+                                                  metadata: bytes) -> None:
+    d = tmp_path / "ckpt"
+    shutil.copytree(dcp_cases / "single", d)
+    (d / ".metadata").write_bytes(metadata)
+    f = scan(d).files[0]
+    assert f.status in ("anomalous", "dangerous"), f
+    assert any(a.kind == "dcp" and a.member == ".metadata" for a in f.anomalies)
+    # the shard, scanned as a file of its own: a run of ZIP archives
+    assert any((a.member or "").startswith("__0_0.distcp") for a in f.anomalies)
+
+
+def test_dcp_extra_checkpoint_file(torch: Any, dcp_cases: Path,  # noqa: F811
+                                   tmp_path: Path) -> None:
+    d = tmp_path / "ckpt"
+    shutil.copytree(dcp_cases / "single", d)
+    (d / "notes.txt").write_text("not a checkpoint\n")
+    (d / "extra.pt").write_bytes(_torch_save(torch, _Evil("true")))
+    f = scan(d).files[0]
+    assert f.status == "dangerous", f
+    assert {g.member.split(":")[0] for g in f.dangerous if g.member} == {"extra.pt"}
+    assert [a.member for a in f.anomalies] == ["extra.pt"]
+
+
 # ---- PT2 ---------------------------------------------------------------------------------
 
 
@@ -216,6 +241,29 @@ def test_pt2_pickled_constant_is_scanned(pt2_file: Path, tmp_path: Path) -> None
     f = scan(path).files[0]
     assert f.status == "dangerous", f
     assert {g.member for g in f.dangerous} == {f"{prefix}/data/constants/opaque_obj_0"}
+
+
+def test_pt2_nested_archives_are_bounded(pt2_file: Path, tmp_path: Path) -> None:
+    """A PT2 archive inside a PT2 archive's data/, six deep: scanned to the bound, no deeper,
+    and the bound is an anomaly."""
+    inner = pt2_file.read_bytes()
+    prefix = "m"
+    for _ in range(6):
+        path = tmp_path / "nest.pt2"
+        shutil.copy(pt2_file, path)
+        with zipfile.ZipFile(path, "a") as z:
+            prefix = z.namelist()[0].split("/", 1)[0]
+            z.writestr(f"{prefix}/data/sample_inputs/extra.pt", inner)
+        inner = path.read_bytes()
+    f = scan(tmp_path / "nest.pt2").files[0]
+    assert f.status == "anomalous", f
+    limits = [a.member or "" for a in f.anomalies if a.kind == "limit"]
+    nested = [a.member or "" for a in f.anomalies if a.kind == "nested"]
+    assert len(limits) + len(nested) == len(f.anomalies)
+    # each archive holds two nested ones; the two at depth 5 are not opened
+    assert sorted(m.count("sample_inputs/extra.pt") for m in limits) == [4, 5]
+    # a PT2 archive where torch.export.save writes a torch.save one, at depths 1 to 4
+    assert sorted(m.count("sample_inputs/extra.pt") for m in nested) == [1, 2, 3, 4]
 
 
 # ---- torch.package -----------------------------------------------------------------------
