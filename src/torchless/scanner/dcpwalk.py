@@ -29,12 +29,11 @@ from torchless.containers.dcpmeta import DcpMetadata, StorageInfo, parse_metadat
 from torchless.containers.dcpst import is_safetensors_at
 from torchless.errors import CheckpointError
 from torchless.io.source import Source
-from torchless.io.window import Window
 from torchless.pickle.machine import run_pickle
 from torchless.rules.dcp import DcpResolver
 from torchless.scanner.layouts import LayoutScans
 from torchless.scanner.report import FileScan, FileStatus
-from torchless.scanner.torcharchives import merge
+from torchless.scanner.torcharchives import ScanWindow, merge
 
 __all__ = ["scan_dcp"]
 
@@ -129,7 +128,7 @@ def _walk_shard(root: LayoutScans, name: str, shard: Source,
 def _scan_item(root: LayoutScans, name: str, shard: Source, what: str, info: StorageInfo,
                new_scan: Callable[[Source], LayoutScans]) -> None:
     where = f"{name}@{info.offset} ({what})"
-    sub = new_scan(Window(shard, info.offset, info.length, where))  # type: ignore[arg-type]
+    sub = new_scan(ScanWindow(shard, info.offset, info.length, where))  # type: ignore[arg-type]
     try:
         layout = sub.run()
     except CheckpointError as e:

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchless.containers.pt2 import MemberSource
 from torchless.containers.ziparchive import Entry, ZipArchive
@@ -29,13 +29,28 @@ from torchless.io.window import Window
 if TYPE_CHECKING:
     from torchless.scanner.layouts import LayoutScans
 
-__all__ = ["MAX_NESTED", "archive_kind", "merge", "nested_archives", "package_code",
-           "unpickled"]
+__all__ = ["MAX_NESTED", "ScanWindow", "archive_kind", "merge", "nested_archives",
+           "package_code", "unpickled"]
 
 #: Archives inside archives (a torch.save file inside a PT2 archive …) scanned this deep.
 MAX_NESTED = 4
 _ZIP = b"PK\x03\x04"
 _PT2_PICKLED = ("/data/constants/opaque_obj_", "/data/constants/custom_obj_")
+
+
+class ScanWindow(Window):
+    """A :class:`~torchless.io.window.Window` whose ``raw`` is its bytes, copied once: the
+    ZIP walks search it (``find``) and the pickle walk matches it with regular expressions,
+    which a view of the file's map does not offer both of. The copy lives as long as the
+    scan of the item (the largest item of a file bounds the scan's memory)."""
+
+    _bytes: bytes | None = None
+
+    @property
+    def raw(self) -> Any:
+        if self._bytes is None:
+            self._bytes = bytes(self._view)
+        return self._bytes
 
 
 def archive_kind(names: list[str]) -> tuple[str | None, str]:
@@ -97,7 +112,7 @@ def nested_archives(scan: LayoutScans, archive: ZipArchive, members: list[Entry]
 
 def nested_scan(scan: LayoutScans, archive: ZipArchive, m: Entry) -> None:
     if m.method == 0 and 0 <= m.data_offset and m.data_offset + m.size <= scan.size:
-        source: Window | MemberSource = Window(scan.source, m.data_offset,
+        source: Window | MemberSource = ScanWindow(scan.source, m.data_offset,
                                                m.size, m.name)
     else:
         cap = scan.limits.max_pickle_bytes
