@@ -192,6 +192,36 @@ def test_dcp_extra_checkpoint_file(torch: Any, dcp_cases: Path,  # noqa: F811
     assert [a.member for a in f.anomalies] == ["extra.pt"]
 
 
+@pytest.mark.parametrize("change", ["directory", "pickle"])
+def test_dcp_item_not_a_clean_archive(dcp_cases: Path, tmp_path: Path,  # noqa: F811
+                                      change: str) -> None:
+    """An item whose central directory is broken (walked by its local headers) and one that
+    is a plain pickle (torch.load unpickles it on its legacy path): walked in the window."""
+    d = tmp_path / "ckpt"
+    shutil.copytree(dcp_cases / "single", d)
+    meta, index = _value_item(d)
+    info = meta.storage_data[index]
+    shard = d / info.relative_path
+    data = bytearray(shard.read_bytes())
+    item = data[info.offset:info.offset + info.length]
+    if change == "directory":
+        at = item.rfind(b"PK\x01\x02")
+        item[at:at + 4] = b"XX\x01\x02"
+    else:
+        payload = pickle.dumps(_Evil("true"), protocol=2)
+        item[:] = payload + b"\0" * (len(item) - len(payload))
+    data[info.offset:info.offset + info.length] = item
+    shard.write_bytes(bytes(data))
+    f = scan(d).files[0]
+    where = f"{info.relative_path}@{info.offset}"
+    if change == "directory":
+        assert f.status == "anomalous", f
+        assert all((a.member or "").startswith(where) for a in f.anomalies)
+    else:
+        assert f.status == "dangerous", f
+        assert {g.member for g in f.dangerous} == {f"{where} ({index.fqn})"}
+
+
 # ---- PT2 ---------------------------------------------------------------------------------
 
 
