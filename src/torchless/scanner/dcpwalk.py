@@ -128,13 +128,16 @@ def _walk_shard(root: LayoutScans, name: str, shard: Source,
 def _scan_item(root: LayoutScans, name: str, shard: Source, what: str, info: StorageInfo,
                new_scan: Callable[[Source], LayoutScans]) -> None:
     where = f"{name}@{info.offset} ({what})"
-    sub = new_scan(ScanWindow(shard, info.offset, info.length, where))  # type: ignore[arg-type]
+    window = ScanWindow(shard, info.offset, info.length, where)
+    sub = new_scan(window)  # type: ignore[arg-type]
     try:
         layout = sub.run()
     except CheckpointError as e:
         root.flag("dcp", f"item {what!r} is not a torch.save archive: {e.message}", name,
                   info.offset)
         layout = "zip"
+    finally:
+        window.close()
     merge(root, sub, where)
     if layout != "zip":
         root.flag("dcp", f"item {what!r} is {layout} data, not a torch.save archive (what "

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from typing import TYPE_CHECKING, Any
 
 from torchless.containers.pt2 import MemberSource
@@ -35,22 +36,39 @@ __all__ = ["MAX_NESTED", "ScanWindow", "archive_kind", "merge", "nested_archives
 #: Archives inside archives (a torch.save file inside a PT2 archive …) scanned this deep.
 MAX_NESTED = 4
 _ZIP = b"PK\x03\x04"
+#: Windows smaller than this are copied to bytes, larger ones to an anonymous map.
+_SMALL = 1 << 20
 _PT2_PICKLED = ("/data/constants/opaque_obj_", "/data/constants/custom_obj_")
 
 
 class ScanWindow(Window):
-    """A :class:`~torchless.io.window.Window` whose ``raw`` is its bytes, copied once: the
-    ZIP walks search it (``find``) and the pickle walk matches it with regular expressions,
-    which a view of the file's map does not offer both of. The copy lives as long as the
-    scan of the item (the largest item of a file bounds the scan's memory)."""
+    """A :class:`~torchless.io.window.Window` whose ``raw`` is a copy of its bytes: the ZIP
+    walks search it (``find``) and the pickle walk matches it with regular expressions,
+    which a view of the file's map does not offer both of. A large copy is an anonymous
+    map, handed back to the system by :meth:`close` (the largest item of a file bounds the
+    scan's memory)."""
 
-    _bytes: bytes | None = None
+    _copy: bytes | mmap.mmap | None = None
 
     @property
     def raw(self) -> Any:
-        if self._bytes is None:
-            self._bytes = bytes(self._view)
-        return self._bytes
+        if self._copy is None:
+            if self.size < _SMALL:
+                self._copy = bytes(self._view)
+            else:
+                self._copy = mmap.mmap(-1, self.size)
+                for lo in range(0, self.size, _SMALL):
+                    self._copy[lo:lo + _SMALL] = self._view[lo:lo + _SMALL]
+                    self.release(lo, min(_SMALL, self.size - lo))
+        return self._copy
+
+    def close(self) -> None:
+        copy, self._copy = self._copy, None
+        if isinstance(copy, mmap.mmap):
+            try:
+                copy.close()
+            except BufferError:  # pragma: no cover - a view still held: freed with it
+                pass
 
 
 def archive_kind(names: list[str]) -> tuple[str | None, str]:
@@ -130,6 +148,8 @@ def nested_scan(scan: LayoutScans, archive: ZipArchive, m: Entry) -> None:
         scan.flag("nested", f"a ZIP archive torch.load would read, but not a torch archive: "
                   f"{e.message}", m.name)
         return
+    finally:
+        source.close()
     merge(scan, sub, m.name)
     if layout != "zip":
         scan.flag("nested", f"a {layout} file where torch.export.save writes a torch.save "
