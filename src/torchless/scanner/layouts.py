@@ -31,12 +31,7 @@ from torchless.io.source import Source
 from torchless.scanner.pickles import StreamScan, scan_stream
 from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
-from torchless.scanner.torcharchives import (
-    archive_kind,
-    nested_archives,
-    package_code,
-    unpickled,
-)
+from torchless.scanner.torcharchives import archive_kind, nested_archives, package_code, unpickled
 
 __all__ = ["MAX_CHAINED", "PICKLE_START", "RUNS_OUT", "LayoutScans", "looks_like_pickle",
            "plausible"]
