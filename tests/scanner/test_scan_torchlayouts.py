@@ -259,6 +259,34 @@ def test_pt2_hostile_sample_inputs(torch: Any, pt2_file: Path, tmp_path: Path) -
     assert all("data/sample_inputs/model.pt: " in (g.member or "") for g in f.dangerous)
 
 
+def test_pt2_pickled_weight(torch: Any, tmp_path: Path) -> None:
+    """A tensor-subclass parameter is saved with torch.save (``use_pickle``) and read back
+    with ``torch.load(weights_only=False)``: its archive is walked, and a payload put in
+    its place runs under torch.export.load and is dangerous."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = torch.nn.Parameter(TwoTensor(torch.ones(3), torch.ones(3)))
+
+        def forward(self, x: Any) -> Any:
+            return x + self.p
+
+    path = tmp_path / "sub.pt2"
+    torch.export.save(torch.export.export(M(), (torch.ones(3),)), path)
+    f = scan(path).files[0]
+    assert f.layout == "pt2" and not f.anomalies and not f.dangerous, f
+    assert any(g.name == "TwoTensor" and "data/weights/weight_0: " in (g.member or "")
+               for g in f.globals)
+    marker = tmp_path / "ran"
+    _rewrite(path, "data/weights/weight_0", _torch_save(torch, _Evil(f"touch {marker}")))
+    assert _runs(f"import torch; torch.export.load({str(path)!r})", marker)
+    f = scan(path).files[0]
+    assert f.status == "dangerous", f
+    assert all("data/weights/weight_0: " in (g.member or "") for g in f.dangerous)
+
+
 def test_pt2_pickled_constant_is_scanned(pt2_file: Path, tmp_path: Path) -> None:
     """``opaque_obj_*`` constants are read with pickle.loads: scanned as a pickle even when
     the bytes would not pass for one among raw data (protocol 0, broken after the call)."""
