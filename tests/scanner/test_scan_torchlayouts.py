@@ -301,6 +301,18 @@ def test_pt2_pickled_constant_is_scanned(pt2_file: Path, tmp_path: Path) -> None
     assert {g.member for g in f.dangerous} == {f"{prefix}/data/constants/opaque_obj_0"}
 
 
+def test_pt2_shared_library_is_code(pt2_file: Path, tmp_path: Path) -> None:
+    path = tmp_path / "aoti.pt2"
+    shutil.copy(pt2_file, path)
+    with zipfile.ZipFile(path, "a") as z:
+        prefix = z.namelist()[0].split("/", 1)[0]
+        z.writestr(f"{prefix}/data/aotinductor/model/model.so", b"\x7fELF" + bytes(60))
+    f = scan(path).files[0]
+    assert f.status == "anomalous", f
+    assert [(a.kind, a.member) for a in f.anomalies] == [
+        ("code", f"{prefix}/data/aotinductor/model/model.so")]
+
+
 def test_pt2_nested_archives_are_bounded(pt2_file: Path, tmp_path: Path) -> None:
     """A PT2 archive inside a PT2 archive's data/, six deep: scanned to the bound, no deeper,
     and the bound is an anomaly."""

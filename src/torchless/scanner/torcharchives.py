@@ -113,9 +113,13 @@ def package_code(scan: LayoutScans, members: list[Entry], prefix: str) -> None:
 
 def nested_archives(scan: LayoutScans, archive: ZipArchive, members: list[Entry],
                     prefix: str) -> None:
-    """Each ``torch.save`` archive stored under ``data/`` of a PT2 archive, scanned."""
+    """Each ``torch.save`` archive stored under ``data/`` of a PT2 archive, scanned; each
+    shared library (an AOTInductor package's compiled model) reported as code."""
     data = prefix.lower() + "data/"
     for m in members:
+        if m.listed and m.name.lower().endswith(".so"):
+            scan.flag("code", "a shared library: loading the AOTInductor package "
+                      "(torch._inductor.aoti_load_package) runs its native code", m.name)
         if not m.listed or not m.name.lower().startswith(data) or m.size < 4:
             continue
         head, _ = archive.head(m, 4)
