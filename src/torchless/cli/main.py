@@ -283,7 +283,8 @@ def _no_checkpoints_in(paths: Sequence[str], report: ScanReport) -> None:
     for path in paths:
         if not os.path.isdir(path):
             continue
-        under = [f for f in report.files if f.path.startswith(os.path.join(path, ""))]
+        under = [f for f in report.files
+                 if f.path == path or f.path.startswith(os.path.join(path, ""))]
         if not any(f.status != "skipped" for f in under):
             raise CheckpointError(
                 f"no checkpoint files in {path}" + (

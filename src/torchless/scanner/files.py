@@ -34,6 +34,7 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
 
+from torchless.containers import registry
 from torchless.containers.base import ARCHIVE_OF_FILES
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
@@ -41,6 +42,7 @@ from torchless.errors import CheckpointError, InternalError, TruncatedInputError
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.rules.resolver import TorchResolver
+from torchless.scanner.dcpwalk import scan_dcp
 from torchless.scanner.layouts import (
     MAX_CHAINED,
     PICKLE_START,
@@ -87,7 +89,7 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
     jobs: list[tuple[str, bool]] = []
     for given in paths:
         p = given if isinstance(given, str) and is_remote(given) else os.fspath(given)
-        if not is_remote(p) and os.path.isdir(p):
+        if not is_remote(p) and os.path.isdir(p) and not _is_unit(p):
             jobs.extend((f, False) for f in _walk(p))
         else:
             jobs.append((p, True))
@@ -106,9 +108,18 @@ def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits,
     return _scan_file(path, strict, limits, allow, explicit=explicit)
 
 
+def _is_unit(path: str) -> bool:
+    """A directory that is one checkpoint (DCP), scanned as one item."""
+    found = registry.sniff_directory(path)
+    return found is not None and found.name == "dcp"
+
+
 def _walk(root: str) -> Iterator[str]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
+        units = [d for d in dirnames if _is_unit(os.path.join(dirpath, d))]
+        yield from (os.path.join(dirpath, d) for d in units)
+        dirnames[:] = [d for d in dirnames if d not in units]
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             if os.path.isfile(full):  # symlinked files too (the Hugging Face cache layout)
@@ -126,6 +137,8 @@ def _scan_file(path: str, strict: bool, limits: Limits, allow: frozenset[str], *
 
 def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
               explicit: bool) -> FileScan:
+    if not is_remote(path) and os.path.isdir(path):
+        return scan_dcp(path, lambda src: _File(src, strict, limits, allow))
     try:
         # a remote file is fetched whole: every byte of it is scanned
         source = RemoteSource(path) if is_remote(path) else Source(path)
@@ -164,8 +177,9 @@ class _File(LayoutScans):
     """The scan of one file: what has been found so far."""
 
     def __init__(self, source: Source, strict: bool, limits: Limits,
-                 allow: frozenset[str] = frozenset()) -> None:
+                 allow: frozenset[str] = frozenset(), depth: int = 0) -> None:
         self.source = source
+        self.depth = depth
         self.allow = allow
         self.buf: Any = source.raw
         self.size = source.size
@@ -180,6 +194,9 @@ class _File(LayoutScans):
         self.pickles = 0
         self._verdicts: dict[tuple[str, str], tuple[Verdict, str]] = {}
         self._crcs: dict[tuple[int, int, int, int], int | None] = {}
+
+    def spawn(self, source: Source) -> _File:
+        return _File(source, self.strict, self.limits, self.allow, self.depth + 1)
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:

@@ -31,6 +31,7 @@ from torchless.io.source import Source
 from torchless.scanner.pickles import StreamScan, scan_stream
 from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
+from torchless.scanner.torcharchives import archive_kind, nested_archives, package_code, unpickled
 
 __all__ = ["MAX_CHAINED", "PICKLE_START", "RUNS_OUT", "LayoutScans", "looks_like_pickle",
            "plausible"]
@@ -61,10 +62,17 @@ class LayoutScans:
     globals: list[GlobalRef]
     #: The operators the TorchScript code in the file calls (:mod:`.script`).
     script_ops: list[str]
+    pickles: int
+    #: How many archives this file lies inside (0: a file of its own).
+    depth: int
     _crcs: dict[tuple[int, int, int, int], int | None]
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:  # pragma: no cover - _File defines it
+        raise NotImplementedError
+
+    def spawn(self, source: Source) -> LayoutScans:  # pragma: no cover - _File defines it
+        """The scan of a file stored inside this one."""
         raise NotImplementedError
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
@@ -204,10 +212,15 @@ class LayoutScans:
             if not (skip_prefix and lo == 0):
                 self.chain_region(lo, hi)
         members = [m for m in archive.members if not m.is_dir]
-        for m in members:
-            self.member(archive, m)
-        self.script(archive, members)
         names = [m.name for m in members if m.listed]
+        kind, prefix = archive_kind(names)
+        for m in members:
+            self.member(archive, m, unpickled(kind, prefix, m.name))
+        self.script(archive, members)
+        if kind == "pt2":
+            nested_archives(self, archive, members, prefix)
+        elif kind == "package":
+            package_code(self, members, prefix)
         pickles = [n for n in names if n.rsplit("/", 1)[-1].lower() == "data.pkl"]
         if len(pickles) > 1:
             self.flag("torch", f"{len(pickles)} data.pkl records ({', '.join(pickles[:4])}): "
@@ -216,6 +229,8 @@ class LayoutScans:
         if len(prefixes) > 1:
             self.flag("torch", f"members under {len(prefixes)} top-level directories "
                       f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
+        if kind is not None:
+            return kind
         if not self.anomalies and not self.globals and not any(
                 n.lower().rsplit("/", 1)[-1] == "data.pkl" for n in names):
             raise not_a_torch_zip(names)
@@ -259,9 +274,14 @@ class LayoutScans:
                 return
             pos = result.end
 
-    def member(self, archive: ZipArchive, m: Entry) -> None:
+    def member(self, archive: ZipArchive, m: Entry, pickled: bool | None = False) -> None:
+        """``pickled``: torch unpickles the member whatever it holds (True), or if it
+        starts with PROTO (None: a torch.package resource)."""
         # data.pkl, constants.pkl, *.debug_pkl; any case (torch's reader ignores case)
-        is_pickle = m.name.lower().endswith("pkl")
+        is_pickle = m.name.lower().endswith("pkl") or pickled is True
+        if pickled is None and m.size > 2:
+            head, _ = archive.head(m, 2)
+            is_pickle = is_pickle or (head is not None and head[:1] == b"\x80")
         if is_pickle and m.size > self.limits.max_pickle_bytes:
             self.flag("limit", f"pickle member of {m.size} bytes is larger than "
                       f"max_pickle_bytes={self.limits.max_pickle_bytes}; not scanned", m.name)
