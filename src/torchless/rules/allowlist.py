@@ -168,6 +168,21 @@ for _n in ("AutocastKwargs", "DistributedDataParallelKwargs", "GradScalerKwargs"
     NEW_ONLY[f"accelerate.utils.dataclasses.{_n}"] = _DATACLASS
 NEW_ONLY["lightning.pytorch.trainer.states.TrainerState"] = _DATACLASS
 NEW_ONLY["pytorch_lightning.trainer.states.TrainerState"] = _DATACLASS
+_DCP = ("a torch.distributed.checkpoint metadata dataclass: NEWOBJ + BUILD fill its fields "
+        "(TensorProperties' own __setstate__ only decodes the memory format from its enum)")
+for _m, _n in (("torch.distributed.checkpoint.metadata", "Metadata"),
+               ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"),
+               ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
+               ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"),
+               ("torch.distributed.checkpoint.metadata", "TensorProperties"),
+               ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+               ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+               ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+               ("torch.distributed.checkpoint._hf_utils", "_HFStorageInfo"),
+               ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties")):
+    NEW_ONLY[f"{_m}.{_n}"] = _DCP
+CALLS["torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"] = _ENUM
+CALLS["torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING"] = _ENUM
 NEW_ONLY["omegaconf.base.UnionNode"] = "an omegaconf union node: BUILD restores its value"
 for _n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
            "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode", "NoneNode",
