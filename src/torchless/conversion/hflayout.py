@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 
 from torchless.containers import registry
 from torchless.conversion.common import (
@@ -53,6 +52,8 @@ def parse_size(value: int | str) -> int:
     if isinstance(value, int):
         n = value
     else:
+        from decimal import Decimal, InvalidOperation  # shard sizes only: not at start-up
+
         m = _SIZE.match(str(value))
         if m is None:
             raise ConversionError(f"cannot read the size {value!r} (use e.g. 5GB, 500MB, "

@@ -16,19 +16,20 @@ import math
 import os
 import stat
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchless.core import dtypes as _dtypes
 from torchless.core import jsondepth
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, FormatError, LimitError, UnsafePathError
-from torchless.inert import decode as _decode
 from torchless.inert import schema as _schema
 from torchless.io.detect import looks_like_safetensors
 from torchless.io.source import Source
 from torchless.model.graph import finish, flatten
 from torchless.model.tensor import Storage, Tensor
-from torchless.write.safetensors import SafetensorsHeader, read_header
+
+if TYPE_CHECKING:
+    from torchless.write.safetensors import SafetensorsHeader
 
 __all__ = ["MAX_INDEX_BYTES", "entry_tensors", "open_other", "read_index", "sniff"]
 
@@ -81,6 +82,11 @@ def open_other(kind: str, path: str, limits: Limits,
 
 
 def _safetensors(path: str, limits: Limits, make: Callable[..., Any]) -> Any:
+    # the writer's header parser and the inert decoder only when such a file is met: a
+    # torch checkpoint's inspect never imports them
+    from torchless.inert import decode as _decode
+    from torchless.write.safetensors import read_header
+
     source = Source(path)
     try:
         header = read_header(source.buffer, limits.max_depth)
@@ -106,6 +112,8 @@ def _safetensors(path: str, limits: Limits, make: Callable[..., Any]) -> Any:
 
 
 def entry_tensors(source: Source, limits: Limits) -> tuple[dict[str, Tensor], dict[str, str]]:
+    from torchless.write.safetensors import read_header
+
     """The entries of the safetensors file ``source`` (the one a checkpoint of it holds
     open) as lazy tensors in file order: the names a safetensors reader sees (an inert
     file's NumPy arrays too, which its tree holds as arrays)."""
