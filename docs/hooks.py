@@ -9,9 +9,9 @@ MARKER = "<!-- cli-reference -->"
 
 
 def _reference() -> str:
-    from torchless.cli.main import _parser
+    from torchless.cli.parser import build_parser
 
-    parser = _parser()
+    parser = build_parser()
     parser.prog = "torchless"
     parts = ["```text", parser.format_help().rstrip(), "```"]
     for action in parser._actions:

@@ -1,0 +1,200 @@
+"""The ``torchless`` command's options: one argparse parser, the reading options every
+command shares (one vocabulary with the Python API) and the examples each command shows."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchless._version import __version__
+from torchless.core.limits import Limits
+
+__all__ = ["build_parser"]
+
+_EXAMPLES = """\
+examples:
+  torchless inspect model.pt
+  torchless inspect model.pt --json | jq '.tensors[].name'
+  torchless inspect checkpoint.ckpt --strict
+  torchless convert model.pt                 # writes model.safetensors
+  torchless verify model.pt model.safetensors
+"""
+
+_CONVERT_EXAMPLES = """\
+examples:
+  torchless convert model.pt                      # writes model.safetensors beside it
+  torchless convert model.ckpt -o out.safetensors --key state_dict
+  torchless convert pytorch_model.bin --dedupe --verify --json
+  torchless convert ./my-model/                   # pytorch_model*.bin -> model*.safetensors
+  torchless convert ./my-model/ --max-shard-size 5GB -o ./out/
+  torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
+  torchless convert ./runs/ -j 4 --report run.jsonl  # a directory; re-runs skip done files
+  torchless convert ckpt.pt --weights-only          # tensors only, no object tree
+  torchless convert https://example.org/model.pt    # streamed by range requests
+"""
+
+_VERIFY_EXAMPLES = """\
+examples:
+  torchless verify model.pt model.safetensors
+  torchless verify model.ckpt out.safetensors --key state_dict --json
+  torchless verify ./my-model/ ./out/             # every shard, and the output index
+  torchless verify -q model.pt model.safetensors  # nothing printed: the exit code says
+"""
+
+
+def _limit(text: str) -> tuple[str, int]:
+    """``--limit NAME=N``: one field of :class:`Limits`."""
+    name, sep, value = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not name.startswith("max_"):
+        name = "max_" + name
+    fields = Limits.__dataclass_fields__
+    if not sep or name not in fields:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=N with NAME one of {', '.join(sorted(fields))}, not {text!r}")
+    try:
+        n = int(value.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: {value!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{name}: must not be negative")
+    return name, n
+
+
+def _add_allow_global(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
+                        help="for a file you trust: keep this refused global as an inert "
+                             "record, never called (repeatable)")
+
+
+def _add_reading(parser: argparse.ArgumentParser, *, strict: str | None = None) -> None:
+    """The options every command that reads a checkpoint shares (one vocabulary with the
+    Python API: strict, allow_globals, verify_crc, limits)."""
+    parser.add_argument("--strict", action="store_true",
+                        help=strict or "refuse every global outside the rebuild rules")
+    _add_allow_global(parser)
+    parser.add_argument("--verify-crc", action="store_true",
+                        help="check the CRC-32 of every tensor's archive member as it is read")
+    _add_limit(parser)
+
+
+def _add_limit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit", action="append", default=[], type=_limit, metavar="NAME=N",
+        help="raise (or lower) a resource limit for a file you trust, e.g. --limit "
+             "max_tensors=2000000 (repeatable; NAME: a field of torchless.Limits)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchless",
+        description="Read PyTorch checkpoints without PyTorch and without running pickle code.",
+        epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"torchless {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ins = sub.add_parser(
+        "inspect", help="show what a checkpoint holds",
+        description="Show a checkpoint's format, the known structures of a training "
+                    "checkpoint (Lightning, optimizers, schedulers, RNG states, an HF "
+                    "Trainer's trainer_state.json beside it), tensors (name, dtype, shape, "
+                    "size), totals by dtype, other values and the globals kept as inert "
+                    "records. Long lists end with a line saying how many more --all shows.",
+        epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n"
+               "  torchless inspect model.pt --tree --filter '*.weight'\n"
+               "  torchless inspect model.pt --html -o report.html\n"
+               "  torchless inspect https://example.org/model.pt   # a few range requests\n"
+               "  torchless inspect ./checkpoints/ -j 4            # one line per file\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ins.add_argument("file", nargs="+",
+                     help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …) or URL; several "
+                          "files or directories give one summary line (or JSON line) each")
+    ins.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                     help="with several files: inspect them in N worker processes")
+    ins.add_argument("--json", action="store_true", help="print a JSON document")
+    ins.add_argument("--all", action="store_true",
+                     help="list every tensor and value (default: the first 100 of each, and "
+                          "a line saying how many more)")
+    ins.add_argument("--tree", action="store_true",
+                     help="print the saved object as an indented tree with tensor shapes")
+    ins.add_argument("--filter", metavar="GLOB",
+                     help="only the tensors whose flat name matches GLOB (e.g. "
+                          "'model.layers.*.weight'); with --tree, the branches that lead to "
+                          "them")
+    ins.add_argument("--html", action="store_true",
+                     help="write a self-contained HTML report (sortable tensor table, "
+                          "treemap of bytes by module, dtype totals, scan verdict) to -o FILE")
+    ins.add_argument("-o", "--output", metavar="FILE", help="with --html: the page to write")
+    _add_reading(ins)
+    conv = sub.add_parser(
+        "convert", help="write a checkpoint's tensors as a safetensors file",
+        description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
+                    "contiguous and little-endian, written atomically (temporary file, fsync, "
+                    "rename). Shared tensors are written once per name unless --dedupe.",
+        epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    conv.add_argument("src", nargs="+",
+                      help="checkpoint file, Hugging Face model directory or *.bin.index.json "
+                           "(several: each to its default output)")
+    conv.add_argument("-o", "--output", metavar="DST",
+                      help="output file, or output directory for a model directory (default: "
+                           "SRC with the suffix .safetensors / SRC's directory); one SRC only")
+    conv.add_argument("--max-shard-size", metavar="SIZE",
+                      help="split the output into shards of at most SIZE tensor bytes "
+                           "(5GB = 5*10^9, 500MB, 1GiB = 2^30, or bytes) with an index")
+    conv.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                      help="convert several SRC in N worker processes (default 1)")
+    conv.add_argument("--report", metavar="FILE",
+                      help="with several SRC: append one JSON line per file to FILE")
+    conv.add_argument("--key", metavar="K",
+                      help="convert only the subtree under this dotted key (e.g. state_dict)")
+    conv.add_argument("--force", action="store_true", help="replace an existing DST")
+    conv.add_argument("--dedupe", action="store_true",
+                      help="write identical aliases once; record the others in __metadata__")
+    conv.add_argument("--skip-unsupported", action="store_true",
+                      help="leave out tensors safetensors cannot hold (complex128 …)")
+    conv.add_argument("--verify", action="store_true",
+                      help="re-read both files afterwards and compare every tensor")
+    conv.add_argument("--copy-files", action="store_true",
+                      help="model directory to -o DIR: copy its other files (config.json, "
+                           "tokenizer …) instead of hard-linking them")
+    conv.add_argument("--weights-only", action="store_true",
+                      help="write the tensors only, not the rest of the object (epochs, "
+                           "optimizer state, configs …) as an inert tree")
+    _add_reading(conv)
+    conv.add_argument("--json", action="store_true", help="print a JSON summary")
+    ver = sub.add_parser(
+        "verify", help="compare a checkpoint with a safetensors file",
+        description="Compare every tensor of a torch checkpoint with a safetensors file by "
+                    "dtype, shape and bytes. Exit 0 only on an exact match. SRC may be a "
+                    "model directory or a *.bin.index.json, DST a directory or a "
+                    "*.safetensors.index.json with its shards.",
+        epilog=_VERIFY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json")
+    ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
+    ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
+    ver.add_argument("--skip-unsupported", action="store_true",
+                     help="tensors safetensors cannot hold count as skipped, not missing (as "
+                          "convert --skip-unsupported leaves them out)")
+    _add_reading(ver)
+    out = ver.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print a JSON report")
+    out.add_argument("-q", "--quiet", action="store_true",
+                     help="print nothing: the exit code says it (0 exact match, 1 not)")
+    sc = sub.add_parser(
+        "scan", help="list what torch.load would do with files, without running anything",
+        description="Scan checkpoints (files or directories, recursively; layout found from "
+                    "the content): every action torch.load(weights_only=False) would take "
+                    "(imports, calls, builds), judged by a vetted allowlist, and container "
+                    "anomalies that make scanners and torch see different files. Every pickle "
+                    "is walked, not only data.pkl. Exit 0 clean, 1 dangerous, anomalous or "
+                    "unvetted, 2 unreadable.",
+        epilog="examples:\n  torchless scan model.pt\n  torchless scan ./models/ --json\n"
+               "  torchless scan model.ckpt --strict   # unvetted actions count as dangerous\n"
+               "  torchless scan ./hub-cache/ -j 4     # in 4 worker processes\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
+    sc.add_argument("--json", action="store_true", help="print a JSON report")
+    _add_reading(sc, strict="count every action that is not vetted as dangerous")
+    sc.add_argument("-v", "--verbose", action="store_true",
+                    help="list every action (not only those not vetted) and skipped files")
+    sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                    help="scan files in N worker processes (default 1)")
+    return p
