@@ -831,3 +831,11 @@ def test_getattr_of_a_dunder_on_an_object_is_refused() -> None:
             + b"X\x09\x00\x00\x00__class__\x86R.")
     with pytest.raises(UnsafeGlobalError, match="getattr"):
         loads(data)
+
+
+@pytest.mark.parametrize("data", [b"N(\x90.", b"N(e.", b"N(u.", b"K\x01(e.", b"\x8c\x01a(u."])
+def test_an_empty_mark_run_does_nothing_to_any_target(data: bytes) -> None:
+    """ADDITEMS/APPENDS/SETITEMS with no items after the MARK: the C unpickler returns before
+    it looks at the target (``if (len == x) return 0`` in _pickle.c), so None, an int or a
+    str below the mark is read back unchanged (found by the program differential)."""
+    assert run_pickle(data)[0] == _pickle.loads(data)

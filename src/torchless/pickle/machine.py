@@ -868,7 +868,9 @@ class Machine:
 
     def op_APPENDS(self) -> None:
         items = self.pop_mark()
-        self._append(self.top(), items)
+        target = self.top()
+        if items:  # the C unpickler does nothing with no items, whatever the target is
+            self._append(target, items)
 
     def _append(self, target: Any, items: list[Any]) -> None:
         if type(target) is list:
@@ -884,9 +886,12 @@ class Machine:
 
     def op_SETITEMS(self) -> None:
         items = self.pop_mark()
+        target = self.top()
+        if not items:  # as the C unpickler: nothing to do, whatever the target is
+            return
         if len(items) % 2:
             raise PickleError("SETITEMS with an odd number of items", offset=self.op_start)
-        self._setitems(self.top(), items)
+        self._setitems(target, items)
 
     def _setitems(self, target: Any, items: list[Any]) -> None:
         if isinstance(target, dict):
@@ -903,6 +908,8 @@ class Machine:
     def op_ADDITEMS(self) -> None:
         items = self.pop_mark()
         target = self.top()
+        if not items:  # as the C unpickler: nothing to do, whatever the target is
+            return
         if type(target) is set:
             self._check_len(len(target) + len(items))
             try:

@@ -166,14 +166,18 @@ def _opcode(data: Any, offset: int) -> str:
 
 
 def storage_verdict(module: str, name: str) -> tuple[Severity, str] | None:
-    """torch's find_class maps a storage type's name without an import. Any other name,
-    one that only contains "Storage" (``TensorStorageMetadata``) included, goes on to the
-    ordinary import there (``StorageType(name)`` raises KeyError and torch falls through),
-    so it is judged as one: None."""
+    """torch's find_class maps a storage type's name without an import. A name that only
+    contains "Storage" (DCP's ``TensorStorageMetadata``) goes on to the ordinary import there
+    (``StorageType(name)`` raises KeyError and torch falls through), so it is judged as one
+    (None); a torch name ending in "Storage" that is no storage type is what torch.save
+    never writes."""
     if "Storage" not in name:
         return None
     if name == "UntypedStorage" or _dtypes.by_storage_name(name) is not None:
         return "vetted", "torch's find_class maps a storage name to its type without an import"
+    if module.startswith("torch") and name.endswith("Storage") and "." not in name:
+        # the reader's rule too (rules.resolver): torch.save never writes such a name
+        return "dangerous", "torch has no such storage type: torch.save never writes this name"
     return None
 
 
