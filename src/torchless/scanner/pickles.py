@@ -126,6 +126,23 @@ _IS_SIMPLE = [e is not None and e[1] == 0 and e[2] == 0 and
 _SIMPLE_RUN = re.compile(b"[" + b"".join(
     re.escape(bytes([code])) for code in range(256) if _IS_SIMPLE[code]) + b"]+")
 _MEMOIZE_RUN = re.compile(b"\x94+")
+#: Opcodes the walk reads without the generic decoding step: fixed-width ones that name
+#: nothing and leave no text (ints, floats …), the binary memo puts and gets, and the
+#: length-prefixed UTF-8 strings (their values as ``utf8_text`` reads them).
+_R_FIXED, _R_PUT1, _R_PUT4, _R_GET1, _R_GET4, _R_TEXT1, _R_TEXT4 = range(1, 8)
+_SPECIAL = {"BINPUT": _R_PUT1, "LONG_BINPUT": _R_PUT4, "BINGET": _R_GET1,
+            "LONG_BINGET": _R_GET4, "SHORT_BINUNICODE": _R_TEXT1, "BINUNICODE": _R_TEXT4}
+_ROLES = [0] * 256
+_WIDTHS = [0] * 256
+for _code, _entry in enumerate(_TABLE):
+    if _entry is None:
+        continue
+    _WIDTHS[_code] = _entry[2]
+    if _entry[0] in _SPECIAL:
+        _ROLES[_code] = _SPECIAL[_entry[0]]
+    elif _entry[1] == 0 and _entry[2] > 0 and _entry[0] not in (
+            "FRAME", "PROTO", "EXT1", "EXT2", "EXT4", "PUT", "GET"):
+        _ROLES[_code] = _R_FIXED
 
 
 def _static(data: Any, start: int, end: int, scan: StreamScan,
@@ -137,6 +154,9 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
     prev: str | None = None  # values of the last two value-producing opcodes
     last: str | None = None
     table = _TABLE
+    roles = _ROLES
+    widths = _WIDTHS
+    from_bytes = int.from_bytes
     find = data.find
     simple = _SIMPLE_RUN.match
     is_simple = _IS_SIMPLE
@@ -175,10 +195,42 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
         if pos >= end:
             scan.problems.append((pos, "the stream ends without a STOP opcode"))
             break
-        entry = table[data[pos]]
+        code = data[pos]
+        entry = table[code]
         if entry is None:
-            scan.problems.append((pos, f"byte 0x{data[pos]:02x} is not a pickle opcode"))
+            scan.problems.append((pos, f"byte 0x{code:02x} is not a pickle opcode"))
             break
+        role = roles[code]
+        if role:  # the commonest opcodes, whole and inside their frame: no decoding step
+            at = pos + 1
+            if role == _R_TEXT1:
+                nxt = at + 1 + data[at] if at < end else end + 1
+            elif role == _R_TEXT4:
+                nxt = at + 4 + from_bytes(data[at:at + 4], "little") if at + 4 <= end \
+                    else end + 1
+            else:
+                nxt = at + widths[code]
+            if nxt <= end and not pos < frame_end < nxt:
+                count += 1
+                pos = nxt
+                if role == _R_FIXED:
+                    prev, last = last, None
+                elif role == _R_PUT1:
+                    memo[data[at]] = last
+                elif role == _R_PUT4:
+                    memo[from_bytes(data[at:nxt], "little")] = last
+                elif role == _R_GET1:
+                    prev, last = last, memo.get(data[at])
+                elif role == _R_GET4:
+                    prev, last = last, memo.get(from_bytes(data[at:nxt], "little"))
+                else:
+                    raw = data[at + (1 if role == _R_TEXT1 else 4):nxt]
+                    try:
+                        text: str | None = raw.decode("utf-8", "surrogatepass")
+                    except UnicodeDecodeError:
+                        text = None
+                    prev, last = last, text
+                continue
         name, kind, n, _, unpack, decode = entry
         at = pos + 1
         args: tuple[bytes, ...] = ()
