@@ -165,21 +165,28 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
     pos = start
     frame_end = -1
     limit = start + max_bytes
+    run_end = min(end, limit + 1)
     while True:
         if pos == frame_end:
             frame_end = -1
-        if pos < end and is_simple[data[pos]]:
-            run = simple(data, pos, min(end, limit + 1))
-            if run is not None and run.end() - pos > 1:  # a run naming nothing: skip it
-                k = run.end() - pos
-                count += k
+        code = data[pos] if pos < end else -1
+        if code >= 0 and is_simple[code]:
+            if pos + 1 < run_end and is_simple[data[pos + 1]]:  # a run naming nothing
+                run = simple(data, pos, run_end)
+                assert run is not None
+                count += run.end() - pos
                 prev = last = None
                 if pos < frame_end <= run.end():
                     frame_end = -1
                 pos = run.end()
                 continue
-        elif pos < end and data[pos] == 0x94 and last is None:
-            run = memoize(data, pos, min(end, limit + 1))
+            if pos <= limit:  # one such opcode
+                count += 1
+                prev, last = last, None
+                pos += 1
+                continue
+        elif code == 0x94 and last is None:
+            run = memoize(data, pos, run_end)
             if run is not None:
                 count += run.end() - pos
                 unset += run.end() - pos
@@ -195,7 +202,6 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
         if pos >= end:
             scan.problems.append((pos, "the stream ends without a STOP opcode"))
             break
-        code = data[pos]
         entry = table[code]
         if entry is None:
             scan.problems.append((pos, f"byte 0x{code:02x} is not a pickle opcode"))
