@@ -19,7 +19,9 @@ Two passes over one stream, because a scanner must not stop where a reader stops
 A stream whose every name is vetted to be called with any data (:data:`FAST_NAMES`: torch's
 rebuild functions, storages, OrderedDict …) cannot take an action that is not vetted, whatever
 its stack does (every name is an opcode the walk saw), so it is not run unless its value is
-wanted; its names are listed as imports.
+wanted; its names are listed as imports. A stream whose value is wanted (the small pickles of
+a legacy stream or a TAR checkpoint) is run first, and walked statically only if the run
+breaks: a run that reaches STOP has decoded every opcode the walk would.
 
 Nothing here imports, calls or unpickles anything.
 """
@@ -65,6 +67,7 @@ class StreamScan:
     value: Any = None
     #: Persistent ids the stream passed to BINPERSID (storages), in order.
     pids: list[Any] = field(default_factory=list)
+    #: Opcodes the static walk decoded (0 where only the inert run went through the stream).
     opcodes: int = 0
     #: True when a Limits bound stopped the walk or the run before the end of the stream.
     limited: bool = False
@@ -384,6 +387,9 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
+    view = data if stop == len(data) else data[:stop]
+    if want_value and stop - start <= _MAX_LINE and _ran(scan, view, start, lim, member):
+        return scan
     static = _static(data, start, stop, scan, lim.max_pickle_bytes)
     fast = all(_fast(g) for g in static.values())
     if fast and not want_value:
@@ -393,7 +399,6 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
             _judge_unreached(log, g)
         _finish(scan, log, start)
         return scan
-    view = data if stop == len(data) else data[:stop]
     recorder = ModelRecorder(view, member)
     machine = ModelMachine(view, recorder, lim)
     try:
@@ -415,6 +420,23 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
         _judge_unreached(recorder.log, static[offset])
     _finish(scan, recorder.log, start)
     return scan
+
+
+def _ran(scan: StreamScan, view: Any, start: int, lim: Limits, member: str | None) -> bool:
+    """The inert run alone, when it reaches STOP: then it has decoded every opcode the static
+    walk would (the interpreter refuses what the walk reports on a whole stream: an argument
+    across a frame's end; and no text line of a stream this short passes the walk's bound),
+    and recorded every name exactly. False (nothing kept) when it breaks: both passes run."""
+    recorder = ModelRecorder(view, member)
+    try:
+        scan.value, scan.end = ModelMachine(view, recorder, lim).run(start)
+    except (CheckpointError, RecursionError):
+        return False
+    scan.stopped = True
+    scan.globals = [recorder.found[k] for k in sorted(recorder.found)]
+    scan.pids = recorder.pids
+    _finish(scan, recorder.log, start)
+    return True
 
 
 def _finish(scan: StreamScan, log: ActionLog, start: int) -> None:
