@@ -426,6 +426,15 @@ class Machine:
                              if code == 0x4E else () if code == 0x29 else {} if code == 0x7D
                              else [])
                 pos += 1
+            elif code == 0x94:  # MEMOIZE (protocol 4 and 5 memoise with it)
+                if not stack:
+                    raise PickleError("stack underflow", offset=op)
+                index = len(dense) + len(memo)
+                if not memo and index < max_memo:
+                    dense.append(stack[-1])
+                else:
+                    self._memo_put(index, stack[-1])
+                pos += 1
             else:
                 handler = dispatch[code]
                 if handler is None:
