@@ -194,7 +194,8 @@ def _run_scan(args: argparse.Namespace) -> int:
 
     with _workers(args.jobs) as pool:
         report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),
-                            allow_globals=args.allow_global, executor=pool)
+                            allow_globals=args.allow_global, executor=pool,
+                            verify_crc=args.verify_crc)
     _no_checkpoints_in(args.paths, report)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")

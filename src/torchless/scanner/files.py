@@ -70,18 +70,22 @@ _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x
 
 
 def scan(path: str | os.PathLike[str], *, strict: bool = False,
-         limits: Limits | None = None, allow_globals: Iterable[str] = ()) -> ScanReport:
+         limits: Limits | None = None, allow_globals: Iterable[str] = (),
+         verify_crc: bool = False) -> ScanReport:
     """Scan one file or directory (recursively) without running anything it holds.
 
     ``strict`` counts every global outside the rebuild rules as dangerous; ``allow_globals``
     (exact ``module.name`` strings you trust) are not counted as dangerous; ``limits`` as for
-    :func:`torchless.open`. Archive members' CRCs are always checked."""
-    return scan_paths([path], strict=strict, limits=limits, allow_globals=allow_globals)
+    :func:`torchless.open`. The CRC-32 of every archive member that is a pickle, that reads
+    as one or that is read whole anyway (up to 64 KiB) is checked; ``verify_crc`` checks
+    tensor data members too (reading every byte of the file)."""
+    return scan_paths([path], strict=strict, limits=limits, allow_globals=allow_globals,
+                      verify_crc=verify_crc)
 
 
 def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
                limits: Limits | None = None, allow_globals: Iterable[str] = (),
-               executor: Executor | None = None) -> ScanReport:
+               executor: Executor | None = None, verify_crc: bool = False) -> ScanReport:
     """Scan several files or directories into one report (in the order given); with an
     ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
     lim = limits or Limits()
@@ -94,18 +98,19 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
         else:
             jobs.append((p, True))
     if executor is None:
-        files = [_scan_file(f, strict, lim, allow, explicit=e) for f, e in jobs]
+        files = [_scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc)
+                 for f, e in jobs]
     else:
         files = list(executor.map(_scan_job, [f for f, _ in jobs], [e for _, e in jobs],
                                   [strict] * len(jobs), [lim] * len(jobs),
-                                  [allow] * len(jobs)))
+                                  [allow] * len(jobs), [verify_crc] * len(jobs)))
     return ScanReport(tuple(files))
 
 
 def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits,
-              allow: frozenset[str]) -> FileScan:
+              allow: frozenset[str], verify_crc: bool = False) -> FileScan:
     """One file (module level, so executors can run it in other processes)."""
-    return _scan_file(path, strict, limits, allow, explicit=explicit)
+    return _scan_file(path, strict, limits, allow, explicit=explicit, verify_crc=verify_crc)
 
 
 def _is_unit(path: str) -> bool:
@@ -127,25 +132,27 @@ def _walk(root: str) -> Iterator[str]:
 
 
 def _scan_file(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
-               explicit: bool) -> FileScan:
+               explicit: bool, verify_crc: bool = False) -> FileScan:
     try:
-        return _scan_one(path, strict, limits, allow, explicit=explicit)
+        return _scan_one(path, strict, limits, allow, explicit=explicit,
+                         verify_crc=verify_crc)
     except Exception as e:  # a bug of ours: no verdict on the file, and not "unreadable"
         bug = InternalError.wrap(e, "scanning")
         return FileScan(path, "error", error=bug.message, hint=bug.hint)
 
 
 def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
-              explicit: bool) -> FileScan:
+              explicit: bool, verify_crc: bool = False) -> FileScan:
     if not is_remote(path) and os.path.isdir(path):
-        return scan_dcp(path, lambda src: _File(src, strict, limits, allow))
+        return scan_dcp(path, lambda src: _File(src, strict, limits, allow,
+                                                verify_crc=verify_crc))
     try:
         # a remote file is fetched whole: every byte of it is scanned
         source = RemoteSource(path) if is_remote(path) else Source(path)
     except CheckpointError as e:
         return FileScan(path, "unreadable", error=e.message, hint=e.hint)
     with source:
-        state = _File(source, strict, limits, allow)
+        state = _File(source, strict, limits, allow, verify_crc=verify_crc)
         try:
             layout = state.run()
         except (RecursionError, MemoryError) as e:  # pragma: no cover - defensive
@@ -177,9 +184,11 @@ class _File(LayoutScans):
     """The scan of one file: what has been found so far."""
 
     def __init__(self, source: Source, strict: bool, limits: Limits,
-                 allow: frozenset[str] = frozenset(), depth: int = 0) -> None:
+                 allow: frozenset[str] = frozenset(), depth: int = 0, *,
+                 verify_crc: bool = False) -> None:
         self.source = source
         self.depth = depth
+        self.verify_crc = verify_crc
         self.allow = allow
         self.buf: Any = source.raw
         self.size = source.size
@@ -196,7 +205,8 @@ class _File(LayoutScans):
         self._crcs: dict[tuple[int, int, int, int], int | None] = {}
 
     def spawn(self, source: Source) -> _File:
-        return _File(source, self.strict, self.limits, self.allow, self.depth + 1)
+        return _File(source, self.strict, self.limits, self.allow, self.depth + 1,
+                     verify_crc=self.verify_crc)
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:

@@ -66,6 +66,8 @@ class LayoutScans:
     #: How many archives this file lies inside (0: a file of its own).
     depth: int
     _crcs: dict[tuple[int, int, int, int], int | None]
+    #: Check the CRC-32 of every member, tensor data included (else of those read whole).
+    verify_crc: bool
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:  # pragma: no cover - _File defines it
@@ -292,10 +294,12 @@ class LayoutScans:
             if why and m.method in (0, 8):
                 self.flag("member", f"cannot be read: {why}", m.name, m.data_offset)
             return
-        self._check_crc(archive, m, data)
         if not is_pickle:
             if not looks_like_pickle(data, self.limits):
+                self._check_crc(archive, m, data, whole=False)
                 return
+        self._check_crc(archive, m, data, whole=True)
+        if not is_pickle:
             if m.size > len(data):
                 data, _ = archive.head(m, min(m.size, self.limits.max_pickle_bytes))
                 if data is None:
@@ -305,12 +309,19 @@ class LayoutScans:
         else:
             self.pickle(data, 0, len(data), m.name, "member", tentative=True)
 
-    def _check_crc(self, archive: ZipArchive, m: Entry, head: bytes) -> None:
+    def _check_crc(self, archive: ZipArchive, m: Entry, head: bytes, *, whole: bool) -> None:
+        """The member's CRC-32 against the recorded one. ``whole``: the member is a pickle
+        (or reads as one), so its CRC is checked even where its bytes are not all in
+        ``head``; the CRC of other members (tensor data, which torch reads unchecked and no
+        unpickler runs) only when ``head`` holds them all, or with ``verify_crc``."""
         if m.method == 8 and len(head) > m.size:
             self.flag("member", f"inflates to more than the {m.size} bytes declared", m.name,
                       m.data_offset)
             return
         if not archive.has_crc or m.method not in (0, 8) or not m.listed:
+            return
+        in_hand = len(head) >= (m.compressed_size if m.method == 0 else m.size)
+        if not (whole or in_hand or self.verify_crc):
             return
         key = (m.data_offset, m.compressed_size, m.method, m.size)
         if key not in self._crcs:
@@ -324,6 +335,8 @@ class LayoutScans:
         if m.data_offset < 0 or m.data_offset + m.compressed_size > self.size:
             return None  # reported as out of bounds by the ZIP pass
         if m.method == 0:
+            if len(head) == m.compressed_size:  # the whole member, as head() read it
+                return zlib.crc32(head)
             crc = 0
             for lo in range(m.data_offset, m.data_offset + m.compressed_size, _CRC_BLOCK):
                 hi = min(lo + _CRC_BLOCK, m.data_offset + m.compressed_size)

@@ -19,7 +19,9 @@ Two passes over one stream, because a scanner must not stop where a reader stops
 A stream whose every name is vetted to be called with any data (:data:`FAST_NAMES`: torch's
 rebuild functions, storages, OrderedDict …) cannot take an action that is not vetted, whatever
 its stack does (every name is an opcode the walk saw), so it is not run unless its value is
-wanted; its names are listed as imports.
+wanted; its names are listed as imports. A stream whose value is wanted (the small pickles of
+a legacy stream or a TAR checkpoint) is run first, and walked statically only if the run
+breaks: a run that reaches STOP has decoded every opcode the walk would.
 
 Nothing here imports, calls or unpickles anything.
 """
@@ -65,6 +67,7 @@ class StreamScan:
     value: Any = None
     #: Persistent ids the stream passed to BINPERSID (storages), in order.
     pids: list[Any] = field(default_factory=list)
+    #: Opcodes the static walk decoded (0 where only the inert run went through the stream).
     opcodes: int = 0
     #: True when a Limits bound stopped the walk or the run before the end of the stream.
     limited: bool = False
@@ -126,6 +129,23 @@ _IS_SIMPLE = [e is not None and e[1] == 0 and e[2] == 0 and
 _SIMPLE_RUN = re.compile(b"[" + b"".join(
     re.escape(bytes([code])) for code in range(256) if _IS_SIMPLE[code]) + b"]+")
 _MEMOIZE_RUN = re.compile(b"\x94+")
+#: Opcodes the walk reads without the generic decoding step: fixed-width ones that name
+#: nothing and leave no text (ints, floats …), the binary memo puts and gets, and the
+#: length-prefixed UTF-8 strings (their values as ``utf8_text`` reads them).
+_R_FIXED, _R_PUT1, _R_PUT4, _R_GET1, _R_GET4, _R_TEXT1, _R_TEXT4 = range(1, 8)
+_SPECIAL = {"BINPUT": _R_PUT1, "LONG_BINPUT": _R_PUT4, "BINGET": _R_GET1,
+            "LONG_BINGET": _R_GET4, "SHORT_BINUNICODE": _R_TEXT1, "BINUNICODE": _R_TEXT4}
+_ROLES = [0] * 256
+_WIDTHS = [0] * 256
+for _code, _entry in enumerate(_TABLE):
+    if _entry is None:
+        continue
+    _WIDTHS[_code] = _entry[2]
+    if _entry[0] in _SPECIAL:
+        _ROLES[_code] = _SPECIAL[_entry[0]]
+    elif _entry[1] == 0 and _entry[2] > 0 and _entry[0] not in (
+            "FRAME", "PROTO", "EXT1", "EXT2", "EXT4", "PUT", "GET"):
+        _ROLES[_code] = _R_FIXED
 
 
 def _static(data: Any, start: int, end: int, scan: StreamScan,
@@ -137,6 +157,9 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
     prev: str | None = None  # values of the last two value-producing opcodes
     last: str | None = None
     table = _TABLE
+    roles = _ROLES
+    widths = _WIDTHS
+    from_bytes = int.from_bytes
     find = data.find
     simple = _SIMPLE_RUN.match
     is_simple = _IS_SIMPLE
@@ -145,21 +168,28 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
     pos = start
     frame_end = -1
     limit = start + max_bytes
+    run_end = min(end, limit + 1)
     while True:
         if pos == frame_end:
             frame_end = -1
-        if pos < end and is_simple[data[pos]]:
-            run = simple(data, pos, min(end, limit + 1))
-            if run is not None and run.end() - pos > 1:  # a run naming nothing: skip it
-                k = run.end() - pos
-                count += k
+        code = data[pos] if pos < end else -1
+        if code >= 0 and is_simple[code]:
+            if pos + 1 < run_end and is_simple[data[pos + 1]]:  # a run naming nothing
+                run = simple(data, pos, run_end)
+                assert run is not None
+                count += run.end() - pos
                 prev = last = None
                 if pos < frame_end <= run.end():
                     frame_end = -1
                 pos = run.end()
                 continue
-        elif pos < end and data[pos] == 0x94 and last is None:
-            run = memoize(data, pos, min(end, limit + 1))
+            if pos <= limit:  # one such opcode
+                count += 1
+                prev, last = last, None
+                pos += 1
+                continue
+        elif code == 0x94 and last is None:
+            run = memoize(data, pos, run_end)
             if run is not None:
                 count += run.end() - pos
                 unset += run.end() - pos
@@ -175,10 +205,41 @@ def _static(data: Any, start: int, end: int, scan: StreamScan,
         if pos >= end:
             scan.problems.append((pos, "the stream ends without a STOP opcode"))
             break
-        entry = table[data[pos]]
+        entry = table[code]
         if entry is None:
-            scan.problems.append((pos, f"byte 0x{data[pos]:02x} is not a pickle opcode"))
+            scan.problems.append((pos, f"byte 0x{code:02x} is not a pickle opcode"))
             break
+        role = roles[code]
+        if role:  # the commonest opcodes, whole and inside their frame: no decoding step
+            at = pos + 1
+            if role == _R_TEXT1:
+                nxt = at + 1 + data[at] if at < end else end + 1
+            elif role == _R_TEXT4:
+                nxt = at + 4 + from_bytes(data[at:at + 4], "little") if at + 4 <= end \
+                    else end + 1
+            else:
+                nxt = at + widths[code]
+            if nxt <= end and not pos < frame_end < nxt:
+                count += 1
+                pos = nxt
+                if role == _R_FIXED:
+                    prev, last = last, None
+                elif role == _R_PUT1:
+                    memo[data[at]] = last
+                elif role == _R_PUT4:
+                    memo[from_bytes(data[at:nxt], "little")] = last
+                elif role == _R_GET1:
+                    prev, last = last, memo.get(data[at])
+                elif role == _R_GET4:
+                    prev, last = last, memo.get(from_bytes(data[at:nxt], "little"))
+                else:
+                    raw = data[at + (1 if role == _R_TEXT1 else 4):nxt]
+                    try:
+                        text: str | None = raw.decode("utf-8", "surrogatepass")
+                    except UnicodeDecodeError:
+                        text = None
+                    prev, last = last, text
+                continue
         name, kind, n, _, unpack, decode = entry
         at = pos + 1
         args: tuple[bytes, ...] = ()
@@ -326,6 +387,9 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
+    view = data if stop == len(data) else data[:stop]
+    if want_value and stop - start <= _MAX_LINE and _ran(scan, view, start, lim, member):
+        return scan
     static = _static(data, start, stop, scan, lim.max_pickle_bytes)
     fast = all(_fast(g) for g in static.values())
     if fast and not want_value:
@@ -335,7 +399,6 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
             _judge_unreached(log, g)
         _finish(scan, log, start)
         return scan
-    view = data if stop == len(data) else data[:stop]
     recorder = ModelRecorder(view, member)
     machine = ModelMachine(view, recorder, lim)
     try:
@@ -357,6 +420,23 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
         _judge_unreached(recorder.log, static[offset])
     _finish(scan, recorder.log, start)
     return scan
+
+
+def _ran(scan: StreamScan, view: Any, start: int, lim: Limits, member: str | None) -> bool:
+    """The inert run alone, when it reaches STOP: then it has decoded every opcode the static
+    walk would (the interpreter refuses what the walk reports on a whole stream: an argument
+    across a frame's end; and no text line of a stream this short passes the walk's bound),
+    and recorded every name exactly. False (nothing kept) when it breaks: both passes run."""
+    recorder = ModelRecorder(view, member)
+    try:
+        scan.value, scan.end = ModelMachine(view, recorder, lim).run(start)
+    except (CheckpointError, RecursionError):
+        return False
+    scan.stopped = True
+    scan.globals = [recorder.found[k] for k in sorted(recorder.found)]
+    scan.pids = recorder.pids
+    _finish(scan, recorder.log, start)
+    return True
 
 
 def _finish(scan: StreamScan, log: ActionLog, start: int) -> None:

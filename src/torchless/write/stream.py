@@ -25,8 +25,9 @@ KERNEL_COPY: tuple[str, ...] = ("copy_file_range", "sendfile")
 GATHER_BYTES = 4 << 20
 #: Block size of writes straight from the source's map (without a kernel copy).
 COPY_BLOCK_BYTES = 1 << 20
-#: How many bytes read from the source's map before its pages are released.
-RELEASE_BYTES = 16 << 20
+#: How many bytes read from the source's map before its pages are released (512 MiB of
+#: 2,000 bf16 tensors, gathered: peak RSS 72.6 MiB at 16 MiB, 52.0 at 4 MiB, same time).
+RELEASE_BYTES = 4 << 20
 
 #: ``progress(bytes_done)`` after each block written.
 Progress = Callable[[int], None]
