@@ -23,6 +23,7 @@ from typing import IO, Any
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.errors import UnsupportedError
+from torchless.model.interop import finish_tensor
 
 __all__ = ["from_array", "load", "patched"]
 
@@ -185,13 +186,7 @@ class _Loader:
             return torch.storage.TypedStorage(wrap_storage=ust, dtype=dtype, _internal=True)
         out = torch.empty(0, dtype=dtype, device=ust.device)
         out.set_(ust, t.storage_offset, t.shape, t.stride)
-        if t.is_parameter:
-            out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
-        elif t.requires_grad:
-            out.requires_grad_(True)
-        for k, v in (t.attrs or {}).items():
-            setattr(out, k, v)
-        return out
+        return finish_tensor(torch, out, t)
 
 
 def _restore(torch: Any, storage: Any, location: str, map_location: MapLocation) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ..conftest import require
+from ._parity import assert_same
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -83,22 +84,6 @@ def _final(setup: tuple[Any, ...]) -> dict[str, Any]:
             "np_rng": np.random.get_state()[1].tolist(), "py_rng": random.getstate()}
 
 
-def _same(a: Any, b: Any) -> None:
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _same(x, y)
-    else:
-        assert a == b
-
 
 @pytest.mark.parametrize("safe", [True, False])
 def test_load_state_parity(accelerate: ModuleType, tmp_path: Path, safe: bool) -> None:
@@ -124,4 +109,4 @@ def test_load_state_parity(accelerate: ModuleType, tmp_path: Path, safe: bool) -
     _train(resumed, 3)
     want = _final(oracle)
     assert want["counter"] == 6
-    _same(_final(resumed), want)
+    assert_same(_final(resumed), want)

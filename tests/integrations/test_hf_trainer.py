@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ..conftest import require
+from ._parity import assert_same
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -56,22 +57,6 @@ def _final(trainer: Any) -> dict[str, Any]:
             "step": trainer.state.global_step}
 
 
-def _same(a: Any, b: Any) -> None:
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _same(x, y)
-    else:
-        assert a == b
-
 
 @pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
 def test_resume_parity(transformers: ModuleType, tmp_path: Path, safe: bool) -> None:
@@ -100,4 +85,4 @@ def test_resume_parity(transformers: ModuleType, tmp_path: Path, safe: bool) -> 
     resumed_trainer = _trainer(transformers, tmp_path / "b", [], safe)
     resumed_trainer.train(resume_from_checkpoint=restored)
     assert oracle["step"] == 6
-    _same(_final(resumed_trainer), oracle)
+    assert_same(_final(resumed_trainer), oracle)

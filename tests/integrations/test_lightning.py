@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ..conftest import require
+from ._parity import assert_same
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -76,22 +77,6 @@ def _state(trainer: Any, rng: Any) -> dict[str, Any]:
             "step": trainer.global_step, "epoch": trainer.current_epoch}
 
 
-def _same(a: Any, b: Any) -> None:
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _same(x, y)
-    else:
-        assert a == b
-
 
 def test_resume_parity(pl: ModuleType, tmp_path: Path) -> None:
     from torchless.integrations.lightning import InertCheckpointIO
@@ -111,8 +96,8 @@ def test_resume_parity(pl: ModuleType, tmp_path: Path) -> None:
     from_inert = _state(*_fit(pl, tmp_path / "r1", 3, [InertCheckpointIO()], str(inert_ckpt)))
     from_torch = _state(*_fit(pl, tmp_path / "r2", 3, [InertCheckpointIO()], str(torch_ckpt)))
     assert oracle["step"] == 9 and oracle["epoch"] == 3
-    _same(from_inert, oracle)
-    _same(from_torch, oracle)
+    assert_same(from_inert, oracle)
+    assert_same(from_torch, oracle)
     # the hyper parameters came back as Lightning saved them
     from torchless.integrations.lightning import InertCheckpointIO as IO
     back = IO().load_checkpoint(inert_ckpt)

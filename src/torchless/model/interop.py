@@ -14,7 +14,7 @@ from torchless.model.chunks import chunks
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Tensor
 
-__all__ = ["record_to_torch", "to_torch", "torch_dtypes", "torch_to_record"]
+__all__ = ["finish_tensor", "record_to_torch", "to_torch", "torch_dtypes", "torch_to_record"]
 
 
 def torch_dtypes(torch: Any) -> dict[str, Any]:
@@ -41,6 +41,12 @@ def to_torch(t: Tensor, torch: Any) -> Any:
     if t.is_storage:  # torch.load gives a storage held as a value as a TypedStorage
         return torch.storage.TypedStorage(wrap_storage=out.untyped_storage(), dtype=tdtype,
                                           _internal=True)
+    return finish_tensor(torch, out, t)
+
+
+def finish_tensor(torch: Any, out: Any, t: Tensor) -> Any:
+    """What torch.load gives on top of a tensor's values: a Parameter (with its
+    ``requires_grad``), ``requires_grad`` on a plain tensor, and attributes saved with it."""
     if t.is_parameter:
         out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
     elif t.requires_grad:
