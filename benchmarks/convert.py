@@ -133,7 +133,8 @@ if SYNC:
     os.fsync(fo)
 os.close(fo)
 os.close(fi)"""
-_TEMPLATE = """\
+#: A child process that times one operation and prints its seconds and peak RSS (JSON).
+TIMED_CHILD = """\
 import json, sys, time
 SRC, DST = sys.argv[1], sys.argv[2]
 {imports}
@@ -182,7 +183,7 @@ def _child_argv(method: str, src: str, dst: str, peers: str | None) -> list[str]
     if method in PEERS:
         assert peers is not None
         python = os.path.join(peers, "bin", "python")
-    code = _TEMPLATE.format(imports=imports, op=_FLOOR if op == "FLOOR" else op)
+    code = TIMED_CHILD.format(imports=imports, op=_FLOOR if op == "FLOOR" else op)
     return [python, "-c", code, src, dst]
 
 

@@ -38,6 +38,9 @@ import sys
 import tempfile
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_read import human
+
 MiB = 1 << 20
 QUICK = {"mib": "1", "reps": 1}
 METHODS = ("map", "copy_file_range", "sendfile", "gather", "sendfile-pieces")
@@ -108,13 +111,6 @@ def make_file(path: str, size: int) -> None:
         while left > 0:
             left -= f.write(block[:left])
 
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def run(src: str, dst: str, method: str, sync: bool) -> dict[str, float]:

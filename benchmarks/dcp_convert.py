@@ -44,6 +44,10 @@ import tempfile
 import time
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_read import human, log
+from convert import TIMED_CHILD
+
 MiB = 1 << 20
 QUICK = {"mib": 4, "tensors": 4, "reps": 1}
 METHODS = ("torchless", "torchless-nofsync", "torch", "cp")
@@ -65,31 +69,6 @@ _CHILD = {
         "os.unlink(tmp)",
     ),
 }
-_TEMPLATE = """\
-import json, sys, time
-SRC, DST = sys.argv[1], sys.argv[2]
-{imports}
-t0 = time.perf_counter()
-{op}
-seconds = time.perf_counter() - t0
-with open("/proc/self/status") as f:
-    hwm = [int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:")]
-print(json.dumps({{"seconds": seconds, "rss": hwm[0] if hwm else None}}))
-"""
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def _rank(rank: int, out: str, port: str, mib: int, count: int) -> None:
     import torch
     import torch.distributed as dist
@@ -133,7 +112,7 @@ def run(method: str, src: str, dst: str) -> dict[str, float]:
         argv = ["cp", "-r", src, dst]
     else:
         imports, op = _CHILD[method]
-        argv = [sys.executable, "-c", _TEMPLATE.format(imports=imports, op=op), src, dst]
+        argv = [sys.executable, "-c", TIMED_CHILD.format(imports=imports, op=op), src, dst]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
