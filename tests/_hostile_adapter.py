@@ -1,10 +1,10 @@
 """The reader entry point ``/work/shared/hostile/check_reader.py --api`` grades.
 
-``convert(inp, out)`` does what a converter would do up to the writing: open the checkpoint,
-view every tensor's values and load the whole object. It writes nothing (there is no
-safetensors writer yet), so the grader's "stray file" and "partial output" checks mean that
-reading alone never creates a file. Any :class:`torchless.CheckpointError` is a clean
-rejection for the grader; anything else counts as a crash.
+``convert(inp, out)`` reads as a user of the library would (open the checkpoint, view every
+tensor's values, load the whole object), then converts it to ``out`` with the real
+safetensors writer, so the grader's "stray file" and "partial output" checks judge the
+writer too. Any :class:`torchless.CheckpointError` is a clean rejection for the grader;
+anything else counts as a crash.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torchless
 
 
 def convert(inp: str, out: str) -> None:
-    del out  # reading only: nothing is written
     with torchless.open(inp) as ckpt:
         for tensor in ckpt.tensors.values():
             tensor.numpy()
     torchless.load(inp)
+    torchless.convert(inp, out)

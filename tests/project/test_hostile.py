@@ -82,7 +82,8 @@ POLICY_DEVIATIONS: dict[str, tuple[str, str]] = {
         "their parameters; code/ and constants.pkl are never run (format is 'torchscript')"),
     "key_lone_surrogate": (
         "read", "reading is not converting: a tensor name is returned as data; refusing it "
-        "(InvalidKeyError) is the job of the safetensors writer, which does not exist yet"),
+        "(InvalidKeyError) is the safetensors writer's job, and convert does (the "
+        "check_reader job runs it through tests/_hostile_adapter.py)"),
     "key_reserved_metadata": (
         "read", "reading is not converting: '__metadata__' is only reserved in a safetensors "
         "header; refusing it (InvalidKeyError) is the safetensors writer's job"),
