@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "DType", "StorageType", "by_storage_name", "by_torch_name"]
+__all__ = ["DTYPES", "DType", "StorageType", "by_storage_name", "by_torch_name",
+           "names_storage_type"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +103,10 @@ def by_torch_name(name: str) -> DType | None:
 def by_storage_name(name: str) -> DType | None:
     """``FloatStorage`` … → DType (None if unknown)."""
     return _BY_STORAGE.get(name)
+
+
+def names_storage_type(module: str, name: str) -> bool:
+    """Whether a global claims to be a torch storage type (``torch.FloatStorage``,
+    ``torch.cuda.HalfStorage``): the reader rebuilds the known ones and refuses the others,
+    and the scanner judges them by the same test."""
+    return module.startswith("torch") and name.endswith("Storage") and "." not in name

@@ -188,7 +188,7 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         if module == "torch.return_types" and _IDENTIFIER.match(name):
             # struct sequences (torch.max(x, 1) …): a tuple of tensors with field names
             return Known(module, name, rule="opaque")
-        if module.startswith("torch") and name.endswith("Storage") and "." not in name:
+        if _dtypes.names_storage_type(module, name):
             if name == "UntypedStorage":
                 return StorageType(name, _dtypes.UINT8, untyped=True)
             dtype = _dtypes.by_storage_name(name)

@@ -175,7 +175,7 @@ def storage_verdict(module: str, name: str) -> tuple[Severity, str] | None:
         return None
     if name == "UntypedStorage" or _dtypes.by_storage_name(name) is not None:
         return "vetted", "torch's find_class maps a storage name to its type without an import"
-    if module.startswith("torch") and name.endswith("Storage") and "." not in name:
+    if _dtypes.names_storage_type(module, name):
         # the reader's rule too (rules.resolver): torch.save never writes such a name
         return "dangerous", "torch has no such storage type: torch.save never writes this name"
     return None
