@@ -255,6 +255,12 @@ def audit(mem: int, spec_path: str) -> int:
 
     for name in torchless.__all__:  # the public API loads lazily: load all of it now
         getattr(torchless, name)
+    # so do NumPy and ml_dtypes, on the first value read: load them too
+    from torchless.core.dtypes import DTYPES
+    from torchless.inert.schema import ml_dtypes_by_name
+
+    assert all(d.numpy is not None for d in DTYPES if d.view is not None)
+    ml_dtypes_by_name()
     by_import = sorted(set(sys.modules) - pre)
     current = {"case": "<warm-up>", "recording": False}
     events: list[dict[str, Any]] = []

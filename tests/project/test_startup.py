@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..conftest import REPO
+from ..conftest import REPO, require
 
 TINY = REPO / "examples" / "tiny.pt"
 
@@ -21,6 +21,11 @@ TINY = REPO / "examples" / "tiny.pt"
 NEVER = ("torch", "urllib.request", "http", "http.client", "email", "ssl", "socket",
          "concurrent.futures", "multiprocessing", "secrets", "hashlib", "decimal", "asyncio",
          "torchless.scanner", "torchless.api.batch", "torchless.conversion.hf")
+
+
+#: Imported only where values are made (``Tensor.numpy``, ``load``, arrays in a file):
+#: inspecting and copying bytes need neither.
+VALUES = ("numpy", "ml_dtypes")
 
 
 def _modules(code: str, tmp_path: Path) -> set[str]:
@@ -54,7 +59,7 @@ def test_inspect_loads_only_the_reader(tmp_path: Path) -> None:
                       tmp_path)
     assert "torchless.reader.checkpoint" in loaded
     heavy = {"torchless.write.safetensors", "torchless.inert.encode", "torchless.inert.decode",
-             "torchless.conversion.api", "tempfile", *NEVER}
+             "torchless.conversion.api", "tempfile", *VALUES, *NEVER}
     assert not loaded & heavy, sorted(loaded & heavy)
 
 
@@ -65,3 +70,22 @@ def test_convert_loads_no_remote_or_batch_code(tmp_path: Path) -> None:
                       tmp_path)
     assert (tmp_path / "o.safetensors").exists() and "torchless.conversion.api" in loaded
     assert not loaded & set(NEVER), sorted(loaded & set(NEVER))
+
+
+def test_convert_of_plain_tensors_loads_no_numpy(tmp_path: Path) -> None:
+    """Converting a file of plain tensors and values copies bytes: it needs neither NumPy
+    nor ml_dtypes (bfloat16 included), and the output is torch's (checked by the conversion
+    tests); a file holding a NumPy array does import NumPy."""
+    torch = require("torch")
+    import numpy as np
+
+    torch.save({"w": torch.ones(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16),
+                "step": 7, "name": "x"}, tmp_path / "plain.pt")
+    torch.save({"w": torch.ones(3), "a": np.arange(4)}, tmp_path / "array.pt")
+    loaded = _modules("import torchless\ntorchless.convert('plain.pt', 'p.safetensors')",
+                      tmp_path)
+    assert (tmp_path / "p.safetensors").exists()
+    assert not loaded & set(VALUES), sorted(loaded & set(VALUES))
+    loaded = _modules("import torchless\ntorchless.convert('array.pt', 'a.safetensors')",
+                      tmp_path)
+    assert (tmp_path / "a.safetensors").exists() and "numpy" in loaded

@@ -11,10 +11,9 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from torchless.core import jsondepth
 from torchless.core.limits import Limits
+from torchless.core.ndarrays import is_ndarray
 from torchless.model.tensor import Tensor
 from torchless.pickle.values import Opaque
 
@@ -27,7 +26,7 @@ MAX_TRAINER_STATE = 16 << 20
 def compact(value: Any) -> str | None:
     """A one-line description of a value that is a known bulk record, else None."""
     if isinstance(value, tuple) and len(value) == 5 and isinstance(value[0], str) and value[
-            0] == "MT19937" and isinstance(value[1], np.ndarray) and value[1].size == 624:
+            0] == "MT19937" and is_ndarray(value[1]) and value[1].size == 624:
         return "numpy MT19937 state (625 ints)"
     if isinstance(value, dict) and isinstance(value.get("bit_generator"), str) and isinstance(
             value.get("state"), dict):

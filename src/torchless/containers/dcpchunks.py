@@ -20,9 +20,10 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from torchless.containers.dcpmeta import Chunk, TensorMeta
 from torchless.errors import TruncatedInputError, UnsupportedError
@@ -71,6 +72,8 @@ def coverage(meta: TensorMeta) -> tuple[int, bool]:
                 "metadata was made by hand or by another tool")
         overlap = any(_intersects(a, b) for i, a in enumerate(chunks) for b in chunks[i + 1:])
         return max(0, total - sum(c.numel for c in chunks)) if not overlap else 0, overlap
+    import numpy as np
+
     count = np.zeros([len(b) - 1 for b in bounds], dtype=np.int64)
     for c in chunks:
         box = tuple(slice(bisect.bisect_left(bounds[d], c.offsets[d]),
@@ -129,10 +132,9 @@ class _Reader:
         t, src = piece.tensor, piece.source
         if src is not None and src.size and not t.storage.streams and is_plain(t):
             buf = t.storage.buffer()  # a view of the map: no page is read
-            if isinstance(buf, memoryview) and buf.nbytes:
-                where = _address(buf) - _address(src.buffer)
-                if 0 <= where and where + buf.nbytes <= src.size:
-                    self.base = where + t.storage_offset * t.dtype.itemsize
+            at = src.offset_of(buf) if isinstance(buf, memoryview) else None
+            if at is not None:
+                self.base = at + t.storage_offset * t.dtype.itemsize
 
     @property
     def direct(self) -> bool:
@@ -159,16 +161,11 @@ class _Reader:
             return
         if end - self.released >= _RELEASE_BYTES or (final and end > self.released):
             buf = t.storage.buffer()
-            if isinstance(buf, memoryview) and buf.nbytes:
-                where = _address(buf) - _address(src.buffer) + t.storage_offset * \
-                    t.dtype.itemsize
-                if 0 <= where <= src.size:
-                    src.release(where + self.released, end - self.released)
+            at = src.offset_of(buf) if isinstance(buf, memoryview) else None
+            if at is not None:
+                src.release(at + t.storage_offset * t.dtype.itemsize + self.released,
+                            end - self.released)
             self.released = end
-
-
-def _address(buf: memoryview) -> int:
-    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
 
 
 def _row_split(meta: TensorMeta, pieces: list[Piece]) -> bool:
@@ -201,6 +198,8 @@ def stream(meta: TensorMeta, pieces: list[Piece], block: int) -> Iterator[memory
 
 
 def _slabs(meta: TensorMeta, pieces: list[Piece], block: int) -> Iterator[memoryview]:
+    import numpy as np
+
     unit = swap_unit(pieces[0].tensor)
     parts = meta.dtype.itemsize // unit
     row_bytes = math.prod(meta.size[1:]) * meta.dtype.itemsize

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
@@ -150,7 +148,6 @@ def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tenso
     """A descriptor of the very file ``source`` maps, and where a tensor's bytes lie in it."""
     if source.remote or not source.size:
         return None, lambda t: None
-    base = source.buffer
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -159,14 +156,10 @@ def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tenso
     if (st.st_dev, st.st_ino) != source.identity or st.st_size != source.size:
         os.close(fd)
         return None, lambda t: None
-    base_addr = np.frombuffer(base, dtype=np.uint8).ctypes.data
 
     def offset(t: Tensor) -> int | None:
         buf = t.storage.buffer()
-        if not isinstance(buf, memoryview) or buf.obj is not base.obj or not len(buf):
-            return None
-        where = int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) - base_addr
-        return where if 0 <= where and where + len(buf) <= source.size else None
+        return source.offset_of(buf) if isinstance(buf, memoryview) else None
 
     return fd, offset
 

@@ -8,9 +8,10 @@ for bfloat16 and float8), and the safetensors name where there is one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["DTYPES", "DType", "StorageType", "by_storage_name", "by_torch_name",
            "names_storage_type"]
@@ -18,11 +19,16 @@ __all__ = ["DTYPES", "DType", "StorageType", "by_storage_name", "by_torch_name",
 
 @dataclass(frozen=True)
 class DType:
-    """A torch element type. ``numpy`` is None for types torchless cannot view."""
+    """A torch element type. ``numpy`` is None for types torchless cannot view.
+
+    ``view`` names the NumPy dtype (a dtype string, or ``ml_dtypes.<type>``): NumPy and
+    ml_dtypes are imported the first time :attr:`numpy` is asked for, so that work which never
+    looks at a tensor's values (inspecting, copying bytes into safetensors) does not pay for
+    them."""
 
     name: str
     itemsize: int
-    numpy: np.dtype | None = field(compare=False)
+    view: str | None = field(compare=False)
     safetensors: str | None = None
     storage: str | None = None
     aliases: tuple[str, ...] = ()
@@ -30,6 +36,37 @@ class DType:
 
     def __repr__(self) -> str:
         return f"torch.{self.name}"
+
+    @property
+    def numpy(self) -> np.dtype[Any] | None:
+        """The NumPy dtype that views this type's bytes (None: torchless cannot view it)."""
+        if self.view is None:
+            return None
+        found = _NUMPY.get(self.view)
+        if found is None:
+            found = _NUMPY[self.view] = _numpy_dtype(self.view)
+        return found
+
+
+_NUMPY: dict[str, np.dtype[Any]] = {}
+
+
+def _numpy_dtype(view: str) -> np.dtype[Any]:
+    import numpy as np
+
+    if view == "complex32":
+        return np.dtype([("real", "<f2"), ("imag", "<f2")])
+    if view.startswith("ml_dtypes."):
+        import ml_dtypes
+
+        types = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+                 "float8_e5m2": ml_dtypes.float8_e5m2,
+                 "float8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+                 "float8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+                 "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu}
+        found: np.dtype[Any] = np.dtype(types[view.removeprefix("ml_dtypes.")])
+        return found
+    return np.dtype(view)
 
 
 @dataclass(frozen=True)
@@ -41,34 +78,32 @@ class StorageType:
     untyped: bool = False
 
 
-_COMPLEX32 = np.dtype([("real", "<f2"), ("imag", "<f2")])
-
 DTYPES: tuple[DType, ...] = (
-    DType("float64", 8, np.dtype("<f8"), "F64", "DoubleStorage", ("double",)),
-    DType("float32", 4, np.dtype("<f4"), "F32", "FloatStorage", ("float",)),
-    DType("float16", 2, np.dtype("<f2"), "F16", "HalfStorage", ("half",)),
-    DType("bfloat16", 2, np.dtype(ml_dtypes.bfloat16), "BF16", "BFloat16Storage"),
-    DType("float8_e4m3fn", 1, np.dtype(ml_dtypes.float8_e4m3fn), "F8_E4M3",
+    DType("float64", 8, "<f8", "F64", "DoubleStorage", ("double",)),
+    DType("float32", 4, "<f4", "F32", "FloatStorage", ("float",)),
+    DType("float16", 2, "<f2", "F16", "HalfStorage", ("half",)),
+    DType("bfloat16", 2, "ml_dtypes.bfloat16", "BF16", "BFloat16Storage"),
+    DType("float8_e4m3fn", 1, "ml_dtypes.float8_e4m3fn", "F8_E4M3",
           "Float8_e4m3fnStorage"),
-    DType("float8_e5m2", 1, np.dtype(ml_dtypes.float8_e5m2), "F8_E5M2", "Float8_e5m2Storage"),
-    DType("float8_e4m3fnuz", 1, np.dtype(ml_dtypes.float8_e4m3fnuz), None,
+    DType("float8_e5m2", 1, "ml_dtypes.float8_e5m2", "F8_E5M2", "Float8_e5m2Storage"),
+    DType("float8_e4m3fnuz", 1, "ml_dtypes.float8_e4m3fnuz", None,
           "Float8_e4m3fnuzStorage"),
-    DType("float8_e5m2fnuz", 1, np.dtype(ml_dtypes.float8_e5m2fnuz), None,
+    DType("float8_e5m2fnuz", 1, "ml_dtypes.float8_e5m2fnuz", None,
           "Float8_e5m2fnuzStorage"),
-    DType("float8_e8m0fnu", 1, np.dtype(ml_dtypes.float8_e8m0fnu), "F8_E8M0",
+    DType("float8_e8m0fnu", 1, "ml_dtypes.float8_e8m0fnu", "F8_E8M0",
           "Float8_e8m0fnuStorage"),
-    DType("int64", 8, np.dtype("<i8"), "I64", "LongStorage", ("long",)),
-    DType("int32", 4, np.dtype("<i4"), "I32", "IntStorage", ("int",)),
-    DType("int16", 2, np.dtype("<i2"), "I16", "ShortStorage", ("short",)),
-    DType("int8", 1, np.dtype("i1"), "I8", "CharStorage"),
-    DType("uint8", 1, np.dtype("u1"), "U8", "ByteStorage"),
-    DType("uint16", 2, np.dtype("<u2"), "U16", "UInt16Storage"),
-    DType("uint32", 4, np.dtype("<u4"), "U32", "UInt32Storage"),
-    DType("uint64", 8, np.dtype("<u8"), "U64", "UInt64Storage"),
-    DType("bool", 1, np.dtype("?"), "BOOL", "BoolStorage"),
-    DType("complex64", 8, np.dtype("<c8"), "C64", "ComplexFloatStorage", ("cfloat",)),
-    DType("complex128", 16, np.dtype("<c16"), None, "ComplexDoubleStorage", ("cdouble",)),
-    DType("complex32", 4, _COMPLEX32, None, "ComplexHalfStorage", ("chalf",),
+    DType("int64", 8, "<i8", "I64", "LongStorage", ("long",)),
+    DType("int32", 4, "<i4", "I32", "IntStorage", ("int",)),
+    DType("int16", 2, "<i2", "I16", "ShortStorage", ("short",)),
+    DType("int8", 1, "i1", "I8", "CharStorage"),
+    DType("uint8", 1, "u1", "U8", "ByteStorage"),
+    DType("uint16", 2, "<u2", "U16", "UInt16Storage"),
+    DType("uint32", 4, "<u4", "U32", "UInt32Storage"),
+    DType("uint64", 8, "<u8", "U64", "UInt64Storage"),
+    DType("bool", 1, "?", "BOOL", "BoolStorage"),
+    DType("complex64", 8, "<c8", "C64", "ComplexFloatStorage", ("cfloat",)),
+    DType("complex128", 16, "<c16", None, "ComplexDoubleStorage", ("cdouble",)),
+    DType("complex32", 4, "complex32", None, "ComplexHalfStorage", ("chalf",),
           "viewed as a structured (real, imag) float16 pair"),
     DType("qint8", 1, None, None, "QInt8Storage", note="quantized"),
     DType("quint8", 1, None, None, "QUInt8Storage", note="quantized"),

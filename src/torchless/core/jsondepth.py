@@ -15,8 +15,6 @@ import json
 import re
 from typing import Any
 
-import numpy as np
-
 from torchless.errors import LimitError
 
 __all__ = ["loads", "nesting"]
@@ -30,6 +28,8 @@ _BLOCK = 1 << 20
 
 def nesting(text: str) -> int:
     """The deepest nesting of arrays and objects in ``text`` (0 for a scalar)."""
+    import numpy as np
+
     structure = _NOT_BRACKET.sub("", _STRING.sub("", text)).split('"', 1)[0]
     raw = structure.encode("ascii")
     deepest = level = 0

@@ -28,7 +28,6 @@ from torchless.errors import CheckpointError, FormatError, LimitError, Unsupport
 from torchless.inert.schema import (
     _DESCR,
     _FACTORY_BY_NAME,
-    _ML_DTYPES,
     _PATHS,
     _SAFE_INT,
     _TYPED_ARRAYS,
@@ -40,6 +39,7 @@ from torchless.inert.schema import (
     TypeRegistry,
     _torch,
     default_types,
+    ml_dtypes_by_name,
 )
 from torchless.model.graph import ModuleDict
 from torchless.model.interop import record_to_torch, to_torch, torch_dtypes
@@ -508,8 +508,8 @@ def _h_path(dec: _Decoder, p: Any, depth: int, nid: int | None) -> pathlib.PureP
 
 def _numpy_dtype(descr: Any) -> np.dtype[Any]:
     _expect(descr, str, "descr")
-    if descr in _ML_DTYPES:
-        return _ML_DTYPES[descr]
+    if descr in ml_dtypes_by_name():
+        return ml_dtypes_by_name()[descr]
     if _DESCR.fullmatch(descr) is None:
         raise FormatError(f"NumPy dtype {descr!r} is not allowed")
     dt: np.dtype[Any] = np.dtype(descr)

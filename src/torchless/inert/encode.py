@@ -15,24 +15,26 @@ import struct
 import types
 import zoneinfo
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from torchless.core import dtypes as _dtypes
 from torchless.core.dtypes import DType, StorageType
 from torchless.core.limits import Limits
+from torchless.core.ndarrays import is_ndarray, loaded_numpy
 from torchless.errors import ConversionError, LimitError
 from torchless.inert.schema import (
     _DESCR,
     _FACTORIES,
-    _ML_DTYPES,
     _SAFE_INT,
     _TYPED_ARRAYS,
     _UINT8,
     TypeRegistry,
     _torch,
     default_types,
+    ml_dtypes_by_name,
 )
 from torchless.model.graph import ModuleDict
 from torchless.model.interop import torch_to_record
@@ -59,7 +61,7 @@ def _float(x: float) -> Any:
 
 
 def _descr(dt: np.dtype[Any]) -> str:
-    for name, known in _ML_DTYPES.items():
+    for name, known in ml_dtypes_by_name().items():
         if dt == known:
             return name
     s: str = dt.str
@@ -164,10 +166,11 @@ class Encoder:
                                       f"{obj!r}: pathlib reads its text {text!r} back as "
                                       f"{again!r}")
             return {"$path": [type(obj).__name__, text]}
-        if isinstance(obj, np.generic):
+        numpy = loaded_numpy()  # no NumPy value exists before it is imported
+        if numpy is not None and isinstance(obj, numpy.generic):
             return {"$npscalar": {"dtype": _descr(obj.dtype),
-                                  "data": _b64(np.asarray(obj).tobytes())}}
-        if isinstance(obj, np.dtype):
+                                  "data": _b64(numpy.asarray(obj).tobytes())}}
+        if numpy is not None and isinstance(obj, numpy.dtype):
             return {"$npdtype": _descr(obj)}
         t = self._torch
         if t is not None:
@@ -212,7 +215,7 @@ class Encoder:
 
     def _structural(self, obj: Any) -> bool:
         """Containers, tensors and arrays this format writes itself."""
-        return type(obj) in _CONTAINER_TYPES or isinstance(obj, (Opaque, np.ndarray)) or (
+        return type(obj) in _CONTAINER_TYPES or isinstance(obj, Opaque) or is_ndarray(obj) or (
             self._is_tensor(obj))
 
     # -- pass 1: how often each object is reached -----------------------------------------
@@ -284,7 +287,7 @@ class Encoder:
                                 "fields": self._value(record.fields, path, d)}}
         if self._is_tensor(obj):
             return {"$tensor": self._tensor(obj, path, d)}
-        if isinstance(obj, np.ndarray):
+        if is_ndarray(obj):
             return self._array(obj, path, d)
         if isinstance(obj, Opaque):
             return {"$opaque": self._opaque(obj, path, d)}
@@ -407,6 +410,8 @@ class Encoder:
                 return {"skipped": self.skipped[id(obj)], **body}
             name = self._name(path)
             if obj.dtype.safetensors is None:  # its bytes, as U8
+                import numpy as np
+
                 from torchless.model.chunks import chunks
 
                 raw = np.frombuffer(b"".join(bytes(c) for c in chunks(obj)), np.uint8)
@@ -433,6 +438,8 @@ class Encoder:
             body["parameter"] = True
         if obj.device.type != "cpu":
             body["device"] = str(obj.device)
+        import numpy as np
+
         flat = obj.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
         raw = flat.reshape(-1).view(torch.uint8).numpy() if flat.numel() else np.empty(
             0, np.uint8)
@@ -446,6 +453,8 @@ class Encoder:
         return {"name": name, **body}
 
     def _array(self, obj: np.ndarray[Any, Any], path: str, d: int) -> dict[str, Any]:
+        import numpy as np
+
         where = path or "the object"
         if obj.dtype.hasobject:
             if obj.dtype.fields is not None or obj.dtype != np.dtype(object):

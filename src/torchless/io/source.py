@@ -11,6 +11,7 @@ only the bytes asked for.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import stat
@@ -81,6 +82,15 @@ class Source:
     def view(self, offset: int, n: int, what: str = "data") -> memoryview:
         self._check(offset, n, what)
         return self._view[offset : offset + n]
+
+    def offset_of(self, view: memoryview) -> int | None:
+        """Where ``view``, a slice of :attr:`buffer`, lies in the file (None for any other
+        buffer): lets a writer copy those bytes straight from the file."""
+        if self._mmap is None or view.obj is not self._mmap or not view.nbytes \
+                or not view.c_contiguous:
+            return None
+        where = _address(view) - _address(self._view)
+        return where if 0 <= where and where + view.nbytes <= self.size else None
 
     def _check(self, offset: int, n: int, what: str) -> None:
         if self._closed:
@@ -162,3 +172,26 @@ class Source:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (the buffer protocol's view of an object's memory)."""
+
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def _address(view: memoryview) -> int:
+    """The address of a (read-only) view's first byte, asked through the buffer protocol:
+    ctypes' own ``from_buffer`` wants a writable buffer, and a map of a checkpoint is not."""
+    info = _PyBuffer()
+    api = ctypes.pythonapi
+    if api.PyObject_GetBuffer(ctypes.py_object(view), ctypes.byref(info), 0) != 0:
+        raise ValueError("no buffer")  # pragma: no cover - a memoryview always has one
+    try:
+        return int(info.buf or 0)
+    finally:
+        api.PyBuffer_Release(ctypes.byref(info))

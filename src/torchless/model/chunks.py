@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from torchless.model.tensor import Storage, Tensor
 
@@ -30,6 +31,8 @@ def raw_view(t: Tensor) -> np.ndarray[Any, Any]:
     """The tensor's elements as unsigned ints in the storage's byte order, any strides.
 
     Shape is ``t.shape + (parts,)`` where ``parts`` is 2 for complex types, else 1."""
+    import numpy as np
+
     unit = swap_unit(t)
     parts = t.dtype.itemsize // unit
     order = ">" if t.storage.byteorder == "big" and unit > 1 else "<"
@@ -57,6 +60,8 @@ def chunks(t: Tensor, spill_dir: str | None = None) -> Iterator[bytes | memoryvi
             yield from t.storage.iter_bytes(0, t.nbytes, INFLATE_CHUNK_BYTES)
             return
         t.storage.spill(spill_dir)
+    import numpy as np
+
     view = raw_view(t)
     swap = view.dtype.byteorder == ">"
     for block in _blocks(view):

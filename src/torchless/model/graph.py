@@ -14,9 +14,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from torchless.core.limits import Limits
+from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
 from torchless.model.chunks import detached
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
@@ -155,7 +154,9 @@ def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None
         if obj.attrs:
             _rebuild_attrs(obj.attrs, new)
         return obj
-    if isinstance(obj, np.ndarray):
+    if is_ndarray(obj):
+        import numpy as np
+
         for index in np.ndindex(obj.shape):
             obj[index] = new(obj[index])
         return obj

@@ -7,8 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
+from torchless.core.ndarrays import is_ndarray
 from torchless.errors import TensorGeometryError, UnsupportedError
 from torchless.model.chunks import chunks
 from torchless.model.kinds import TensorRecord
@@ -156,6 +155,8 @@ def _quantized(rec: TensorRecord, torch: Any, part: Callable[[str], Any]) -> Any
 def _check_nested(numel: int, sizes: Any, strides: Any, offsets: Any) -> None:
     """Each component's view lies inside the buffer (torch's _nested_view_from_buffer does
     not check: a file could make it read past the buffer)."""
+    import numpy as np
+
     sizes, strides, offsets = (np.asarray(x) for x in (sizes, strides, offsets))
     if sizes.shape != strides.shape or sizes.ndim != 2 or offsets.shape != (sizes.shape[0],):
         raise ValueError("nested sizes, strides and offsets do not fit")
@@ -170,6 +171,8 @@ def _check_nested(numel: int, sizes: Any, strides: Any, offsets: Any) -> None:
 
 def _check_offsets(offsets: Any, n: int) -> None:
     """A jagged tensor's offsets rise from 0 within its values (torch does not check)."""
+    import numpy as np
+
     o = np.asarray(offsets, dtype=np.int64)
     if o.ndim != 1 or not o.size or o[0] < 0 or o[-1] > n or (np.diff(o) < 0).any():
         raise ValueError("jagged offsets do not rise within the values")
@@ -184,7 +187,9 @@ def _seqlen(value: Any) -> int | None:
 def _torch_part(value: Any, torch: Any) -> Any:
     if isinstance(value, Tensor):
         return to_torch(value, torch)
-    if isinstance(value, np.ndarray):
+    if is_ndarray(value):
+        import numpy as np
+
         return torch.from_numpy(np.array(value))
     return value
 

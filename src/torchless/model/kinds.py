@@ -31,8 +31,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
+from torchless.core.ndarrays import is_ndarray
 from torchless.errors import UnsupportedError
 from torchless.model.tensor import Tensor, UnsupportedTensor
 
@@ -103,7 +102,7 @@ class TensorRecord(UnsupportedTensor):
 
 
 def _is_array(value: Any) -> bool:
-    if isinstance(value, (Tensor, np.ndarray)):
+    if isinstance(value, Tensor) or is_ndarray(value):
         return True
     torch = sys.modules.get("torch")  # after load(tensors="torch"): torch's own tensors
     return torch is not None and isinstance(value, torch.Tensor)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from torchless.core.dtypes import DType, StorageType
 from torchless.core.limits import Limits
@@ -128,6 +129,8 @@ class Storage:
         if self._swapped is None:
             self._swapped = {}
         if unit not in self._swapped:
+            import numpy as np
+
             raw = np.frombuffer(self.buffer(), dtype=f">u{unit}", count=self.nbytes // unit)
             self._swapped[unit] = raw.astype(f"<u{unit}").tobytes()
         return self._swapped[unit]
@@ -211,6 +214,8 @@ class Tensor:
 
     def numpy(self) -> np.ndarray[Any, Any]:
         """The values as a read-only ndarray (a view of the file where possible)."""
+        import numpy as np
+
         npdt = self.dtype.numpy
         if npdt is None:
             raise UnsupportedError(
@@ -255,6 +260,8 @@ class Tensor:
         Not the file's map itself: torch ignores DLPack's read-only flag, and a write into
         the read-only map would kill the process; JAX refuses read-only exports. The
         zero-copy view is :meth:`numpy`."""
+        import numpy as np
+
         return np.array(self.numpy(), order="C").__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -351,10 +358,32 @@ def make_tensor(
     return Tensor(storage, dtype, shape, strides, storage_offset, requires_grad=requires_grad)
 
 
-class TensorArray(np.ndarray):
-    """A tensor's values as an ndarray, carrying the Python attributes the file set on the
-    tensor (``t.foo = 1`` before saving): what :func:`torchless.load` gives for such a
-    tensor."""
+_TENSOR_ARRAY: list[type] = []
+
+
+def _tensor_array() -> type:
+    """The class, made the first time it is needed (NumPy is imported only then)."""
+    if not _TENSOR_ARRAY:
+        import numpy as np
+
+        class TensorArray(np.ndarray):
+            """A tensor's values as an ndarray, carrying the Python attributes the file set
+            on the tensor (``t.foo = 1`` before saving): what :func:`torchless.load` gives
+            for such a tensor."""
+
+        TensorArray.__module__ = __name__
+        _TENSOR_ARRAY.append(TensorArray)
+    return _TENSOR_ARRAY[0]
+
+
+if TYPE_CHECKING:
+    class TensorArray(np.ndarray[Any, Any]):
+        """A tensor's values as an ndarray with the tensor's Python attributes."""
+else:
+    def __getattr__(name: str) -> Any:
+        if name == "TensorArray":
+            return _tensor_array()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def with_attrs(arr: np.ndarray[Any, Any], t: Tensor) -> np.ndarray[Any, Any]:
@@ -362,7 +391,7 @@ def with_attrs(arr: np.ndarray[Any, Any], t: Tensor) -> np.ndarray[Any, Any]:
     has any."""
     if not t.attrs:
         return arr
-    out = arr.view(TensorArray)
+    out: np.ndarray[Any, Any] = arr.view(_tensor_array())
     out.__dict__.update(t.attrs)
     return out
 

@@ -37,9 +37,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
 from torchless.core.limits import Limits
+from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
 from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.pickle.known import Pending
@@ -47,10 +46,9 @@ from torchless.pickle.values import NOTSET, Global, Opaque
 
 __all__ = ["LEAVES", "NODES", "children", "depth_first", "is_node", "key_text", "plain_key"]
 
-#: Values that hold other values.
+#: Values that hold other values (and an object ndarray: :func:`is_node`).
 NODES: tuple[type, ...] = (dict, list, tuple, set, frozenset, collections.deque,
-                           argparse.Namespace, types.SimpleNamespace, Opaque, Pending, Tensor,
-                           np.ndarray)
+                           argparse.Namespace, types.SimpleNamespace, Opaque, Pending, Tensor)
 #: Values that are tensors for naming (a Tensor is both: its attributes are children).
 LEAVES: tuple[type, ...] = (Tensor, UnsupportedTensor)
 
@@ -68,7 +66,7 @@ def is_node(obj: Any) -> bool:
         return True
     if kind is Tensor:
         return bool(obj.attrs)
-    if isinstance(obj, np.ndarray):
+    if is_ndarray(obj):
         return obj.dtype.hasobject and obj.dtype.fields is None
     return isinstance(obj, NODES)
 
@@ -211,7 +209,7 @@ def children(obj: Any) -> Iterator[tuple[str | None, Any]]:
         yield from _attrs(obj)
     elif isinstance(obj, Pending):
         yield None, obj.resolved()  # the same value each time it is asked
-    elif isinstance(obj, np.ndarray) and obj.dtype.hasobject and obj.dtype.fields is None:
+    elif is_ndarray(obj) and obj.dtype.hasobject and obj.dtype.fields is None:
         for i, v in enumerate(obj.ravel(order="C")):
             yield str(i), v
 

@@ -7,9 +7,11 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
 
 from torchless.containers import registry
 from torchless.containers.base import Container
@@ -308,6 +310,7 @@ def load(
                 hint="torchless.load needs every tensor; torchless.open(FILE) reads the others "
                      "(Checkpoint.tensors) and lists these in Checkpoint.unsupported")
         cache: dict[int, Any] = {}
+        import numpy as np
 
         def leaf(t: Any) -> Any:
             out = cache.get(id(t))

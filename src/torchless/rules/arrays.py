@@ -9,8 +9,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import numpy as np
-
 from torchless.errors import PickleError
 from torchless.pickle.known import Known, Pending, unwrap
 from torchless.pickle.machine import Resolver
@@ -38,6 +36,8 @@ class NumpyRules(Resolver):
         return Pending("dtype", a)
 
     def _r_np_frombuffer(self, f: Known, a: tuple[Any, ...]) -> Any:
+        import numpy as np  # only files that hold NumPy values pay for importing it
+
         if len(a) != 4:
             raise PickleError("numpy _frombuffer takes (buffer, dtype, shape, order)")
         buf, dtype, shape, order = a[0], unwrap(a[1]), a[2], a[3]
@@ -55,6 +55,8 @@ class NumpyRules(Resolver):
         return flat.reshape(shape, order="F" if order == "F" else "C")
 
     def _r_np_scalar(self, f: Known, a: tuple[Any, ...]) -> Any:
+        import numpy as np  # only files that hold NumPy values pay for importing it
+
         if len(a) not in (1, 2):
             raise PickleError("numpy scalar takes a dtype and its bytes")
         dtype = unwrap(a[0])
@@ -70,6 +72,8 @@ class NumpyRules(Resolver):
         return np.frombuffer(raw, dtype=dtype)[0]
 
     def _finish_pending(self, p: Pending, state: Any) -> None:
+        import numpy as np  # only files that hold NumPy values pay for importing it
+
         if p.kind == "dtype":
             code = p.args[0]
             order = state[1] if isinstance(state, tuple) and len(state) > 1 else "|"
