@@ -17,6 +17,10 @@ it whole, the methods interleaved in each repetition, each in a fresh process:
                        released (``MADV_DONTNEED``) every 16 MiB: the writer without a kernel
                        copy;
 * ``copy_file_range``  ``os.copy_file_range`` in one loop;
+* ``copy_file_range+writeback``  the same in 64 MiB calls, each followed by
+                       ``posix_fadvise(DONTNEED)`` on what it wrote, which starts writing
+                       it to the disk (the writer's ``WRITEBACK_BYTES``): with ``--sync``,
+                       the disk works while the copy goes on;
 * ``sendfile``         ``os.sendfile`` in blocks of 1 GiB;
 * ``gather``           the file in 11,200-byte pieces (a 2,800-float tensor each), copied
                        from the map into a 4 MiB buffer written when full: how the writer
@@ -43,7 +47,8 @@ from bench_read import human
 
 MiB = 1 << 20
 QUICK = {"mib": "1", "reps": 1}
-METHODS = ("map", "copy_file_range", "sendfile", "gather", "sendfile-pieces")
+METHODS = ("map", "copy_file_range", "copy_file_range+writeback", "sendfile", "gather",
+           "sendfile-pieces")
 
 _CHILD = r"""
 import mmap, os, sys, time
@@ -57,6 +62,12 @@ if method == "copy_file_range":
     done = 0
     while done < size:
         done += os.copy_file_range(fi, fo, size - done, done)
+elif method == "copy_file_range+writeback":
+    done = flushed = 0
+    while done < size:
+        done += os.copy_file_range(fi, fo, min(size - done, 64 << 20), done)
+        os.posix_fadvise(fo, flushed, done - flushed, os.POSIX_FADV_DONTNEED)
+        flushed = done
 elif method == "sendfile":
     done = 0
     while done < size:
@@ -153,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'size':<10} {'method':<16} {'seconds':>8} {'peak RSS':>10}  x copy_file_range")
+    print(f"{'size':<10} {'method':<26} {'seconds':>8} {'peak RSS':>10}  x copy_file_range")
     for size, r in results.items():
         base = r["copy_file_range"]["seconds"]
         for m, s in r.items():
-            print(f"{size:<10} {m:<16} {s['seconds']:8.3f} {human(s['rss']):>10}  "
+            print(f"{size:<10} {m:<26} {s['seconds']:8.3f} {human(s['rss']):>10}  "
                   f"{s['seconds'] / base:5.2f}")
     return 0
 
