@@ -12,6 +12,7 @@ only the bytes asked for.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import stat
@@ -62,6 +63,14 @@ class Source:
                 self._view = memoryview(b"")
             keep = hasattr(os, "pread")
         except OSError as e:
+            if e.errno == errno.ENOMEM:
+                raise CheckpointError(
+                    f"cannot map the file's {self.size:,} bytes: the process may not reserve "
+                    "that much address space", path=self.path,
+                    hint="torchless maps a checkpoint without reading it (a conversion keeps "
+                         "tens of MiB resident whatever the size), but the map needs address "
+                         "space: raise the limit (`ulimit -v`, RLIMIT_AS) above the file's "
+                         "size") from None
             raise CheckpointError(f"cannot map: {e.strerror or e}", path=self.path) from None
         finally:
             if keep:
