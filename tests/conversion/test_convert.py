@@ -252,6 +252,38 @@ def test_adjacent_tensors_are_one_kernel_copy(torch: ModuleType, tg: ModuleType,
     check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
 
 
+def test_writeback_started_behind_the_copy(torch: ModuleType, tg: ModuleType,  # noqa: F811
+                                          tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every WRITEBACK_BYTES written, the written range (and only bytes already written) is
+    handed to posix_fadvise(DONTNEED); the ranges follow each other from byte 0 and the
+    output is the same bytes."""
+    saved = {f"p{i:02d}": torch.full((3000 + i,), float(i)) for i in range(40)}
+    src = tmp_path / "m.pt"
+    torch.save(saved, src)
+    torchless.convert(src, tmp_path / "ref.st")
+    monkeypatch.setattr(_stream, "WRITEBACK_BYTES", 5000)
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 10000)  # kernel copies and gathers
+    advised: list[tuple[int, int, int]] = []
+    sizes: list[int] = []
+    real_advise, real_fstat = os.posix_fadvise, os.fstat
+
+    def advise(fd: int, offset: int, n: int, advice: int) -> None:
+        advised.append((offset, n, advice))
+        sizes.append(real_fstat(fd).st_size)
+        real_advise(fd, offset, n, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    torchless.convert(src, tmp_path / "o.st")
+    data = (tmp_path / "o.st").read_bytes()
+    assert data == (tmp_path / "ref.st").read_bytes()
+    assert advised and len(data) - sum(n for _, n, _ in advised) < 5000, advised
+    assert all(a == os.POSIX_FADV_DONTNEED and n >= 5000 for _, n, a in advised)
+    assert [o for o, _, _ in advised] == [0, *itertools.accumulate(n for _, n, _ in advised)][:-1]
+    assert all(o + n <= size for (o, n, _), size in zip(advised, sizes, strict=True))
+    check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
+
+
 def test_small_tensors_are_gathered(torch: ModuleType, tg: ModuleType,  # noqa: F811
                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Many small tensors are copied into one buffer and written together, not one write
