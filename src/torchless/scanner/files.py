@@ -65,6 +65,16 @@ from torchless.scanner.report import (
 __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
            "format_table", "scan", "scan_paths"]
 
+#: The limits of a scan that names none (a frozen dataclass: shared by every scan).
+_LIMITS = Limits()
+#: Whether the reader has a rebuild rule for a (module, name) as a file spells it: a
+#: function of the name alone (the rule tables), kept for every scan of this process, up to
+#: :data:`_KNOWN_MAX` names (a hostile file may name millions).
+_KNOWN: dict[tuple[str, str], bool] = {}
+_KNOWN_MAX = 4096
+_ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
+_RESOLVER = TorchResolver(_LIMITS)
+
 _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd",
                b"Rar!")
 
@@ -88,7 +98,7 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
                executor: Executor | None = None, verify_crc: bool = False) -> ScanReport:
     """Scan several files or directories into one report (in the order given); with an
     ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
-    lim = limits or Limits()
+    lim = limits or _LIMITS
     allow = frozenset(allow_globals)
     jobs: list[tuple[str, bool]] = []
     for given in paths:
@@ -201,7 +211,6 @@ class _File(LayoutScans):
         self.findings = Findings("report")
         self.anomalies: list[Anomaly] = self.findings.anomalies
         self.pickles = 0
-        self._verdicts: dict[tuple[str, str], tuple[Verdict, str]] = {}
         self._crcs: dict[tuple[int, int, int, int], int | None] = {}
 
     def spawn(self, source: Source) -> _File:
@@ -221,15 +230,15 @@ class _File(LayoutScans):
             return "dangerous", ""
         if severity == "unvetted":
             return ("dangerous", "strict mode: not vetted") if self.strict else ("unvetted", "")
-        key = (g.module, g.name)
-        if key not in self._verdicts:
-            resolver = TorchResolver(self.limits, strict=self.strict, allow=self.allow)
+        known = _KNOWN.get((g.module, g.name))
+        if known is None:
             try:
-                known = resolver.known(g.module, g.name, g.offset)
+                known = _RESOLVER.known(g.module, g.name, g.offset)
             except CheckpointError:
                 known = False
-            self._verdicts[key] = ("rebuilt" if known else "opaque", "")
-        return self._verdicts[key]
+            if len(_KNOWN) < _KNOWN_MAX:
+                _KNOWN[g.module, g.name] = known
+        return ("rebuilt", "") if known else ("opaque", "")
 
     def judged(self, action: Action) -> Action:
         """The action as this scan reports it: ``allow_globals`` vets its target; strict
@@ -258,20 +267,22 @@ class _File(LayoutScans):
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
-        actions = [self.judged(a) for a in result.actions]
+        actions = result.actions
+        if self.allow or self.strict:
+            actions = [self.judged(a) for a in actions]
         self.actions.extend(actions)
         worst: dict[int, Severity] = {}
         reasons: dict[int, str] = {}
-        order = {"vetted": 0, "unvetted": 1, "dangerous": 2}
-        for a in actions:
-            if a.origin is not None and order[a.severity] >= order[worst.get(a.origin,
-                                                                               "vetted")]:
-                if a.origin not in reasons or order[a.severity] > order[worst[a.origin]]:
-                    reasons[a.origin] = a.reason
-                worst[a.origin] = a.severity
+        if any(a.severity != "vetted" for a in actions):  # else every name is vetted
+            order = _ORDER
+            for a in actions:
+                if a.origin is not None and order[a.severity] >= order[worst.get(a.origin,
+                                                                                   "vetted")]:
+                    if a.origin not in reasons or order[a.severity] > order[worst[a.origin]]:
+                        reasons[a.origin] = a.reason
+                    worst[a.origin] = a.severity
         for g in result.globals:
-            severity = worst.get(g.offset, "vetted")
-            verdict, _ = self.verdict(g, severity)
+            verdict, _ = self.verdict(g, worst.get(g.offset, "vetted"))
             reason = reasons.get(g.offset, "") if verdict in ("dangerous", "unvetted") else ""
             self.globals.append(GlobalRef(g.module, g.name, g.offset, g.opcode, verdict,
                                           member, reason))
