@@ -66,6 +66,9 @@ class LayoutScans:
     #: How many archives this file lies inside (0: a file of its own).
     depth: int
     _crcs: dict[tuple[int, int, int, int], int | None]
+    #: Whole members under ``code/`` read by :meth:`member`, by ``id()`` of the entry (for
+    #: :meth:`script`, which reads them again as text).
+    _code: dict[int, bytes]
     #: Check the CRC-32 of every member, tensor data included (else of those read whole).
     verify_crc: bool
 
@@ -251,7 +254,9 @@ class LayoutScans:
             name = m.name.lower()
             if "code/" not in name or not name.endswith(".py"):
                 continue
-            data, _ = archive.head(m, self.limits.max_pickle_bytes)
+            data = self._code.get(id(m))
+            if data is None or len(data) > self.limits.max_pickle_bytes:
+                data, _ = archive.head(m, self.limits.max_pickle_bytes)
             if data is None:
                 continue
             for call in script_calls(data.decode("utf-8", "replace")):
@@ -290,6 +295,8 @@ class LayoutScans:
             return
         cap = min(m.size + 1, self.limits.max_pickle_bytes + 1) if is_pickle else _SNIFF
         data, why = archive.head(m, cap)
+        if data is not None and len(data) < cap and "code/" in m.name.lower():
+            self._code[id(m)] = data  # the whole member: script() reads it again
         if data is None:
             if why and m.method in (0, 8):
                 self.flag("member", f"cannot be read: {why}", m.name, m.data_offset)

@@ -40,7 +40,9 @@ KNOWN_NAMESPACES = frozenset({"aten", "prim", "quantized", "_quantized", "quanti
                               "torchvision", "torchaudio", "_caffe2", "profiler"})
 
 _STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
-_CALL = re.compile(r"(?<![\w.])((?:torch|ops)(?:\s*\.\s*\w+)+)\s*\(")
+# the word first, then the look back at what precedes it (``(?<![\w.])torch`` is the same
+# set of matches, but a pattern that opens with a look-behind is tried at every character)
+_CALL = re.compile(r"((?:torch(?<![\w.]torch)|ops(?<![\w.]ops))(?:\s*\.\s*\w+)+)\s*\(")
 _BARE = re.compile(r"(?<![\w.])(?<!def )(rpc_async|rpc_sync|rpc_remote|remote)\s*\(")
 _BARE_OPS = {"rpc_async": "prim::rpc_async", "rpc_sync": "prim::rpc_sync",
              "rpc_remote": "prim::rpc_remote", "remote": "prim::rpc_remote"}
@@ -87,8 +89,9 @@ def script_calls(text: str) -> list[ScriptCall]:
         op, unknown = _operator(re.sub(r"\s+", "", m.group(1)))
         danger = DANGEROUS.get(op, "")
         out.append(ScriptCall(op, m.start(), danger, unknown and not danger))
-    for m in _BARE.finditer(clean):
-        op = _BARE_OPS[m.group(1)]
-        out.append(ScriptCall(op, m.start(), DANGEROUS[op]))
+    if "remote" in clean or "rpc_" in clean:  # every word _BARE matches holds one of these
+        for m in _BARE.finditer(clean):
+            op = _BARE_OPS[m.group(1)]
+            out.append(ScriptCall(op, m.start(), DANGEROUS[op]))
     out.sort(key=lambda c: c.offset)
     return out
