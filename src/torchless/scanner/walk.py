@@ -6,9 +6,10 @@ or to the first byte that is not a decodable opcode.
 Every ``GLOBAL`` and ``INST`` names its global inline; ``EXT1/2/4`` name one through the
 loader's extension registry. ``STACK_GLOBAL`` takes its operands from the stack: the walk
 follows string pushes and memo puts/gets closely enough to name them when the two values just
-before it are strings. A stream with no ``0x93`` byte has no ``STACK_GLOBAL``, so there the
-walk follows neither: runs of fixed-width opcodes that name nothing (ints, memo puts and gets,
-tuples …) are matched whole by one regular expression, and strings are not decoded.
+before it are strings. A stream without ``STACK_GLOBAL`` (torch.save writes protocol 2) needs
+neither followed, so the walk first follows neither: runs of fixed-width opcodes that name
+nothing (ints, memo puts and gets, tuples …) are matched whole by one regular expression, and
+strings are not decoded; at the first ``STACK_GLOBAL`` it starts again, following both.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ _SIMPLE_RUN = re.compile(b"[" + b"".join(
     re.escape(bytes([code])) for code in range(256) if _IS_SIMPLE[code]) + b"]+")
 _MEMOIZE_RUN = re.compile(b"\x94+")
 #: Opcodes of a fixed width that name nothing and do not end the stream or a frame's start:
-#: where no STACK_GLOBAL can be (:func:`static_walk`), a run of them is matched whole.
+#: until a STACK_GLOBAL is met (:func:`static_walk`), a run of them is matched whole.
 _IS_FIXED = [e is not None and e[1] == 0 and e[0] not in (
     "FRAME", "EXT1", "EXT2", "EXT4", "STACK_GLOBAL", "STOP") for e in _TABLE]
 _FIXED_RUN = re.compile(b"(?:" + b"|".join(
@@ -139,7 +140,22 @@ for _code, _entry in enumerate(_TABLE):
 
 def static_walk(data: Any, start: int, end: int, scan: StreamScan,
                 max_bytes: int) -> dict[int, FoundGlobal]:
-    """Pass 1; returns the globals by offset and fills ``scan.end``/``stopped``/problems."""
+    """Pass 1; returns the globals by offset and fills ``scan.end``/``stopped``/problems.
+    First without following strings and the memo, which only a STACK_GLOBAL needs: if the
+    walk meets one, it starts again following them."""
+    noted = len(scan.problems)
+    found = _walk(data, start, end, scan, max_bytes, follow=False)
+    if found is None:
+        del scan.problems[noted:]
+        found = _walk(data, start, end, scan, max_bytes, follow=True)
+        assert found is not None
+    return found
+
+
+def _walk(data: Any, start: int, end: int, scan: StreamScan, max_bytes: int, *,
+          follow: bool) -> dict[int, FoundGlobal] | None:
+    """The walk; ``follow``: follow string pushes and the memo (else None at the first
+    STACK_GLOBAL)."""
     found: dict[int, FoundGlobal] = {}
     memo: dict[int, str | None] = {}
     unset = 0  # MEMOIZE slots filled with non-strings (not stored)
@@ -157,8 +173,7 @@ def static_walk(data: Any, start: int, end: int, scan: StreamScan,
     frame_end = -1
     limit = start + max_bytes
     run_end = min(end, limit + 1)
-    # no 0x93 byte, no STACK_GLOBAL: nothing needs the strings and the memo followed
-    fixed = None if find(b"\x93", start, end) >= 0 else _FIXED_RUN.match
+    fixed = None if follow else _FIXED_RUN.match
     is_fixed = _IS_FIXED
     while True:
         if pos == frame_end:
@@ -286,6 +301,8 @@ def static_walk(data: Any, start: int, end: int, scan: StreamScan,
             code = int(unpack(args[0], 0)[0])
             found[pos] = FoundGlobal("copyreg.extension", str(code), pos, name)
         elif name == "STACK_GLOBAL":
+            if not follow:
+                return None
             if prev is not None and last is not None:
                 found[pos] = FoundGlobal(prev, last, pos, name)
             else:
