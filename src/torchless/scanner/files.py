@@ -74,6 +74,9 @@ _KNOWN: dict[tuple[str, str], bool] = {}
 _KNOWN_MAX = 4096
 _ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
 _RESOLVER = TorchResolver(_LIMITS)
+#: Files up to this size are read whole rather than mapped (most checkpoints a scan meets
+#: are small: a map's set-up, page faults and unmap cost more than the copy).
+_COPY_BELOW = 256 << 10
 
 _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd",
                b"Rar!")
@@ -158,7 +161,7 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
                                                 verify_crc=verify_crc))
     try:
         # a remote file is fetched whole: every byte of it is scanned
-        source = RemoteSource(path) if is_remote(path) else Source(path)
+        source = RemoteSource(path) if is_remote(path) else Source(path, copy_below=_COPY_BELOW)
     except CheckpointError as e:
         return FileScan(path, "unreadable", error=e.message, hint=e.hint)
     with source:

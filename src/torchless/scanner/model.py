@@ -92,6 +92,14 @@ def static_args(args: Any) -> str | None:
 
 
 def _show(value: Any, depth: int) -> str:
+    kind = type(value)  # the plain types first: the chain below renders them the same way
+    if kind is str or kind is bytes:
+        return repr(value if len(value) <= 80 else value[:80])
+    if kind is int:
+        bits = value.bit_length()
+        return f"<int of {bits} bits>" if bits > 256 else repr(value)
+    if kind is bool or kind is float or value is None:
+        return repr(value)
     if isinstance(value, Global):
         return value.path
     if isinstance(value, Made):
