@@ -179,13 +179,23 @@ def _walk(data: Any, start: int, end: int, scan: StreamScan, max_bytes: int, *,
         if pos == frame_end:
             frame_end = -1
         code = data[pos] if pos < end else -1
-        if fixed is not None and code >= 0 and is_fixed[code]:
-            # whole opcodes only, none past the frame's end (an argument across it is
-            # reported below)
-            run = fixed(data, pos, frame_end if pos < frame_end < run_end else run_end)
-            if run is not None:
-                pos = run.end()
-                continue
+        if fixed is not None and code >= 0:
+            if is_fixed[code]:
+                # whole opcodes only, none past the frame's end (an argument across it is
+                # reported below)
+                run = fixed(data, pos, frame_end if pos < frame_end < run_end else run_end)
+                if run is not None:
+                    pos = run.end()
+                    continue
+            elif (code == 0x58 or code == 0x8C) and pos <= limit:  # text no one reads
+                if code == 0x8C:
+                    nxt = pos + 2 + data[pos + 1] if pos + 1 < end else end + 1
+                else:
+                    nxt = pos + 5 + from_bytes(data[pos + 1:pos + 5], "little") \
+                        if pos + 5 <= end else end + 1
+                if nxt <= end and not pos < frame_end < nxt:  # else as below
+                    pos = nxt
+                    continue
         if code >= 0 and is_simple[code]:
             if pos + 1 < run_end and is_simple[data[pos + 1]]:  # a run naming nothing
                 run = simple(data, pos, run_end)
