@@ -37,6 +37,9 @@ class Source:
 
     #: The whole file, when it was read rather than mapped (``copy_below``).
     _copy = b""
+    #: Where ZIP end records could start (:func:`torchless.io.detect.zip_end_records`, which
+    #: fills it in: the sniffers, the ZIP reader and the scanner each ask).
+    zip_ends: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     def __init__(self, path: str | os.PathLike[str], *, copy_below: int = 0) -> None:
         """``copy_below``: a file of at most this many bytes is read into memory instead

@@ -103,27 +103,33 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
     ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
     lim = limits or _LIMITS
     allow = frozenset(allow_globals)
-    jobs: list[tuple[str, bool]] = []
+    jobs: list[tuple[str, bool, bool]] = []  # (path, named explicitly, a DCP directory)
     for given in paths:
         p = given if isinstance(given, str) and is_remote(given) else os.fspath(given)
-        if not is_remote(p) and os.path.isdir(p) and not _is_unit(p):
-            jobs.extend((f, False) for f in _walk(p))
+        if not is_remote(p) and os.path.isdir(p):
+            if _is_unit(p):
+                jobs.append((p, True, True))
+            else:
+                jobs.extend((f, False, not is_file) for f, is_file in _walk(p))
         else:
-            jobs.append((p, True))
+            jobs.append((p, True, False))
     if executor is None:
-        files = [_scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc)
-                 for f, e in jobs]
+        files = [_scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc, unit=u)
+                 for f, e, u in jobs]
     else:
-        files = list(executor.map(_scan_job, [f for f, _ in jobs], [e for _, e in jobs],
+        files = list(executor.map(_scan_job, [f for f, _, _ in jobs], [e for _, e, _ in jobs],
                                   [strict] * len(jobs), [lim] * len(jobs),
-                                  [allow] * len(jobs), [verify_crc] * len(jobs)))
+                                  [allow] * len(jobs), [verify_crc] * len(jobs),
+                                  [u for _, _, u in jobs]))
     return ScanReport(tuple(files))
 
 
 def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits,
-              allow: frozenset[str], verify_crc: bool = False) -> FileScan:
+              allow: frozenset[str], verify_crc: bool = False,
+              unit: bool | None = None) -> FileScan:
     """One file (module level, so executors can run it in other processes)."""
-    return _scan_file(path, strict, limits, allow, explicit=explicit, verify_crc=verify_crc)
+    return _scan_file(path, strict, limits, allow, explicit=explicit, verify_crc=verify_crc,
+                      unit=unit)
 
 
 def _is_unit(path: str) -> bool:
@@ -132,31 +138,33 @@ def _is_unit(path: str) -> bool:
     return found is not None and found.name == "dcp"
 
 
-def _walk(root: str) -> Iterator[str]:
+def _walk(root: str) -> Iterator[tuple[str, bool]]:
+    """(path, whether it is a file) of every file and DCP directory under ``root``."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         units = [d for d in dirnames if _is_unit(os.path.join(dirpath, d))]
-        yield from (os.path.join(dirpath, d) for d in units)
+        yield from ((os.path.join(dirpath, d), False) for d in units)
         dirnames[:] = [d for d in dirnames if d not in units]
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             if os.path.isfile(full):  # symlinked files too (the Hugging Face cache layout)
-                yield full
+                yield full, True
 
 
 def _scan_file(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
-               explicit: bool, verify_crc: bool = False) -> FileScan:
+               explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
     try:
         return _scan_one(path, strict, limits, allow, explicit=explicit,
-                         verify_crc=verify_crc)
+                         verify_crc=verify_crc, unit=unit)
     except Exception as e:  # a bug of ours: no verdict on the file, and not "unreadable"
         bug = InternalError.wrap(e, "scanning")
         return FileScan(path, "error", error=bug.message, hint=bug.hint)
 
 
 def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
-              explicit: bool, verify_crc: bool = False) -> FileScan:
-    if not is_remote(path) and os.path.isdir(path):
+              explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
+    """``unit``: whether ``path`` is a DCP directory (None: not known yet)."""
+    if unit if unit is not None else not is_remote(path) and os.path.isdir(path):
         return scan_dcp(path, lambda src: _File(src, strict, limits, allow,
                                                 verify_crc=verify_crc))
     try:
