@@ -44,6 +44,8 @@ _STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 # set of matches, but a pattern that opens with a look-behind is tried at every character)
 _CALL = re.compile(r"((?:torch(?<![\w.]torch)|ops(?<![\w.]ops))(?:\s*\.\s*\w+)+)\s*\(")
 _BARE = re.compile(r"(?<![\w.])(?<!def )(rpc_async|rpc_sync|rpc_remote|remote)\s*\(")
+#: Every name _BARE matches holds one of these (code without them is not searched).
+_BARE_WORDS = ("remote", "rpc_")
 _BARE_OPS = {"rpc_async": "prim::rpc_async", "rpc_sync": "prim::rpc_sync",
              "rpc_remote": "prim::rpc_remote", "remote": "prim::rpc_remote"}
 
@@ -89,7 +91,7 @@ def script_calls(text: str) -> list[ScriptCall]:
         op, unknown = _operator(re.sub(r"\s+", "", m.group(1)))
         danger = DANGEROUS.get(op, "")
         out.append(ScriptCall(op, m.start(), danger, unknown and not danger))
-    if "remote" in clean or "rpc_" in clean:  # every word _BARE matches holds one of these
+    if any(word in clean for word in _BARE_WORDS):
         for m in _BARE.finditer(clean):
             op = _BARE_OPS[m.group(1)]
             out.append(ScriptCall(op, m.start(), DANGEROUS[op]))
