@@ -113,12 +113,28 @@ _MEMOIZE_RUN = re.compile(b"\x94+")
 #: until a STACK_GLOBAL is met (:func:`static_walk`), a run of them is matched whole.
 _IS_FIXED = [e is not None and e[1] == 0 and e[0] not in (
     "FRAME", "EXT1", "EXT2", "EXT4", "STACK_GLOBAL", "STOP") for e in _TABLE]
-_FIXED_RUN = re.compile(b"(?:" + b"|".join(
-    b"[" + b"".join(re.escape(bytes([c])) for c in range(256)
-                    if _IS_FIXED[c] and _TABLE[c][2] == width) + b"]" +  # type: ignore[index]
-    (b".{%d}" % width if width else b"")
-    for width in sorted({e[2] for c, e in enumerate(_TABLE) if e is not None and _IS_FIXED[c]})
-) + b")+", re.DOTALL)
+
+
+def _fixed_run() -> re.Pattern[bytes]:
+    """Runs of :data:`_IS_FIXED` opcodes, and of strings, bytes and longs of a 1- or 4-byte
+    length below 256 (one alternative per length: a pattern cannot count)."""
+    def codes(keep: Callable[[int, _Entry], bool]) -> bytes:
+        return b"[" + b"".join(re.escape(bytes([c])) for c, e in enumerate(_TABLE)
+                               if e is not None and keep(c, e)) + b"]"
+
+    def sized(n: int) -> bytes:
+        return b"(?:" + b"|".join(re.escape(length.to_bytes(n, "little")) + b".{%d}" % length
+                                  for length in range(256)) + b")"
+
+    widths = sorted({e[2] for c, e in enumerate(_TABLE) if e is not None and _IS_FIXED[c]})
+    alternatives = [codes(lambda c, e, w=w: _IS_FIXED[c] and e[2] == w) +  # type: ignore[misc]
+                    (b".{%d}" % w if w else b"") for w in widths]
+    alternatives += [codes(lambda c, e, n=n: e[1] == 1 and e[2] == n) + sized(n)  # type: ignore[misc]
+                     for n in (1, 4)]
+    return re.compile(b"(?:" + b"|".join(alternatives) + b")+", re.DOTALL)
+
+
+_FIXED_RUN = _fixed_run()
 #: Opcodes the walk reads without the generic decoding step: fixed-width ones that name
 #: nothing and leave no text (ints, floats …), the binary memo puts and gets, and the
 #: length-prefixed UTF-8 strings (their values as ``utf8_text`` reads them).
