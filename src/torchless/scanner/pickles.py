@@ -46,6 +46,9 @@ FAST_NAMES: frozenset[tuple[str, str]] = frozenset(
     if path not in ("copyreg.__newobj__", "copyreg.__newobj_ex__", "_codecs.encode"))
 
 
+_VETTED_ANY = "vetted to be called with any data"
+
+
 def _fast(g: FoundGlobal) -> bool:
     if (g.module, g.name) in FAST_NAMES:
         return True
@@ -62,8 +65,7 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
         log.add("import", f"copyreg.extension.{g.name}", "dangerous", "names a global "
                 "through the loading process's copyreg extension registry", g.offset, g.offset)
     elif _fast(g):
-        log.add("import", f"{g.module}.{g.name}", "vetted", "vetted to be called with any "
-                "data", g.offset, g.offset)
+        log.add("import", f"{g.module}.{g.name}", "vetted", _VETTED_ANY, g.offset, g.offset)
     elif storage_verdict(g.module, g.name) is not None:
         severity, reason = storage_verdict(g.module, g.name)  # type: ignore[misc]
         log.add("import", f"{g.module}.{g.name}", severity, reason, g.offset, g.offset)
@@ -89,8 +91,9 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     if fast and not want_value:
         scan.globals = [static[k] for k in sorted(static)]
         log = ActionLog(data, member)
-        for g in scan.globals:
-            _judge_unreached(log, g)
+        for g in scan.globals:  # _judge_unreached of a name vetted to be called
+            log.add("import", f"{g.module}.{g.name}", "vetted", _VETTED_ANY, g.offset,
+                    g.offset)
         _finish(scan, log, start)
         return scan
     recorder = ModelRecorder(view, member)

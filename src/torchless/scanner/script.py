@@ -44,6 +44,7 @@ _STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 # set of matches, but a pattern that opens with a look-behind is tried at every character)
 _CALL = re.compile(r"((?:torch(?<![\w.]torch)|ops(?<![\w.]ops))(?:\s*\.\s*\w+)+)\s*\(")
 _BARE = re.compile(r"(?<![\w.])(?<!def )(rpc_async|rpc_sync|rpc_remote|remote)\s*\(")
+_SPACE = re.compile(r"\s+")
 #: Every name _BARE matches holds one of these (code without them is not searched).
 _BARE_WORDS = ("remote", "rpc_")
 _BARE_OPS = {"rpc_async": "prim::rpc_async", "rpc_sync": "prim::rpc_sync",
@@ -88,7 +89,7 @@ def script_calls(text: str) -> list[ScriptCall]:
     clean = _blank_strings(text)
     out: list[ScriptCall] = []
     for m in _CALL.finditer(clean):
-        op, unknown = _operator(re.sub(r"\s+", "", m.group(1)))
+        op, unknown = _operator(_SPACE.sub("", m.group(1)))
         danger = DANGEROUS.get(op, "")
         out.append(ScriptCall(op, m.start(), danger, unknown and not danger))
     if any(word in clean for word in _BARE_WORDS):
