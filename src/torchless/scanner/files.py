@@ -275,7 +275,7 @@ class _File(LayoutScans):
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
-                             member=member)
+                             member=member, tentative=tentative)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1

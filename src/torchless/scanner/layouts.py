@@ -28,7 +28,7 @@ from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
 from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
-from torchless.scanner.pickles import StreamScan, scan_stream
+from torchless.scanner.pickles import DOTTED_NAME, StreamScan, scan_stream
 from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
 from torchless.scanner.torcharchives import archive_kind, nested_archives, package_code, unpickled
@@ -47,7 +47,6 @@ MAX_CHAINED = 1000
 PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
 #: How the pickle walk says that the bytes ran out (a stream cut short by the data's end).
 RUNS_OUT = re.compile(r"cut short|remain$|ends without a STOP|has no end of line")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 class LayoutScans:
@@ -408,7 +407,7 @@ def looks_like_pickle(head: Any, limits: Limits) -> bool:
     Tensor bytes pass neither test by chance, so real checkpoints raise no false alarm."""
     if not head or head[0] not in PICKLE_START:
         return False
-    probe = scan_stream(head, 0, len(head), limits)
+    probe = scan_stream(head, 0, len(head), limits, tentative=True)
     if not probe.stopped and probe.end >= len(head) and probe.globals:
         return True  # the sniffed window ends inside a stream that names globals
     return plausible(probe, head)
@@ -419,7 +418,7 @@ def plausible(result: StreamScan, data: Any) -> bool:
     every name it reads inline is a well-formed dotted name (bytes that merely decode as a
     GLOBAL cannot be imported) and it is whole, or opens with PROTO and breaks after them."""
     if not result.globals or not all(
-            g.unresolved or (_NAME.match(g.module) and _NAME.match(g.name))
+            g.unresolved or (DOTTED_NAME.match(g.module) and DOTTED_NAME.match(g.name))
             for g in result.globals):
         return False
     if result.stopped and not result.problems:

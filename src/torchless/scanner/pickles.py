@@ -28,6 +28,7 @@ Nothing here imports, calls or unpickles anything.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from torchless.core.limits import Limits
@@ -37,7 +38,7 @@ from torchless.scanner.model import ActionLog, storage_verdict
 from torchless.scanner.modelrun import FoundGlobal, ModelMachine, ModelRecorder
 from torchless.scanner.walk import MAX_LINE, StreamScan, static_walk
 
-__all__ = ["FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
+__all__ = ["DOTTED_NAME", "FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
 
 #: Names vetted to be called with any data whose results are not callable and not
 #: forwarding: a stream naming only these (and storage types) takes only vetted actions.
@@ -47,6 +48,14 @@ FAST_NAMES: frozenset[tuple[str, str]] = frozenset(
 
 
 _VETTED_ANY = "vetted to be called with any data"
+#: What a GLOBAL or INST must name to be importable: a dotted Python name.
+DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+def _not_a_pickle(static: dict[int, FoundGlobal]) -> bool:
+    """A GLOBAL or INST names something no import could find."""
+    return any(g.opcode in ("GLOBAL", "INST") and not (
+        DOTTED_NAME.match(g.module) and DOTTED_NAME.match(g.name)) for g in static.values())
 
 
 def _fast(g: FoundGlobal) -> bool:
@@ -77,9 +86,12 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
 
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 limits: Limits | None = None, *, want_value: bool = False,
-                member: str | None = None) -> StreamScan:
+                member: str | None = None, tentative: bool = False) -> StreamScan:
     """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
-    ``member``: the archive member it is, for the actions' report."""
+    ``member``: the archive member it is, for the actions' report. ``tentative``: bytes that
+    need not be a pickle, which the caller drops when a name read inline is no dotted name
+    (``layouts.plausible``): such a stream is only walked (the run would name the same
+    GLOBAL or INST at the same offset the same way), and has no actions."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
@@ -87,6 +99,9 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     if want_value and stop - start <= MAX_LINE and _ran(scan, view, start, lim, member):
         return scan
     static = static_walk(data, start, stop, scan, lim.max_pickle_bytes)
+    if tentative and not want_value and _not_a_pickle(static):
+        scan.globals = [static[k] for k in sorted(static)]
+        return scan
     fast = all(_fast(g) for g in static.values())
     if fast and not want_value:
         scan.globals = [static[k] for k in sorted(static)]
