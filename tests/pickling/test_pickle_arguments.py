@@ -20,7 +20,7 @@ import pytest
 from torchless.pickle import arguments, machine
 from torchless.pickle.arguments import ARGS, ArgReader
 from torchless.pickle.opcodes import OPCODES, Arg
-from torchless.scanner import pickles
+from torchless.scanner import walk
 from torchless.scanner.pickles import scan_stream
 
 _WIDTH_FROM = {pickletools.TAKEN_FROM_ARGUMENT1: (1, False),
@@ -165,7 +165,7 @@ def test_interpreter_and_static_walk_share_the_readers() -> None:
                        (Arg.UNICODESTRING1, machine._utf8_text), (Arg.LONG4, machine._long_bytes)]:
         assert bound is ARGS[arg].decode
     for op in OPCODES:
-        entry = pickles._TABLE[op.code]
+        entry = walk._TABLE[op.code]
         assert entry is not None and entry[3] is op.arg
         if ARGS[op.arg].unpack is not None:
             assert entry[4] is ARGS[op.arg].unpack

@@ -363,8 +363,10 @@ def test_scan_compare_throughput(shared_dir: Path) -> None:
     out = _run("scan_compare.py", sys.prefix, "--throughput")
     lines = out.splitlines()
     assert re.match(r"\d+ real checkpoint files", lines[0]), out
-    head = lines.index("| scanner | seconds | files/s | time vs torchless |")
+    head = lines.index("| scanner | seconds | files/s | time vs torchless | CPU seconds | "
+                       "CPU files/s | CPU vs torchless |")
     rows = [[c.strip() for c in line.strip("|").split("|")]
             for line in lines[head + 2:head + 2 + len(SCANNERS)]]
     assert [r[0] for r in rows] == list(SCANNERS)
     assert float(rows[0][1]) > 0 and int(rows[0][2]) > 0 and rows[0][3] == "1.00x"
+    assert float(rows[0][4]) > 0 and int(rows[0][5]) > 0 and rows[0][6] == "1.00x"

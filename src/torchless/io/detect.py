@@ -64,7 +64,11 @@ def zip_end_records(source: Source) -> tuple[list[int], list[int]]:
     """Where ZIP end-of-directory records could start: every signature with room for the
     record before the end of the file, last first, and those of them whose declared comment
     ends exactly at the end of the file (the ones a ZIP reader takes). The one search of a
-    file's tail, for the layout sniffers, the ZIP reader and the scanner alike."""
+    file's tail, for the layout sniffers, the ZIP reader and the scanner alike (kept on the
+    source: each of them asks)."""
+    known = getattr(source, "zip_ends", None)  # a Window or other reader has none
+    if known is not None:
+        return list(known[0]), list(known[1])
     size = source.size
     if size < ZIP_EOCD_SIZE:
         return [], []
@@ -81,6 +85,8 @@ def zip_end_records(source: Source) -> tuple[list[int], list[int]]:
         if i + ZIP_EOCD_SIZE + int.from_bytes(tail[i + 20:i + 22], "little") == len(tail):
             exact.append(lo + i)
         i -= 1
+    if isinstance(source, Source):
+        source.zip_ends = (tuple(found), tuple(exact))
     return found, exact
 
 
@@ -117,14 +123,19 @@ def tar_number(field: bytes) -> int | None:
         return None
 
 
+_LOW = bytes(range(128))
+
+
 def tar_checksum(header: bytes) -> bool:
     """Whether a 512-byte block's checksum field matches the block, summed unsigned or
     signed (both are accepted by :mod:`tarfile`, as by GNU tar)."""
     stored = tar_number(header[148:156])
+    if stored is None:
+        return False
     rest = header[:148] + header[156:512]
     unsigned = 256 + sum(rest)
-    return stored is not None and stored in (unsigned, unsigned - 256 * sum(
-        1 for c in rest if c > 127))
+    # signed: each byte above 127 counts 256 less (the bytes that delete() keeps)
+    return stored == unsigned or stored == unsigned - 256 * len(rest.translate(None, _LOW))
 
 
 def is_tar(head: bytes, size: int) -> bool:

@@ -37,7 +37,16 @@ class Source:
     _closed = False
     _fd = -1  # open for positioned reads (-1: none, reads go through the map)
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    #: The whole file, when it was read rather than mapped (``copy_below``).
+    _copy = b""
+    #: Where ZIP end records could start (:func:`torchless.io.detect.zip_end_records`, which
+    #: fills it in: the sniffers, the ZIP reader and the scanner each ask).
+    zip_ends: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def __init__(self, path: str | os.PathLike[str], *, copy_below: int = 0) -> None:
+        """``copy_below``: a file of at most this many bytes is read into memory instead
+        of mapped (for a scan of many small files, a map's set-up, page faults and unmap
+        cost more than a copy)."""
         self.path = os.fspath(path)
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
@@ -56,12 +65,15 @@ class Source:
             self.size = st.st_size
             self.identity = (st.st_dev, st.st_ino)  # lets a writer copy from the same file
             self._mmap: mmap.mmap | None = None
-            if self.size:
+            if 0 < self.size <= copy_below:
+                self._copy = self._read_all(fd)
+                self._view = memoryview(self._copy)
+            elif self.size:
                 self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 self._view = memoryview(self._mmap)
             else:
                 self._view = memoryview(b"")
-            keep = hasattr(os, "pread")
+            keep = not self._copy and hasattr(os, "pread")
         except OSError as e:
             if e.errno == errno.ENOMEM:
                 raise CheckpointError(
@@ -78,6 +90,21 @@ class Source:
             else:
                 os.close(fd)
 
+    def _read_all(self, fd: int) -> bytes:
+        parts = []
+        got = 0
+        while got < self.size:
+            try:
+                part = os.read(fd, self.size - got)
+            except OSError as e:
+                raise CheckpointError(f"cannot read: {e.strerror or e}", path=self.path) from None
+            if not part:
+                raise TruncatedInputError(f"the file was cut while open (read {got} of "
+                                          f"{self.size} bytes)", offset=got)
+            parts.append(part)
+            got += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     @property
     def buffer(self) -> memoryview:
         """The whole file."""
@@ -86,7 +113,7 @@ class Source:
     @property
     def raw(self) -> mmap.mmap | bytes:
         """The whole file as an object with find() and slicing (for the pickle VM)."""
-        return self._mmap if self._mmap is not None else b""
+        return self._mmap if self._mmap is not None else self._copy
 
     def view(self, offset: int, n: int, what: str = "data") -> memoryview:
         self._check(offset, n, what)
@@ -160,6 +187,7 @@ class Source:
         """Drop our reference; arrays still viewing the map keep it alive until they go."""
         self._close_fd()
         self._mmap = None
+        self._copy = b""
         self._view = memoryview(b"")
         self._closed = True
 

@@ -65,6 +65,19 @@ from torchless.scanner.report import (
 __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
            "format_table", "scan", "scan_paths"]
 
+#: The limits of a scan that names none (a frozen dataclass: shared by every scan).
+_LIMITS = Limits()
+#: Whether the reader has a rebuild rule for a (module, name) as a file spells it: a
+#: function of the name alone (the rule tables), kept for every scan of this process, up to
+#: :data:`_KNOWN_MAX` names (a hostile file may name millions).
+_KNOWN: dict[tuple[str, str], bool] = {}
+_KNOWN_MAX = 4096
+_ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
+_RESOLVER = TorchResolver(_LIMITS)
+#: Files up to this size are read whole rather than mapped (most checkpoints a scan meets
+#: are small: a map's set-up, page faults and unmap cost more than the copy).
+_COPY_BELOW = 256 << 10
+
 _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd",
                b"Rar!")
 
@@ -88,29 +101,35 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
                executor: Executor | None = None, verify_crc: bool = False) -> ScanReport:
     """Scan several files or directories into one report (in the order given); with an
     ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
-    lim = limits or Limits()
+    lim = limits or _LIMITS
     allow = frozenset(allow_globals)
-    jobs: list[tuple[str, bool]] = []
+    jobs: list[tuple[str, bool, bool]] = []  # (path, named explicitly, a DCP directory)
     for given in paths:
         p = given if isinstance(given, str) and is_remote(given) else os.fspath(given)
-        if not is_remote(p) and os.path.isdir(p) and not _is_unit(p):
-            jobs.extend((f, False) for f in _walk(p))
+        if not is_remote(p) and os.path.isdir(p):
+            if _is_unit(p):
+                jobs.append((p, True, True))
+            else:
+                jobs.extend((f, False, not is_file) for f, is_file in _walk(p))
         else:
-            jobs.append((p, True))
+            jobs.append((p, True, False))
     if executor is None:
-        files = [_scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc)
-                 for f, e in jobs]
+        files = [_scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc, unit=u)
+                 for f, e, u in jobs]
     else:
-        files = list(executor.map(_scan_job, [f for f, _ in jobs], [e for _, e in jobs],
+        files = list(executor.map(_scan_job, [f for f, _, _ in jobs], [e for _, e, _ in jobs],
                                   [strict] * len(jobs), [lim] * len(jobs),
-                                  [allow] * len(jobs), [verify_crc] * len(jobs)))
+                                  [allow] * len(jobs), [verify_crc] * len(jobs),
+                                  [u for _, _, u in jobs]))
     return ScanReport(tuple(files))
 
 
 def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits,
-              allow: frozenset[str], verify_crc: bool = False) -> FileScan:
+              allow: frozenset[str], verify_crc: bool = False,
+              unit: bool | None = None) -> FileScan:
     """One file (module level, so executors can run it in other processes)."""
-    return _scan_file(path, strict, limits, allow, explicit=explicit, verify_crc=verify_crc)
+    return _scan_file(path, strict, limits, allow, explicit=explicit, verify_crc=verify_crc,
+                      unit=unit)
 
 
 def _is_unit(path: str) -> bool:
@@ -119,36 +138,38 @@ def _is_unit(path: str) -> bool:
     return found is not None and found.name == "dcp"
 
 
-def _walk(root: str) -> Iterator[str]:
+def _walk(root: str) -> Iterator[tuple[str, bool]]:
+    """(path, whether it is a file) of every file and DCP directory under ``root``."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         units = [d for d in dirnames if _is_unit(os.path.join(dirpath, d))]
-        yield from (os.path.join(dirpath, d) for d in units)
+        yield from ((os.path.join(dirpath, d), False) for d in units)
         dirnames[:] = [d for d in dirnames if d not in units]
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             if os.path.isfile(full):  # symlinked files too (the Hugging Face cache layout)
-                yield full
+                yield full, True
 
 
 def _scan_file(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
-               explicit: bool, verify_crc: bool = False) -> FileScan:
+               explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
     try:
         return _scan_one(path, strict, limits, allow, explicit=explicit,
-                         verify_crc=verify_crc)
+                         verify_crc=verify_crc, unit=unit)
     except Exception as e:  # a bug of ours: no verdict on the file, and not "unreadable"
         bug = InternalError.wrap(e, "scanning")
         return FileScan(path, "error", error=bug.message, hint=bug.hint)
 
 
 def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
-              explicit: bool, verify_crc: bool = False) -> FileScan:
-    if not is_remote(path) and os.path.isdir(path):
+              explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
+    """``unit``: whether ``path`` is a DCP directory (None: not known yet)."""
+    if unit if unit is not None else not is_remote(path) and os.path.isdir(path):
         return scan_dcp(path, lambda src: _File(src, strict, limits, allow,
                                                 verify_crc=verify_crc))
     try:
         # a remote file is fetched whole: every byte of it is scanned
-        source = RemoteSource(path) if is_remote(path) else Source(path)
+        source = RemoteSource(path) if is_remote(path) else Source(path, copy_below=_COPY_BELOW)
     except CheckpointError as e:
         return FileScan(path, "unreadable", error=e.message, hint=e.hint)
     with source:
@@ -201,8 +222,8 @@ class _File(LayoutScans):
         self.findings = Findings("report")
         self.anomalies: list[Anomaly] = self.findings.anomalies
         self.pickles = 0
-        self._verdicts: dict[tuple[str, str], tuple[Verdict, str]] = {}
         self._crcs: dict[tuple[int, int, int, int], int | None] = {}
+        self._code: dict[int, bytes] = {}
 
     def spawn(self, source: Source) -> _File:
         return _File(source, self.strict, self.limits, self.allow, self.depth + 1,
@@ -221,15 +242,15 @@ class _File(LayoutScans):
             return "dangerous", ""
         if severity == "unvetted":
             return ("dangerous", "strict mode: not vetted") if self.strict else ("unvetted", "")
-        key = (g.module, g.name)
-        if key not in self._verdicts:
-            resolver = TorchResolver(self.limits, strict=self.strict, allow=self.allow)
+        known = _KNOWN.get((g.module, g.name))
+        if known is None:
             try:
-                known = resolver.known(g.module, g.name, g.offset)
+                known = _RESOLVER.known(g.module, g.name, g.offset)
             except CheckpointError:
                 known = False
-            self._verdicts[key] = ("rebuilt" if known else "opaque", "")
-        return self._verdicts[key]
+            if len(_KNOWN) < _KNOWN_MAX:
+                _KNOWN[g.module, g.name] = known
+        return ("rebuilt", "") if known else ("opaque", "")
 
     def judged(self, action: Action) -> Action:
         """The action as this scan reports it: ``allow_globals`` vets its target; strict
@@ -254,24 +275,26 @@ class _File(LayoutScans):
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
-                             member=member)
+                             member=member, tentative=tentative)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
-        actions = [self.judged(a) for a in result.actions]
+        actions = result.actions
+        if self.allow or self.strict:
+            actions = [self.judged(a) for a in actions]
         self.actions.extend(actions)
         worst: dict[int, Severity] = {}
         reasons: dict[int, str] = {}
-        order = {"vetted": 0, "unvetted": 1, "dangerous": 2}
-        for a in actions:
-            if a.origin is not None and order[a.severity] >= order[worst.get(a.origin,
-                                                                               "vetted")]:
-                if a.origin not in reasons or order[a.severity] > order[worst[a.origin]]:
-                    reasons[a.origin] = a.reason
-                worst[a.origin] = a.severity
+        if any(a.severity != "vetted" for a in actions):  # else every name is vetted
+            order = _ORDER
+            for a in actions:
+                if a.origin is not None and order[a.severity] >= order[worst.get(a.origin,
+                                                                                   "vetted")]:
+                    if a.origin not in reasons or order[a.severity] > order[worst[a.origin]]:
+                        reasons[a.origin] = a.reason
+                    worst[a.origin] = a.severity
         for g in result.globals:
-            severity = worst.get(g.offset, "vetted")
-            verdict, _ = self.verdict(g, severity)
+            verdict, _ = self.verdict(g, worst.get(g.offset, "vetted"))
             reason = reasons.get(g.offset, "") if verdict in ("dangerous", "unvetted") else ""
             self.globals.append(GlobalRef(g.module, g.name, g.offset, g.opcode, verdict,
                                           member, reason))

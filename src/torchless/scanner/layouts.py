@@ -28,7 +28,7 @@ from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
 from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
-from torchless.scanner.pickles import StreamScan, scan_stream
+from torchless.scanner.pickles import DOTTED_NAME, StreamScan, scan_stream
 from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
 from torchless.scanner.torcharchives import archive_kind, nested_archives, package_code, unpickled
@@ -47,7 +47,6 @@ MAX_CHAINED = 1000
 PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
 #: How the pickle walk says that the bytes ran out (a stream cut short by the data's end).
 RUNS_OUT = re.compile(r"cut short|remain$|ends without a STOP|has no end of line")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 class LayoutScans:
@@ -66,6 +65,9 @@ class LayoutScans:
     #: How many archives this file lies inside (0: a file of its own).
     depth: int
     _crcs: dict[tuple[int, int, int, int], int | None]
+    #: Whole members under ``code/`` read by :meth:`member`, by ``id()`` of the entry (for
+    #: :meth:`script`, which reads them again as text).
+    _code: dict[int, bytes]
     #: Check the CRC-32 of every member, tensor data included (else of those read whole).
     verify_crc: bool
 
@@ -251,7 +253,9 @@ class LayoutScans:
             name = m.name.lower()
             if "code/" not in name or not name.endswith(".py"):
                 continue
-            data, _ = archive.head(m, self.limits.max_pickle_bytes)
+            data = self._code.get(id(m))
+            if data is None or len(data) > self.limits.max_pickle_bytes:
+                data, _ = archive.head(m, self.limits.max_pickle_bytes)
             if data is None:
                 continue
             for call in script_calls(data.decode("utf-8", "replace")):
@@ -290,6 +294,8 @@ class LayoutScans:
             return
         cap = min(m.size + 1, self.limits.max_pickle_bytes + 1) if is_pickle else _SNIFF
         data, why = archive.head(m, cap)
+        if data is not None and len(data) < cap and "code/" in m.name.lower():
+            self._code[id(m)] = data  # the whole member: script() reads it again
         if data is None:
             if why and m.method in (0, 8):
                 self.flag("member", f"cannot be read: {why}", m.name, m.data_offset)
@@ -401,7 +407,7 @@ def looks_like_pickle(head: Any, limits: Limits) -> bool:
     Tensor bytes pass neither test by chance, so real checkpoints raise no false alarm."""
     if not head or head[0] not in PICKLE_START:
         return False
-    probe = scan_stream(head, 0, len(head), limits)
+    probe = scan_stream(head, 0, len(head), limits, tentative=True)
     if not probe.stopped and probe.end >= len(head) and probe.globals:
         return True  # the sniffed window ends inside a stream that names globals
     return plausible(probe, head)
@@ -412,7 +418,7 @@ def plausible(result: StreamScan, data: Any) -> bool:
     every name it reads inline is a well-formed dotted name (bytes that merely decode as a
     GLOBAL cannot be imported) and it is whole, or opens with PROTO and breaks after them."""
     if not result.globals or not all(
-            g.unresolved or (_NAME.match(g.module) and _NAME.match(g.name))
+            g.unresolved or (DOTTED_NAME.match(g.module) and DOTTED_NAME.match(g.name))
             for g in result.globals):
         return False
     if result.stopped and not result.problems:

@@ -92,6 +92,14 @@ def static_args(args: Any) -> str | None:
 
 
 def _show(value: Any, depth: int) -> str:
+    kind = type(value)  # the plain types first: the chain below renders them the same way
+    if kind is str or kind is bytes:
+        return repr(value if len(value) <= 80 else value[:80])
+    if kind is int:
+        bits = value.bit_length()
+        return f"<int of {bits} bits>" if bits > 256 else repr(value)
+    if kind is bool or kind is float or value is None:
+        return repr(value)
     if isinstance(value, Global):
         return value.path
     if isinstance(value, Made):
@@ -132,28 +140,30 @@ class ActionLog:
 
     def add(self, kind: ActionKind, target: str, severity: Severity, reason: str, offset: int,
             origin: int | None, args: Any = None) -> None:
-        if origin is not None and _ORDER[severity] > _ORDER[self.worst.get(origin, "vetted")]:
-            self.worst[origin] = severity
-        elif origin is not None and origin not in self.worst:
-            self.worst[origin] = severity
-        if severity == "vetted" or len(self.actions) >= _MAX_LISTED:
+        if origin is not None:
+            was = self.worst.get(origin)
+            if was is None or _ORDER[severity] > _ORDER[was]:
+                self.worst[origin] = severity
+        actions = self.actions
+        if severity == "vetted" or len(actions) >= _MAX_LISTED:
             key = (kind, target) if severity == "vetted" else (kind, f"{severity}:{target}")
             at = self._vetted.get(key)
             if at is not None:
-                self._counts[at] += 1
+                self._counts[at] = self._counts.get(at, 0) + 1  # repeats after the first
                 return
-            self._vetted[key] = len(self.actions)
-            self._counts[len(self.actions)] = 1
-        op = _opcode(self.data, offset)
-        self.actions.append(Action(kind, target, severity, reason, offset, op,
-                                   static_args(args) if args is not None else None, origin,
-                                   self.member))
+            self._vetted[key] = len(actions)
+        actions.append(Action(kind, target, severity, reason, offset,
+                              _opcode(self.data, offset),
+                              static_args(args) if args is not None else None, origin,
+                              self.member))
 
     def finished(self) -> list[Action]:
-        out = []
-        for i, a in enumerate(self.actions):
-            n = self._counts.get(i, 1)
-            out.append(a if n == 1 else a.counted(n))
+        """The actions, each listed once with its count (1 unless counted)."""
+        if not self._counts:
+            return self.actions
+        out = list(self.actions)
+        for i, n in self._counts.items():
+            out[i] = out[i].counted(n + 1)
         return out
 
 

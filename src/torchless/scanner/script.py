@@ -40,8 +40,13 @@ KNOWN_NAMESPACES = frozenset({"aten", "prim", "quantized", "_quantized", "quanti
                               "torchvision", "torchaudio", "_caffe2", "profiler"})
 
 _STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
-_CALL = re.compile(r"(?<![\w.])((?:torch|ops)(?:\s*\.\s*\w+)+)\s*\(")
+# the word first, then the look back at what precedes it (``(?<![\w.])torch`` is the same
+# set of matches, but a pattern that opens with a look-behind is tried at every character)
+_CALL = re.compile(r"((?:torch(?<![\w.]torch)|ops(?<![\w.]ops))(?:\s*\.\s*\w+)+)\s*\(")
 _BARE = re.compile(r"(?<![\w.])(?<!def )(rpc_async|rpc_sync|rpc_remote|remote)\s*\(")
+_SPACE = re.compile(r"\s+")
+#: Every name _BARE matches holds one of these (code without them is not searched).
+_BARE_WORDS = ("remote", "rpc_")
 _BARE_OPS = {"rpc_async": "prim::rpc_async", "rpc_sync": "prim::rpc_sync",
              "rpc_remote": "prim::rpc_remote", "remote": "prim::rpc_remote"}
 
@@ -84,11 +89,12 @@ def script_calls(text: str) -> list[ScriptCall]:
     clean = _blank_strings(text)
     out: list[ScriptCall] = []
     for m in _CALL.finditer(clean):
-        op, unknown = _operator(re.sub(r"\s+", "", m.group(1)))
+        op, unknown = _operator(_SPACE.sub("", m.group(1)))
         danger = DANGEROUS.get(op, "")
         out.append(ScriptCall(op, m.start(), danger, unknown and not danger))
-    for m in _BARE.finditer(clean):
-        op = _BARE_OPS[m.group(1)]
-        out.append(ScriptCall(op, m.start(), DANGEROUS[op]))
+    if any(word in clean for word in _BARE_WORDS):
+        for m in _BARE.finditer(clean):
+            op = _BARE_OPS[m.group(1)]
+            out.append(ScriptCall(op, m.start(), DANGEROUS[op]))
     out.sort(key=lambda c: c.offset)
     return out
