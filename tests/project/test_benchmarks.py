@@ -245,7 +245,8 @@ def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_copy_methods() -> None:
     """Every copy method's row for the one size, and the same in --json."""
-    methods = ("map", "copy_file_range", "sendfile", "gather", "sendfile-pieces")
+    methods = ("map", "copy_file_range", "copy_file_range+writeback", "sendfile", "gather",
+               "sendfile-pieces")
     lines = _run("copy_methods.py", "--quick").splitlines()
     assert lines[0].split() == ["size", "method", "seconds", "peak", "RSS", "x",
                                 "copy_file_range"]
