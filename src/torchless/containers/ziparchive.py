@@ -69,6 +69,8 @@ from torchless.io.source import Source
 __all__ = ["Entry", "ZipArchive", "zip64_field"]
 
 _MULTI_DISK = "multi-disk (split) ZIP archives are not supported"
+_CENTRAL_SIZE = CENTRAL.size
+_central = CENTRAL.unpack_from
 
 
 class ZipArchive(MemberLayout, MemberReader):
@@ -256,7 +258,7 @@ class ZipArchive(MemberLayout, MemberReader):
                  eocd: int) -> None:
         """The central entries in ``[start, limit)``."""
         f = self.findings
-        cd = memoryview(self.source.read(start, limit - start) if start < limit else b"")
+        cd = self.source.read(start, limit - start) if start < limit else b""
         pos = count = 0
         most = min(n_total, self.limits.max_archive_entries)
         members = self.members
@@ -284,23 +286,23 @@ class ZipArchive(MemberLayout, MemberReader):
                 f"end record declares {n_total} entries, central directory holds {count}"),
               offset=eocd)
 
-    def _central_entry(self, cd: memoryview, base: int, pos: int,
+    def _central_entry(self, cd: bytes, base: int, pos: int,
                        delta: int) -> tuple[Entry | None, int]:
         f = self.findings
-        if pos + CENTRAL.size > len(cd):
+        if pos + _CENTRAL_SIZE > len(cd):
             f("eocd", ArchiveFormatError("central directory entry cut short"), offset=base + pos)
             return None, pos
         (sig, made_by, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen,
-         disk, _iattr, eattr, hoff) = CENTRAL.unpack(cd[pos:pos + CENTRAL.size])
+         disk, _iattr, eattr, hoff) = _central(cd, pos)
         if sig != SIG_CENTRAL:
             f("eocd", ArchiveFormatError(f"bad central directory signature at byte {base + pos}"),
               offset=base + pos)
             return None, pos
         at = base + pos
-        body = pos + CENTRAL.size
+        body = pos + _CENTRAL_SIZE
         end = body + nlen + elen + clen
         if end <= len(cd):
-            raw_name, extra = bytes(cd[body:body + nlen]), bytes(cd[body + nlen:body + nlen + elen])
+            raw_name, extra = cd[body:body + nlen], cd[body + nlen:body + nlen + elen]
         else:
             f("eocd", ArchiveFormatError("central directory entry runs past the directory"),
               offset=at)
@@ -311,6 +313,13 @@ class ZipArchive(MemberLayout, MemberReader):
         except CheckpointError as problem:
             name = any_name(raw_name, flags)
             f("name", problem, name, at)
+        if not (flags & ~ALLOWED_FLAGS or (method != STORED and method != DEFLATED)
+                or disk == 0xFFFF or csize == SATURATED or usize == SATURATED
+                or hoff == SATURATED or made_by >> 8 == 3 or (method == STORED
+                                                             and csize != usize)):
+            # a plain entry (every torch writes): none of the checks below has a finding
+            return Entry(name, method, flags, crc, csize, usize, hoff + delta,
+                         is_dir=name.endswith("/"), raw_name=raw_name), end
         if flags & ~ALLOWED_FLAGS:
             bad = flags & ~ALLOWED_FLAGS
             what = "encrypted" if bad & 0x41 else f"marked with unknown flag bits 0x{bad:04x}"
