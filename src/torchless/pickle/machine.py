@@ -647,9 +647,11 @@ class Machine:
     def _immutable(self, value: tuple[Any, ...] | frozenset[Any]) -> Any:
         """Record the nesting depth of a new tuple/frozenset; refuse if too deep."""
         depth = 0
+        depths = self.depths
         for item in value:
-            if isinstance(item, (tuple, frozenset)):
-                d = self._depth(item)
+            if isinstance(item, (tuple, frozenset)):  # self._depth(item), inlined
+                entry = depths.get(id(item))
+                d = entry[1] if entry is not None and entry[0] is item else 1
                 if d > depth:
                     depth = d
         depth += 1
