@@ -56,6 +56,7 @@ from torchless.pickle.arguments import (
     utf8_text,
 )
 from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES
+from torchless.pickle.tensorargs import tensor_args
 from torchless.pickle.values import Global, Opaque
 
 __all__ = ["Machine", "Resolver", "collector_paused", "run_pickle"]
@@ -192,6 +193,10 @@ _TABLES: dict[type, list[Callable[[Any], None] | None]] = {}
 class Machine:
     """One run of the interpreter over one pickle stream."""
 
+    #: Run torch's per-tensor opcode sequence at once where it appears
+    #: (:mod:`.tensorargs`); the general loop alone when False (the tests compare both).
+    fast_tensors = True
+
     def __init__(
         self,
         data: bytes | bytearray | memoryview | mmap.mmap,
@@ -292,6 +297,7 @@ class Machine:
         # reaches ``guard``.
         counting = max_ops < end - start
         shallow = max_depth >= 1  # a tuple of no tuples is within the depth limit
+        fast = self.fast_tensors
         guard = -1
         while True:
             if pos >= guard:
@@ -355,6 +361,12 @@ class Machine:
                     self._at(op)._stack_full()
                 stack.append(data[op + 1])
             elif code == 0x28:  # MARK
+                if fast and pos + 1 < guard and data[pos + 1] == 0x28:
+                    after = tensor_args(self, pos, guard)  # a tensor's arguments, at once
+                    if after >= 0:
+                        pos = after
+                        stack = self.stack
+                        continue
                 if len(metastack) >= max_depth:
                     raise LimitError("max_depth", max_depth, len(metastack) + 1, "open MARKs",
                                      offset=op)
