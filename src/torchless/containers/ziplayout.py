@@ -35,6 +35,8 @@ _LOCAL_SIZE = LOCAL.size
 _local = LOCAL.unpack_from
 _DESCRIPTOR = struct.Struct("<III")  # crc, compressed size, size
 _DESCRIPTOR64 = struct.Struct("<IQQ")
+_field = struct.Struct("<HH").unpack_from  # an extra field's tag and size
+_PADDING = 0x4246  # "FB": the field torch's writer pads a member's data to 64 bytes with
 
 
 class MemberLayout:
@@ -163,15 +165,19 @@ class MemberLayout:
         if end > limit:
             return False
         if descriptor:
-            at = h + _LOCAL_SIZE + nlen
-            if not self._cover(at, elen, "local extra field"):
-                return False
-            j = at - self._window_at
-            try:
-                local_zip64 = zip64_field(self._window[j:j + elen]) is not None
-            except ValueError:
-                return False
             n = max(0, min(24, limit - end))
+            j = i + _LOCAL_SIZE + nlen  # the extra field
+            if end + n > self._window_at + len(win):  # the block ends before the descriptor
+                if not self._cover(h + _LOCAL_SIZE + nlen, elen, "local extra field"):
+                    return False
+                j = h + _LOCAL_SIZE + nlen - self._window_at
+            if elen >= 4 and _field(self._window, j) == (_PADDING, elen - 4):
+                local_zip64 = False  # one field, torch's alignment padding
+            else:
+                try:
+                    local_zip64 = zip64_field(self._window[j:j + elen]) is not None
+                except ValueError:
+                    return False
             if not self._cover(end, n, "data descriptor"):
                 return False
             k = end - self._window_at
