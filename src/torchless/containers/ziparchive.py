@@ -30,6 +30,8 @@ member's exact end is checked against the next member when its local header is r
 
 from __future__ import annotations
 
+import operator
+
 from torchless.containers.zipformat import (
     ALLOWED_FLAGS,
     CENTRAL,
@@ -70,6 +72,7 @@ __all__ = ["Entry", "ZipArchive", "zip64_field"]
 
 _MULTI_DISK = "multi-disk (split) ZIP archives are not supported"
 _CENTRAL_SIZE = CENTRAL.size
+_by_offset = operator.attrgetter("header_offset", "end_offset")
 _central = CENTRAL.unpack_from
 
 
@@ -135,10 +138,12 @@ class ZipArchive(MemberLayout, MemberReader):
             self.entries.setdefault(e.name, e)
         eager = not (self.source.remote and self.findings.strict)
         if eager:
+            plain, fully = self._plain_local, self._check_local_fully  # _check_local
             for e in self.members:
-                self._check_local(e)
+                if not plain(e):
+                    fully(e)
         self._order = sorted((e for e in self.members if e.located or not eager),
-                             key=lambda x: (x.header_offset, x.end_offset))
+                             key=_by_offset)
         self._tile(self._order, 0, self._cd_start)
         if not eager:
             self._rank = {id(e): i for i, e in enumerate(self._order)}
