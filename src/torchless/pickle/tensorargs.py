@@ -76,6 +76,7 @@ def _ints(span: bytes) -> tuple[list[int], bool]:
     return out, marked
 
 
+_from_bytes = int.from_bytes
 _NOT_CALLABLE = (str, bytes, int, float, list, dict, tuple, type(None))
 _IMMUTABLE = (tuple, frozenset)
 
@@ -117,15 +118,19 @@ def tensor_args(m: Machine, pos: int, guard: int) -> int:
         return -1
     # the memo: every get reads a slot written before the sequence, every put writes the
     # next new slot, in order (so no get of the sequence sees a put of it)
-    gets = [x[1] if len(x) == 2 else int.from_bytes(x[1:], "little")
-            for x in (get_tag, get_kind, get_location, get_hook,
-                      get_key if key_len is None else get_tag)]
-    if max(gets) >= have:
-        return -1
-    puts = [x[1] if len(x) == 2 else int.from_bytes(x[1:], "little")
-            for x in (put_key, put_pid, put_size, put_stride, put_hooks, put_args, put_value)
-            if x is not None]
-    if puts != list(range(have, have + len(puts))) or have + len(puts) > lim.max_memo:
+    gets = []
+    for x in (get_tag, get_kind, get_location, get_hook, get_key or get_tag):
+        index = x[1] if len(x) == 2 else _from_bytes(x[1:], "little")
+        if index >= have:
+            return -1
+        gets.append(index)
+    want = have
+    for x in (put_key, put_pid, put_size, put_stride, put_hooks, put_args, put_value):
+        if x is not None:
+            if (x[1] if len(x) == 2 else _from_bytes(x[1:], "little")) != want:
+                return -1
+            want += 1
+    if want > lim.max_memo:
         return -1
 
     # The effects, in the general loop's order. The stack segments and MARKs the loop
