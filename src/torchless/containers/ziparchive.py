@@ -30,6 +30,8 @@ member's exact end is checked against the next member when its local header is r
 
 from __future__ import annotations
 
+import operator
+
 from torchless.containers.zipformat import (
     ALLOWED_FLAGS,
     CENTRAL,
@@ -69,6 +71,9 @@ from torchless.io.source import Source
 __all__ = ["Entry", "ZipArchive", "zip64_field"]
 
 _MULTI_DISK = "multi-disk (split) ZIP archives are not supported"
+_CENTRAL_SIZE = CENTRAL.size
+_by_offset = operator.attrgetter("header_offset", "end_offset")
+_central = CENTRAL.unpack_from
 
 
 class ZipArchive(MemberLayout, MemberReader):
@@ -133,10 +138,12 @@ class ZipArchive(MemberLayout, MemberReader):
             self.entries.setdefault(e.name, e)
         eager = not (self.source.remote and self.findings.strict)
         if eager:
+            plain, fully = self._plain_local, self._check_local_fully  # _check_local
             for e in self.members:
-                self._check_local(e)
+                if not plain(e):
+                    fully(e)
         self._order = sorted((e for e in self.members if e.located or not eager),
-                             key=lambda x: (x.header_offset, x.end_offset))
+                             key=_by_offset)
         self._tile(self._order, 0, self._cd_start)
         if not eager:
             self._rank = {id(e): i for i, e in enumerate(self._order)}
@@ -256,7 +263,7 @@ class ZipArchive(MemberLayout, MemberReader):
                  eocd: int) -> None:
         """The central entries in ``[start, limit)``."""
         f = self.findings
-        cd = memoryview(self.source.read(start, limit - start) if start < limit else b"")
+        cd = self.source.read(start, limit - start) if start < limit else b""
         pos = count = 0
         most = min(n_total, self.limits.max_archive_entries)
         members = self.members
@@ -284,23 +291,23 @@ class ZipArchive(MemberLayout, MemberReader):
                 f"end record declares {n_total} entries, central directory holds {count}"),
               offset=eocd)
 
-    def _central_entry(self, cd: memoryview, base: int, pos: int,
+    def _central_entry(self, cd: bytes, base: int, pos: int,
                        delta: int) -> tuple[Entry | None, int]:
         f = self.findings
-        if pos + CENTRAL.size > len(cd):
+        if pos + _CENTRAL_SIZE > len(cd):
             f("eocd", ArchiveFormatError("central directory entry cut short"), offset=base + pos)
             return None, pos
         (sig, made_by, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen,
-         disk, _iattr, eattr, hoff) = CENTRAL.unpack(cd[pos:pos + CENTRAL.size])
+         disk, _iattr, eattr, hoff) = _central(cd, pos)
         if sig != SIG_CENTRAL:
             f("eocd", ArchiveFormatError(f"bad central directory signature at byte {base + pos}"),
               offset=base + pos)
             return None, pos
         at = base + pos
-        body = pos + CENTRAL.size
+        body = pos + _CENTRAL_SIZE
         end = body + nlen + elen + clen
         if end <= len(cd):
-            raw_name, extra = bytes(cd[body:body + nlen]), bytes(cd[body + nlen:body + nlen + elen])
+            raw_name, extra = cd[body:body + nlen], cd[body + nlen:body + nlen + elen]
         else:
             f("eocd", ArchiveFormatError("central directory entry runs past the directory"),
               offset=at)
@@ -311,6 +318,13 @@ class ZipArchive(MemberLayout, MemberReader):
         except CheckpointError as problem:
             name = any_name(raw_name, flags)
             f("name", problem, name, at)
+        if not (flags & ~ALLOWED_FLAGS or (method != STORED and method != DEFLATED)
+                or disk == 0xFFFF or csize == SATURATED or usize == SATURATED
+                or hoff == SATURATED or made_by >> 8 == 3 or (method == STORED
+                                                             and csize != usize)):
+            # a plain entry (every torch writes): none of the checks below has a finding
+            return Entry(name, method, flags, crc, csize, usize, hoff + delta,
+                         is_dir=name.endswith("/"), raw_name=raw_name), end
         if flags & ~ALLOWED_FLAGS:
             bad = flags & ~ALLOWED_FLAGS
             what = "encrypted" if bad & 0x41 else f"marked with unknown flag bits 0x{bad:04x}"

@@ -127,7 +127,8 @@ def member_name(raw: bytes, flags: int) -> str:
         raise UnsafePathError(f"archive member name {name!r} contains a backslash")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise UnsafePathError(f"archive member name {name!r} is an absolute path")
-    if any(part in ("..", ".") for part in name.rstrip("/").split("/")) or "//" in name:
+    bounded = f"/{name.rstrip('/')}/"  # a "." or ".." component lies between two slashes
+    if "/./" in bounded or "/../" in bounded or "//" in name:
         raise UnsafePathError(f"archive member name {name!r} is not a plain relative path")
     if not name:
         raise UnsafePathError("archive member with an empty name")

@@ -31,6 +31,12 @@ __all__ = ["MemberLayout"]
 
 #: Bytes read at a time for local headers and data descriptors.
 _WINDOW = 4 << 10
+_LOCAL_SIZE = LOCAL.size
+_local = LOCAL.unpack_from
+_DESCRIPTOR = struct.Struct("<III")  # crc, compressed size, size
+_DESCRIPTOR64 = struct.Struct("<IQQ")
+_field = struct.Struct("<HH").unpack_from  # an extra field's tag and size
+_PADDING = 0x4246  # "FB": the field torch's writer pads a member's data to 64 bytes with
 
 
 class MemberLayout:
@@ -57,15 +63,23 @@ class MemberLayout:
         small tensors lie a few hundred bytes apart: the bytes come from a block of
         :data:`_WINDOW` read ahead with one ``pread``, not one system call each (a remote
         file: the bytes alone, one range request each)."""
+        if self._cover(offset, n, what):
+            i = offset - self._window_at
+            return self._window[i:i + n]
+        return self._bytes(offset, n, what)
+
+    def _cover(self, offset: int, n: int, what: str) -> bool:
+        """Whether the read-ahead block now holds the ``n`` bytes at ``offset`` (read anew
+        if it did not); False for a remote file, or bytes that are not all in the file."""
         at = self._window_at
         if at <= offset and offset + n <= at + len(self._window):
-            return self._window[offset - at:offset - at + n]
+            return True
         size = self.source.size
         if self.source.remote or offset < 0 or offset + n > size:
-            return self._bytes(offset, n, what)
+            return False
         self._window = self.source.read(offset, min(size - offset, max(n, _WINDOW)), what)
         self._window_at = offset
-        return self._window[:n]
+        return True
 
     def _clipped(self, offset: int, n: int, what: str) -> bytes:
         """As many of the ``n`` bytes at ``offset`` as the file holds."""
@@ -121,6 +135,67 @@ class MemberLayout:
 
     def _check_local(self, e: Entry) -> None:
         """One member's local header against its central entry; sets where its data is."""
+        if not self._plain_local(e):
+            self._check_local_fully(e)
+
+    def _plain_local(self, e: Entry) -> bool:
+        """The common case of :meth:`_check_local_fully`, read in place from the read-ahead
+        block: a local header that repeats its central entry exactly (flags, method, name,
+        and CRC and sizes or a descriptor's zeros), its data inside the archive data, and a
+        data descriptor, if any, that agrees. Then every check of the full path passes, and
+        this sets what it sets; on anything else (nothing is changed) False, and the full
+        path decides. A file of 30,000 small tensors spent a quarter of its open here."""
+        h = e.header_offset
+        raw = e.raw_name
+        limit = self._cd_start
+        if h + _LOCAL_SIZE > limit or not self._cover(h, _LOCAL_SIZE + len(raw), "local header"):
+            return False
+        win = self._window
+        i = h - self._window_at
+        (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = _local(win, i)
+        if sig != SIG_LOCAL or nlen != len(raw) or flags != e.flags or method != e.method \
+                or flags & ~ALLOWED_FLAGS or not win.startswith(raw, i + _LOCAL_SIZE):
+            return False
+        descriptor = flags & FLAG_DESCRIPTOR
+        if (crc or csize or usize or not descriptor) and (
+                crc != e.crc or csize != e.compressed_size or usize != e.size):
+            return False
+        data = h + _LOCAL_SIZE + nlen + elen
+        end = data + e.compressed_size
+        if end > limit:
+            return False
+        if descriptor:
+            n = max(0, min(24, limit - end))
+            j = i + _LOCAL_SIZE + nlen  # the extra field
+            if end + n > self._window_at + len(win):  # the block ends before the descriptor
+                if not self._cover(h + _LOCAL_SIZE + nlen, elen, "local extra field"):
+                    return False
+                j = h + _LOCAL_SIZE + nlen - self._window_at
+            if elen >= 4 and _field(self._window, j) == (_PADDING, elen - 4):
+                local_zip64 = False  # one field, torch's alignment padding
+            else:
+                try:
+                    local_zip64 = zip64_field(self._window[j:j + elen]) is not None
+                except ValueError:
+                    return False
+            if not self._cover(end, n, "data descriptor"):
+                return False
+            k = end - self._window_at
+            head = self._window[k:k + n]
+            if head[:4] == SIG_DESCRIPTOR:
+                head, end = head[4:], end + 4
+            form = _DESCRIPTOR64 if descriptor_is_zip64(local_zip64, e) else _DESCRIPTOR
+            if len(head) < form.size or \
+                    form.unpack_from(head) != (e.crc, e.compressed_size, e.size):
+                return False
+            end += form.size
+        e.data_offset = data
+        e.end_offset = end
+        e.located = True
+        return True
+
+    def _check_local_fully(self, e: Entry) -> None:
+        """:meth:`_check_local` with every finding."""
         src, f = self.source, self.findings
         limit = self._cd_start
         h = e.header_offset

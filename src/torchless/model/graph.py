@@ -237,6 +237,9 @@ def flatten(
     """Name every tensor by its path: keys, indices and attributes joined with '.'
     (:mod:`._walk` gives each segment). A path never goes round a cycle; two different
     paths that spell the same name get ``~2``, ``~3`` … after it, in walk order."""
+    flat = _flat_state_dict(root, limits, root_name)
+    if flat is not None:
+        return flat, {}
     tensors: dict[str, Tensor] = {}
     unsupported: dict[str, UnsupportedTensor] = {}
     cut: dict[int, set[int]] = {}
@@ -268,6 +271,26 @@ def flatten(
                 and (isinstance(child, LEAVES) or (is_node(child) and counts.get(id(child))))]
         stack.extend(reversed(kids))
     return tensors, unsupported
+
+
+def _flat_state_dict(root: Any, limits: Limits, root_name: str) -> dict[str, Tensor] | None:
+    """:func:`flatten` of the commonest tree, a plain dict of str keys and tensors without
+    attributes, at once: each tensor is named by its key, in the dict's order, with the
+    same limits checked (:func:`_tensor_counts`); None for any other tree."""
+    if type(root) is not dict or root_name:
+        return None
+    size = 0
+    for key, value in root.items():
+        if type(key) is not str or type(value) is not Tensor or value.attrs:
+            return None
+        size += len(key)
+    if len(root) > limits.max_tensors:
+        raise LimitError("max_tensors", limits.max_tensors, len(root),
+                         "tensor names, aliases included")
+    if size > limits.max_name_bytes:
+        raise LimitError("max_name_bytes", limits.max_name_bytes, size,
+                         "characters of the flat tensor names")
+    return dict(root)
 
 
 _MISSING: Any = object()

@@ -20,13 +20,14 @@ Only our own errors leave :meth:`Machine.run`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import math
 import mmap
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchless.core.limits import Limits
@@ -55,9 +56,10 @@ from torchless.pickle.arguments import (
     utf8_text,
 )
 from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES
+from torchless.pickle.tensorargs import tensor_args
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["Machine", "Resolver", "run_pickle"]
+__all__ = ["Machine", "Resolver", "collector_paused", "run_pickle"]
 
 _LOG2_10 = math.log2(10)
 _LOG10_2 = math.log10(2)
@@ -97,6 +99,20 @@ def _pause_collector() -> bool:
         return False
     gc.disable()
     return True
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused for a block, as for one run
+    (:func:`_pause_collector`): opening a checkpoint keeps what it builds, around the run too
+    (the archive's directory, the tree's walks), and the collector's passes over 30,000
+    tensors' objects were 8 % of an open."""
+    paused = _pause_collector()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 _IMMUTABLE = (tuple, frozenset)
@@ -176,6 +192,10 @@ _TABLES: dict[type, list[Callable[[Any], None] | None]] = {}
 
 class Machine:
     """One run of the interpreter over one pickle stream."""
+
+    #: Run torch's per-tensor opcode sequence at once where it appears
+    #: (:mod:`.tensorargs`); the general loop alone when False (the tests compare both).
+    fast_tensors = True
 
     def __init__(
         self,
@@ -277,6 +297,7 @@ class Machine:
         # reaches ``guard``.
         counting = max_ops < end - start
         shallow = max_depth >= 1  # a tuple of no tuples is within the depth limit
+        fast = self.fast_tensors
         guard = -1
         while True:
             if pos >= guard:
@@ -296,7 +317,7 @@ class Machine:
                 else:
                     guard = min(limit, max_end + 1)
             code = data[pos]
-            self.op_start = op = pos
+            op = pos
             if code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
                 if code == 0x72:
                     pos += 5
@@ -315,6 +336,7 @@ class Machine:
                 elif index == len(dense) and not memo and index < max_memo:
                     dense.append(stack[-1])
                 else:
+                    self.op_start = op
                     self._memo_put(index, stack[-1])
             elif code == 0x68 or code == 0x6A:  # BINGET, LONG_BINGET
                 if code == 0x68:
@@ -327,18 +349,24 @@ class Machine:
                     if pos > limit:
                         self._overrun_at(op, 4)
                     index = from_bytes(data[op + 1:pos], "little")
-                value = dense[index] if index < len(dense) else self._memo_get(index)
+                value = dense[index] if index < len(dense) else self._at(op)._memo_get(index)
                 if len(stack) >= room:
-                    self._stack_full()
+                    self._at(op)._stack_full()
                 stack.append(value)
             elif code == 0x4B:  # BININT1
                 pos += 2
                 if pos > limit:
                     self._overrun_at(op, 1)
                 if len(stack) >= room:
-                    self._stack_full()
+                    self._at(op)._stack_full()
                 stack.append(data[op + 1])
             elif code == 0x28:  # MARK
+                if fast and pos + 1 < guard and data[pos + 1] == 0x28:
+                    after = tensor_args(self, pos, guard)  # a tensor's arguments, at once
+                    if after >= 0:
+                        pos = after
+                        stack = self.stack
+                        continue
                 if len(metastack) >= max_depth:
                     raise LimitError("max_depth", max_depth, len(metastack) + 1, "open MARKs",
                                      offset=op)
@@ -360,15 +388,17 @@ class Machine:
                     n = data[op + 1]
                 if n > limit - pos or n > max_str:
                     self.pos = pos
+                    self.op_start = op
                     self._sized(n)  # raises: runs past the data or its frame, or too long
                 raw = data[pos:pos + n]
                 pos += n
                 try:
                     text = raw.decode("utf-8", "surrogatepass")
                 except UnicodeDecodeError:
+                    self.op_start = op
                     text = self._text(raw)  # raises with the reason
                 if len(stack) >= room:
-                    self._stack_full()
+                    self._at(op)._stack_full()
                 stack.append(text)
             elif code == 0x74:  # TUPLE
                 if not metastack:
@@ -380,10 +410,11 @@ class Machine:
                 value = tuple(items)
                 for item in value if shallow else (0,):
                     if not shallow or isinstance(item, _IMMUTABLE):
+                        self.op_start = op
                         value = immutable(value)
                         break
                 if len(stack) >= room:
-                    self._stack_full()
+                    self._at(op)._stack_full()
                 stack.append(value)
                 pos += 1
             elif 0x85 <= code <= 0x87:  # TUPLE1, TUPLE2, TUPLE3
@@ -393,6 +424,7 @@ class Machine:
                 value = tuple(stack[-k:])
                 for item in value if shallow else (0,):
                     if not shallow or isinstance(item, _IMMUTABLE):
+                        self.op_start = op
                         value = immutable(value)
                         break
                 del stack[-k:]
@@ -408,6 +440,7 @@ class Machine:
                 if isinstance(func, (str, bytes, int, float, list, dict, tuple, type(None))):
                     raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
                                       offset=op)
+                self.op_start = op  # for what run() makes of an error the resolver raises
                 value = resolver.call(func, args, op)
                 if isinstance(value, (tuple, frozenset)):
                     value = immutable(value)
@@ -416,12 +449,13 @@ class Machine:
             elif code == 0x51:  # BINPERSID
                 if not stack:
                     raise PickleError("stack underflow", offset=op)
+                self.op_start = op
                 stack[-1] = resolver.persistent_load(stack[-1], op)
                 pos += 1
             elif code == 0x89 or code == 0x88 or code == 0x4E or code == 0x29 \
                     or code == 0x7D or code == 0x5D:  # NEWFALSE NEWTRUE NONE () {} []
                 if len(stack) >= room:
-                    self._stack_full()
+                    self._at(op)._stack_full()
                 stack.append(False if code == 0x89 else True if code == 0x88 else None
                              if code == 0x4E else () if code == 0x29 else {} if code == 0x7D
                              else [])
@@ -433,6 +467,7 @@ class Machine:
                 if not memo and index < max_memo:
                     dense.append(stack[-1])
                 else:
+                    self.op_start = op
                     self._memo_put(index, stack[-1])
                 pos += 1
             else:
@@ -441,6 +476,7 @@ class Machine:
                     raise UnsupportedOpcodeError(f"unknown opcode byte 0x{code:02x}",
                                                  offset=pos)
                 self.pos = pos + 1
+                self.op_start = op
                 if code == 0x2E:  # STOP
                     return self._stop(), self.pos
                 handler(self)
@@ -451,9 +487,16 @@ class Machine:
                 limit = self.limit
                 guard = -1
 
+    def _at(self, op: int) -> Machine:
+        """This machine, its current opcode set to the one at ``op`` (:meth:`_run` keeps it
+        in a local, and writes it back before a method that may read it)."""
+        self.op_start = op
+        return self
+
     def _overrun_at(self, op: int, n: int) -> None:
         """The error of an argument of ``n`` bytes after the opcode at ``op`` that runs past
         the data or its frame (:meth:`_overrun`)."""
+        self.op_start = op
         self.pos = op + 1
         self._overrun(n)
 
@@ -647,9 +690,11 @@ class Machine:
     def _immutable(self, value: tuple[Any, ...] | frozenset[Any]) -> Any:
         """Record the nesting depth of a new tuple/frozenset; refuse if too deep."""
         depth = 0
+        depths = self.depths
         for item in value:
-            if isinstance(item, (tuple, frozenset)):
-                d = self._depth(item)
+            if isinstance(item, (tuple, frozenset)):  # self._depth(item), inlined
+                entry = depths.get(id(item))
+                d = entry[1] if entry is not None and entry[0] is item else 1
                 if d > depth:
                     depth = d
         depth += 1

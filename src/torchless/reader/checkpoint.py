@@ -31,6 +31,7 @@ from torchless.model.graph import finish, flatten
 from torchless.model.interop import record_to_torch, to_torch
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Tensor, UnsupportedTensor, with_attrs
+from torchless.pickle.machine import collector_paused
 from torchless.reader import formats
 from torchless.rules.resolver import GlobalRecord, TorchResolver
 
@@ -199,13 +200,15 @@ def _read(path: str, layout: str, make: Callable[[], Container], source: Any,
     directory layout, the container) is closed if anything fails."""
     closer = source
     try:
-        container = make()
-        if closer is None:
-            closer = container
-        resolver = TorchResolver(limits, container.persistent_load, strict=strict, allow=allow)
-        raw = container.load(resolver)
-        tree = finish(raw, limits, container.module_hook())
-        tensors, unsupported = flatten(tree, limits, root_name)
+        with collector_paused():  # what the open builds stays alive: nothing to collect
+            container = make()
+            if closer is None:
+                closer = container
+            resolver = TorchResolver(limits, container.persistent_load, strict=strict,
+                                     allow=allow)
+            raw = container.load(resolver)
+            tree = finish(raw, limits, container.module_hook())
+            tensors, unsupported = flatten(tree, limits, root_name)
         info: dict[str, Any] = {"layout": layout, **container.describe(resolver)}
         info["era"] = describe_era(container.format, info)
         return Checkpoint(path, closer, container.format, tree, tensors, unsupported,

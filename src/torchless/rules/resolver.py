@@ -32,7 +32,7 @@ from torchless.errors import (
 )
 from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import Global, Opaque
-from torchless.rules.allowlist import import_verdict
+from torchless.rules.allowlist import FORWARDS, import_verdict
 from torchless.rules.arrays import NumpyRules
 from torchless.rules.policy import judge
 from torchless.rules.stdlib import METHOD_CALL_HINT, StdlibRules, calls_a_method, method_name
@@ -145,6 +145,9 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         self.allow = allow
         self.globals: list[GlobalRecord] = []
         self._rule_methods: dict[str, Callable[[Known, Any], Any]] = {}
+        #: id -> the rule callables (kept alive: ids stay theirs) whose calls are never
+        #: refused (:meth:`_vet_call`)
+        self._unforwarding: dict[int, Known] = {}
 
     # ---- names ----------------------------------------------------------------------
 
@@ -217,7 +220,8 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
     # ---- calls ----------------------------------------------------------------------
 
     def call(self, func: Any, args: Any, offset: int) -> Any:
-        self._vet_call(func, args, offset)
+        if self._unforwarding.get(id(func)) is not func:
+            self._vet_call(func, args, offset)
         if isinstance(func, Known):
             try:
                 rule = self._rule_methods.get(func.rule)
@@ -251,6 +255,10 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         if reason is not None:
             raise UnsafeGlobalError(f"refused call: {reason}", names=(describe(func),),
                                     offset=offset, hint=METHOD_CALL_HINT)
+        if type(func) is Known and func.path not in FORWARDS:
+            # call_refusal passes a rule's callable that forwards nothing, whatever the
+            # arguments: each such object is vetted once, not at each of its calls
+            self._unforwarding[id(func)] = func
 
     def _call_partial(self, p: Opaque, args: tuple[Any, ...], offset: int) -> Any:
         """``functools.partial(cls.__new__, cls, *a, **kw)()``: how protocols < 4 pickle an

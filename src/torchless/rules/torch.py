@@ -7,6 +7,7 @@ tensor exists."""
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from torchless.core import dtypes as _dtypes
@@ -47,6 +48,9 @@ UNSUPPORTED_ELSEWHERE = {
     ("torch.nn.parameter", "UninitializedBuffer"): "uninitialized buffer",
 }
 
+#: Classes of backward hooks and metadata :meth:`TorchRules._tensor_flags` passes at once
+#: (any other dict subclass is checked there).
+_HOOKS = frozenset({type(None), dict, collections.OrderedDict})
 _LAYOUTS = frozenset({"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
                       "sparse_bsc", "_mkldnn", "jagged"})
 
@@ -99,7 +103,9 @@ class TorchRules(Resolver):
         if len(a) not in (6, 7):
             raise PickleError(f"{f} takes 6 or 7 arguments, got {len(a)}")
         metadata = a[6] if len(a) == 7 else None
-        self._tensor_flags(f, a[4], a[5], metadata)
+        if type(a[4]) is not bool or a[5].__class__ not in _HOOKS or \
+                metadata.__class__ not in _HOOKS:  # the call when it may raise
+            self._tensor_flags(f, a[4], a[5], metadata)
         if metadata and any(metadata.values()):
             return UnsupportedTensor("conjugate/negative-bit")
         storage = a[0]

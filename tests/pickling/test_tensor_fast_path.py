@@ -1,0 +1,297 @@
+"""The interpreter's fast path for torch's per-tensor argument sequence
+(:mod:`torchless.pickle.tensorargs`) against the general loop: over many files torch writes
+(odd ones too) and over damaged copies of them, both must give the same values, the same
+memo, the same resolver calls and the same errors."""
+
+from __future__ import annotations
+
+import collections
+import random
+import zipfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from torchless.containers.torchzip import TorchZip
+from torchless.core.limits import Limits
+from torchless.errors import CheckpointError
+from torchless.io.source import Source
+from torchless.model.tensor import Storage, Tensor
+from torchless.pickle import machine as machine_module
+from torchless.pickle.machine import Machine
+from torchless.rules.resolver import TorchResolver
+
+
+def _cases(torch: ModuleType) -> dict[str, tuple[Any, int]]:
+    """Objects to torch.save, with the pickle protocol."""
+    t = torch.arange(24, dtype=torch.float32)
+    big = torch.zeros(70_000, dtype=torch.uint8)
+    lin = torch.nn.Linear(3, 2)
+    conv = torch.nn.Conv2d(2, 3, 3)
+    grad = torch.ones(3, requires_grad=True)
+    many = {f"w{i}": torch.full((2,), float(i)) for i in range(300)}  # LONG_BINPUT/GET
+    return {
+        "flat": ({f"layer{i}.weight": torch.ones(4) for i in range(40)}, 2),
+        "flat_proto4": ({f"layer{i}.weight": torch.ones(4) for i in range(40)}, 4),
+        "many": (many, 2),
+        "shared_views": ({"a": t, "b": t[3:9], "c": t.view(4, 6), "d": t.view(4, 6).t(),
+                          "e": t[::5], "f": t.view(2, 3, 4)[:, 1]}, 2),
+        "scalars_and_dims": ({"s": torch.tensor(3.5), "e": torch.zeros(0, 5),
+                              "w": torch.zeros(300, 2), "x": torch.zeros(2, 70_000),
+                              "four": torch.zeros(1, 2, 3, 4), "five": torch.zeros(1, 1, 1, 1, 2),
+                              "big": big, "bigview": big[65_600:]}, 2),
+        "grad_and_params": ({"g": grad, "p": torch.nn.Parameter(torch.ones(2, 2)),
+                             "q": torch.nn.Parameter(torch.ones(3), requires_grad=False),
+                             "state": lin.state_dict(), "conv": conv.state_dict()}, 2),
+        "module_whole": (lin, 2),
+        "nested": ([{"x": (torch.ones(1), [torch.zeros(2, 2)])}, collections.OrderedDict(
+            y=torch.ones(3, dtype=torch.float16), z=torch.ones(2, dtype=torch.int64))], 2),
+        "deep": ({"a": torch.ones(2), "b": [[[torch.ones(3), torch.ones(4)], 1], 2],
+                  "c": torch.ones(5)}, 2),
+        "dtypes": ({str(d): torch.ones(3, dtype=d) for d in (
+            torch.bool, torch.int8, torch.int16, torch.int32, torch.bfloat16, torch.float64,
+            torch.complex64)}, 2),
+    }
+
+
+def _pickle_of(torch: ModuleType, tmp_path: Path, name: str, obj: Any, proto: int) -> Path:
+    path = tmp_path / f"{name}.pt"
+    torch.save(obj, path, pickle_protocol=proto)
+    return path
+
+
+def _canon(value: Any, ids: dict[int, int]) -> Any:
+    """The value as plain data, with which objects are shared (by first-seen number)."""
+    seen = ids.get(id(value))
+    if seen is not None:
+        return ("same", seen)
+    if isinstance(value, (Tensor, Storage, tuple, list, dict)) or hasattr(value, "__dict__"):
+        ids[id(value)] = len(ids)
+    if isinstance(value, Tensor):
+        return ("tensor", value.dtype.name, value.shape, value.stride, value.storage_offset,
+                value.requires_grad, value.is_parameter, _canon(value.storage, ids),
+                _canon(value.attrs, ids))
+    if isinstance(value, Storage):
+        return ("storage", value.key, value.dtype.name, value.nbytes, value.location)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, [_canon(v, ids) for v in value])
+    if isinstance(value, dict):
+        return (type(value).__name__, [(_canon(k, ids), _canon(v, ids))
+                                       for k, v in value.items()],
+                _canon(vars(value), ids) if hasattr(value, "__dict__") else None)
+    if hasattr(value, "__slots__") and not hasattr(value, "__dict__"):
+        return (type(value).__name__, [_canon(getattr(value, s, None), ids)
+                                       for s in type(value).__slots__])
+    if hasattr(value, "__dict__"):
+        return (type(value).__name__, _canon(vars(value), ids))
+    return (type(value).__name__, repr(value))
+
+
+class _Counting(TorchResolver):
+    """Records every call the interpreter makes, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[str, Any, int]] = []
+
+    def call(self, func: Any, args: Any, offset: int) -> Any:
+        self.log.append(("call", func, offset))
+        return super().call(func, args, offset)
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        self.log.append(("pid", pid, offset))
+        return super().persistent_load(pid, offset)
+
+
+def _run(path: Path, fast: bool, data: bytes | None = None,
+         limits: Limits | None = None) -> tuple[Any, Any, Any, int]:
+    """(outcome, memo, resolver log, fast-path hits) of one path over the file's data.pkl
+    (or ``data`` in its place); outcome is the value, or the error's type, text and
+    offset."""
+    lim = limits or Limits()
+    hits = 0
+    real = machine_module.tensor_args
+
+    def counting(m: Machine, pos: int, guard: int) -> int:
+        nonlocal hits
+        after = real(m, pos, guard)
+        hits += after >= 0
+        return after
+
+    with Source(path) as src:
+        tz = TorchZip(src, lim)
+        name = tz._member(tz.object_record)
+        raw = data if data is not None else tz.archive.copy(name, check_crc=False)
+        resolver = _Counting(lim, tz.persistent_load)
+        m = Machine(raw, resolver, lim)
+        m.fast_tensors = fast
+        machine_module.tensor_args = counting
+        memo: list[Any] = []
+        try:
+            try:
+                value, end = m._run(0)
+                memo = [m.memo_dense, m.memo]
+                outcome: Any = (_canon(value, {}), end)
+            finally:
+                machine_module.tensor_args = real
+        except CheckpointError as e:
+            outcome = (type(e).__name__, str(e), e.offset)
+        except Exception as e:  # what run() turns into a PickleError: the same for both
+            outcome = (type(e).__name__, str(e), m.op_start)
+        ids: dict[int, int] = {}
+        return outcome, _canon(memo, ids), _canon(resolver.log, ids), hits
+
+
+@pytest.fixture(scope="module")
+def saved(torch: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("fastpath")
+    return {name: _pickle_of(torch, tmp, name, obj, proto)
+            for name, (obj, proto) in _cases(torch).items()}
+
+
+def test_both_paths_agree_on_files_torch_writes(saved: dict[str, Path]) -> None:
+    total = 0
+    for name, path in saved.items():
+        fast, general = _run(path, True), _run(path, False)
+        assert general[3] == 0
+        assert fast[:3] == general[:3], name
+        assert not isinstance(fast[0][0], str), f"{name}: {fast[0]}"  # a value, no error
+        total += fast[3]
+    # the fast path ran for most tensors (not for a storage's first tensor of a dtype, whose
+    # type is a GLOBAL, nor in protocol 4, which memoises with MEMOIZE)
+    assert total >= 300 + 30
+
+
+def test_both_paths_agree_on_damaged_copies(saved: dict[str, Path]) -> None:
+    """Single-byte changes inside the sequences, and cuts: every outcome (value, memo,
+    resolver calls, or error with its offset) is the general loop's."""
+    rng = random.Random(16)
+    hits = 0
+    for name in ("flat", "shared_views", "scalars_and_dims", "grad_and_params", "many"):
+        path = saved[name]
+        with zipfile.ZipFile(path) as z:
+            data = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+        marks = [i for i in range(len(data) - 1) if data[i:i + 2] == b"(("]
+        for _ in range(60):
+            at = rng.choice(marks) + rng.randrange(0, 60)
+            if at >= len(data):
+                continue
+            damaged = bytearray(data)
+            damaged[at] = rng.choice([rng.randrange(256), damaged[at] ^ 1, 0x68, 0x71,
+                                      0x28, 0x74, 0x52, 0x4B, 0x85, 0x29])
+            fast, general = _run(path, True, bytes(damaged)), _run(path, False, bytes(damaged))
+            assert fast[:3] == general[:3], (name, at, damaged[at])
+            hits += fast[3]
+        cut = data[:rng.choice(marks) + 30]
+        assert _run(path, True, cut)[:3] == _run(path, False, cut)[:3]
+    assert hits > 1000
+
+
+def test_stack_and_depth_limits_met_anywhere_in_the_sequence(saved: dict[str, Path]) -> None:
+    """Limits swept so that the general loop meets them at every point of a sequence: the
+    fast path must leave each of those to it."""
+    for max_stack in range(4, 40):
+        lim = Limits(max_stack=max_stack)
+        assert _run(saved["flat"], True, limits=lim)[:3] == \
+            _run(saved["flat"], False, limits=lim)[:3], max_stack
+    for max_depth in range(1, 9):
+        lim = Limits(max_depth=max_depth)
+        assert _run(saved["deep"], True, limits=lim)[:3] == \
+            _run(saved["deep"], False, limits=lim)[:3], max_depth
+
+
+def test_a_storage_key_over_the_string_limit_is_the_general_loops_error(
+        saved: dict[str, Path]) -> None:
+    path = saved["many"]  # strings and GLOBAL lines of at most 18 characters
+    with zipfile.ZipFile(path) as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+    key = b"X\x03\x00\x00\x00123"
+    assert data.count(key) == 1
+    damaged = data.replace(key, b"X\x19\x00\x00\x00" + b"1234567890" * 2 + b"12345")
+    lim = Limits(max_str_bytes=20)
+    fast, general = _run(path, True, damaged, lim), _run(path, False, damaged, lim)
+    assert fast[:3] == general[:3]
+    assert fast[0][0] == "LimitError"
+
+
+@pytest.mark.parametrize("limits", [
+    Limits(max_memo=45), Limits(max_stack=20), Limits(max_depth=3), Limits(max_depth=2),
+    Limits(max_str_bytes=1), Limits(max_opcodes=400), Limits(max_pickle_bytes=900)])
+def test_limits_inside_the_sequence_are_the_general_loops(saved: dict[str, Path],
+                                                           limits: Limits) -> None:
+    path = saved["shared_views"]
+    fast, general = _run(path, True, limits=limits), _run(path, False, limits=limits)
+    assert fast[:3] == general[:3]
+
+
+def test_a_memo_slot_rewritten_or_read_ahead_goes_the_general_way(
+        saved: dict[str, Path]) -> None:
+    """A put that overwrites an older slot, or a get of a slot the sequence itself writes,
+    makes the order of memo effects matter: the general loop runs it, with the same result."""
+    path = saved["flat"]
+    with zipfile.ZipFile(path) as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+    start = data.index(b"((", data.index(b"((") + 2)  # the second tensor's sequence
+    put = data.index(b"q", start + 12)  # the key's BINPUT
+    older = bytearray(data)
+    older[put + 1] = 3  # overwrites slot 3 ('storage'), read again by the next tensor
+    ahead = bytearray(data)
+    loc = data.index(b"h\x06", start)  # the location's get, made to read the key's slot
+    ahead[loc + 1] = data[put + 1]
+    for damaged in (bytes(older), bytes(ahead)):
+        fast, general = _run(path, True, damaged), _run(path, False, damaged)
+        assert fast[:3] == general[:3]
+    assert _run(path, True, bytes(older))[3] < _run(path, True)[3]
+
+
+def test_the_fast_path_is_on_by_default_and_reads_like_torch(torch: ModuleType,
+                                                            saved: dict[str, Path]) -> None:
+    import torchless
+
+    assert Machine.fast_tensors
+    path = saved["shared_views"]
+    want = torch.load(path, weights_only=True)
+    got = torchless.load(path)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].shape == tuple(v.shape)
+        assert got[k].strides == tuple(s * v.element_size() for s in v.stride())
+        assert (got[k] == v.numpy()).all()
+
+
+def _hand_made(sparse: bool, func: bool) -> bytes:
+    """A protocol-2 pickle: the names a tensor needs memoised, optionally a memo slot far
+    ahead (the rest of the memo is then kept sparse) and the rebuild function on the stack,
+    then one tensor's sequence."""
+    head = (b"\x80\x02X\x07\x00\x00\x00storageq\x000ctorch\nFloatStorage\nq\x010"
+            b"X\x03\x00\x00\x00cpuq\x020ccollections\nOrderedDict\nq\x030"
+            b"ctorch._utils\n_rebuild_tensor_v2\nq\x040")
+    if sparse:
+        head += b"Nq\xff0"
+    body = (b"((h\x00h\x01X\x01\x00\x00\x000q\x05h\x02K\x04tq\x06QK\x00K\x04\x85q\x07"
+            b"K\x01\x85q\x08\x89h\x03)Rq\x09tq\x0aRq\x0b.")
+    return head + (b"h\x04" if func else b"") + body
+
+
+@pytest.mark.parametrize(("sparse", "func"), [(False, True), (True, True), (False, False)])
+def test_hand_made_sequences_agree(sparse: bool, func: bool) -> None:
+    data = _hand_made(sparse, func)
+    storage = Storage("0", TorchResolver(Limits()).find_global("torch", "FloatStorage", 0).dtype,
+                      16, lambda: b"\0" * 16)
+    outcomes = []
+    for fast in (True, False):
+        resolver = _Counting(Limits(), lambda pid, offset: storage)
+        m = Machine(data, resolver, Limits())
+        m.fast_tensors = fast
+        try:
+            value, _ = m._run(0)
+            outcome: Any = (_canon(value, {}), _canon([m.memo_dense, m.memo], {}))
+        except CheckpointError as e:
+            outcome = (type(e).__name__, str(e), e.offset)
+        except Exception as e:
+            outcome = (type(e).__name__, str(e), m.op_start)
+        outcomes.append((outcome, _canon(resolver.log, {})))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0][0][0] == "PickleError") == (not func)
