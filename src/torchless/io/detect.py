@@ -66,7 +66,7 @@ def zip_end_records(source: Source) -> tuple[list[int], list[int]]:
     ends exactly at the end of the file (the ones a ZIP reader takes). The one search of a
     file's tail, for the layout sniffers, the ZIP reader and the scanner alike (kept on the
     source: each of them asks)."""
-    known = getattr(source, "zip_ends", None)  # a Window or other reader has none
+    known = source.zip_ends if isinstance(source, Source) else None  # a Window has none
     if known is not None:
         return list(known[0]), list(known[1])
     size = source.size
