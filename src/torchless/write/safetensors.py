@@ -39,7 +39,8 @@ between the two files, the runs are written from the map in blocks of
 storage is a deflated ZIP member is inflated and written in blocks of at most
 :data:`INFLATE_CHUNK_BYTES` (the storage is not kept in memory); any other tensor is made
 contiguous and little-endian in chunks of at most :data:`CHUNK_BYTES`. The header goes
-first, then the data, then one ``fsync``.
+first, then the data, then one ``fsync``; every :data:`.stream.WRITEBACK_BYTES` written the
+kernel is asked to start writing them to the disk, so that the ``fsync`` waits for little.
 
 Writing is atomic (:mod:`._atomic`): the bytes go to an unnamed file in DST's directory
 (``O_TMPFILE``; elsewhere a hidden ``.<name>.<random>.tmp``), are flushed, and only then get
