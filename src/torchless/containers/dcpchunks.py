@@ -155,16 +155,13 @@ class _Reader:
         return into
 
     def release(self, end: int, final: bool = False) -> None:
-        """The map's pages of the tensor's bytes up to ``end`` are no longer needed."""
-        src, t = self.piece.source, self.piece.tensor
-        if src is None or not is_plain(t) or t.storage.streams:
+        """The map's pages of the tensor's bytes up to ``end`` are no longer needed (known
+        only where the tensor is one plain range of the mapped file: :attr:`base`)."""
+        src = self.piece.source
+        if src is None or self.base is None:
             return
         if end - self.released >= _RELEASE_BYTES or (final and end > self.released):
-            buf = t.storage.buffer()
-            at = src.offset_of(buf) if isinstance(buf, memoryview) else None
-            if at is not None:
-                src.release(at + t.storage_offset * t.dtype.itemsize + self.released,
-                            end - self.released)
+            src.release(self.base + self.released, end - self.released)
             self.released = end
 
 

@@ -39,6 +39,8 @@ class Source:
 
     #: The whole file, when it was read rather than mapped (``copy_below``).
     _copy = b""
+    #: The address of the map's first byte, once :meth:`offset_of` has asked for it.
+    _base: int | None = None
     #: Where ZIP end records could start (:func:`torchless.io.detect.zip_end_records`, which
     #: fills it in: the sniffers, the ZIP reader and the scanner each ask).
     zip_ends: tuple[tuple[int, ...], tuple[int, ...]] | None = None
@@ -125,7 +127,9 @@ class Source:
         if self._mmap is None or view.obj is not self._mmap or not view.nbytes \
                 or not view.c_contiguous:
             return None
-        where = _address(view) - _address(self._view)
+        if self._base is None:
+            self._base = _address(self._view)
+        where = _address(view) - self._base
         return where if 0 <= where and where + view.nbytes <= self.size else None
 
     def _check(self, offset: int, n: int, what: str) -> None:
