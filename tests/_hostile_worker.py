@@ -256,8 +256,7 @@ def audit(mem: int, spec_path: str) -> int:
     for name in torchless.__all__:  # the public API loads lazily: load all of it now
         getattr(torchless, name)
     # so do NumPy and ml_dtypes, on the first value read: load them too
-    from torchless.core.dtypes import DTYPES
-    from torchless.inert.schema import ml_dtypes_by_name
+    from torchless.core.dtypes import DTYPES, ml_dtypes_by_name
 
     assert all(d.numpy is not None for d in DTYPES if d.view is not None)
     ml_dtypes_by_name()

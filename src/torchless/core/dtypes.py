@@ -7,6 +7,7 @@ for bfloat16 and float8), and the safetensors name where there is one.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["DTYPES", "DType", "StorageType", "by_storage_name", "by_torch_name",
-           "names_storage_type"]
+           "ml_dtypes_by_name", "names_storage_type"]
 
 
 @dataclass(frozen=True)
@@ -40,33 +41,32 @@ class DType:
     @property
     def numpy(self) -> np.dtype[Any] | None:
         """The NumPy dtype that views this type's bytes (None: torchless cannot view it)."""
-        if self.view is None:
-            return None
-        found = _NUMPY.get(self.view)
-        if found is None:
-            found = _NUMPY[self.view] = _numpy_dtype(self.view)
-        return found
+        return None if self.view is None else _numpy_dtype(self.view)
 
 
-_NUMPY: dict[str, np.dtype[Any]] = {}
-
-
+@functools.cache
 def _numpy_dtype(view: str) -> np.dtype[Any]:
     import numpy as np
 
     if view == "complex32":
         return np.dtype([("real", "<f2"), ("imag", "<f2")])
     if view.startswith("ml_dtypes."):
-        import ml_dtypes
-
-        types = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-                 "float8_e5m2": ml_dtypes.float8_e5m2,
-                 "float8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
-                 "float8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
-                 "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu}
-        found: np.dtype[Any] = np.dtype(types[view.removeprefix("ml_dtypes.")])
-        return found
+        return ml_dtypes_by_name()[view.removeprefix("ml_dtypes.")]
     return np.dtype(view)
+
+
+@functools.cache
+def ml_dtypes_by_name() -> dict[str, np.dtype[Any]]:
+    """The ml_dtypes types torch's dtypes and the inert format's arrays may have, by name
+    (their ``dtype.str`` is an opaque ``<V2``); NumPy and ml_dtypes are imported on the
+    first call."""
+    import ml_dtypes
+    import numpy as np
+
+    return {np.dtype(t).name: np.dtype(t) for t in (
+        ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float8_e4m3b11fnuz,
+        ml_dtypes.float8_e8m0fnu, ml_dtypes.float4_e2m1fn, ml_dtypes.int4, ml_dtypes.uint4)}
 
 
 @dataclass(frozen=True)

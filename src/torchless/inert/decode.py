@@ -39,7 +39,6 @@ from torchless.inert.schema import (
     TypeRegistry,
     _torch,
     default_types,
-    ml_dtypes_by_name,
 )
 from torchless.model.graph import ModuleDict
 from torchless.model.interop import record_to_torch, to_torch, torch_dtypes
@@ -508,8 +507,9 @@ def _h_path(dec: _Decoder, p: Any, depth: int, nid: int | None) -> pathlib.PureP
 
 def _numpy_dtype(descr: Any) -> np.dtype[Any]:
     _expect(descr, str, "descr")
-    if descr in ml_dtypes_by_name():
-        return ml_dtypes_by_name()[descr]
+    known = _dtypes.ml_dtypes_by_name().get(descr)
+    if known is not None:
+        return known
     if _DESCR.fullmatch(descr) is None:
         raise FormatError(f"NumPy dtype {descr!r} is not allowed")
     dt: np.dtype[Any] = np.dtype(descr)

@@ -34,7 +34,6 @@ from torchless.inert.schema import (
     TypeRegistry,
     _torch,
     default_types,
-    ml_dtypes_by_name,
 )
 from torchless.model.graph import ModuleDict
 from torchless.model.interop import torch_to_record
@@ -61,7 +60,7 @@ def _float(x: float) -> Any:
 
 
 def _descr(dt: np.dtype[Any]) -> str:
-    for name, known in ml_dtypes_by_name().items():
+    for name, known in _dtypes.ml_dtypes_by_name().items():
         if dt == known:
             return name
     s: str = dt.str

@@ -16,10 +16,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    import numpy as np
+from typing import Any, Literal
 
 from torchless.core import dtypes as _dtypes
 from torchless.core.dtypes import DType
@@ -56,21 +53,6 @@ _PATHS: dict[str, type[pathlib.PurePath]] = {
     "PurePosixPath": pathlib.PurePosixPath, "PureWindowsPath": pathlib.PureWindowsPath,
     "PosixPath": pathlib.PurePosixPath, "WindowsPath": pathlib.PureWindowsPath,
     "Path": pathlib.PurePath}
-_ML_DTYPES: dict[str, np.dtype[Any]] = {}
-
-
-def ml_dtypes_by_name() -> dict[str, np.dtype[Any]]:
-    """ml_dtypes types an array may have, by name (their ``dtype.str`` is an opaque
-    ``<V2``); NumPy and ml_dtypes are imported the first time an array is written or read."""
-    if not _ML_DTYPES:
-        import ml_dtypes
-        import numpy as np
-
-        _ML_DTYPES.update({np.dtype(t).name: np.dtype(t) for t in (
-            ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
-            ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float8_e4m3b11fnuz,
-            ml_dtypes.float8_e8m0fnu, ml_dtypes.float4_e2m1fn, ml_dtypes.int4, ml_dtypes.uint4)})
-    return _ML_DTYPES
 #: NumPy type strings allowed in a file: byte order, kind, size; m8/M8 with their unit.
 _DESCR = re.compile(r"[<>|](?:[biufcSUV]\d{1,6}|[mM]8\[[0-9]{0,6}[a-zA-Z]{1,2}\])")
 #: array descr -> the torch dtype whose safetensors name types its entry

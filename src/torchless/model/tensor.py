@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 from collections.abc import Callable, Iterator
@@ -358,22 +359,18 @@ def make_tensor(
     return Tensor(storage, dtype, shape, strides, storage_offset, requires_grad=requires_grad)
 
 
-_TENSOR_ARRAY: list[type] = []
-
-
+@functools.cache
 def _tensor_array() -> type:
     """The class, made the first time it is needed (NumPy is imported only then)."""
-    if not _TENSOR_ARRAY:
-        import numpy as np
+    import numpy as np
 
-        class TensorArray(np.ndarray):
-            """A tensor's values as an ndarray, carrying the Python attributes the file set
-            on the tensor (``t.foo = 1`` before saving): what :func:`torchless.load` gives
-            for such a tensor."""
+    class TensorArray(np.ndarray):
+        """A tensor's values as an ndarray, carrying the Python attributes the file set on
+        the tensor (``t.foo = 1`` before saving): what :func:`torchless.load` gives for
+        such a tensor."""
 
-        TensorArray.__module__ = __name__
-        _TENSOR_ARRAY.append(TensorArray)
-    return _TENSOR_ARRAY[0]
+    TensorArray.__module__ = __name__
+    return TensorArray
 
 
 if TYPE_CHECKING:
