@@ -96,6 +96,18 @@ def _pax_size(value: str) -> int:
         return 0
 
 
+def _pax_applied(records: dict[str, str], name: str, size: int) -> tuple[str, int]:
+    """A member's name and size after one set of PAX records (each key in tarfile's order:
+    the last one present wins)."""
+    for k in _PAX_NAME:
+        if k in records:
+            name = records[k].rstrip("/")
+    for k in _PAX_SIZE:
+        if k in records:
+            size = _pax_size(records[k])
+    return name, size
+
+
 class TarArchive:
     """The regular members of a TAR file, validated (strict) or described (report)."""
 
@@ -210,22 +222,12 @@ class TarArchive:
         or size that differs from the header's is a parser differential: readers that do
         not apply these records (or apply them in another order) see another member."""
         header_name, header_size, step = name, size, size
-        for k in _PAX_NAME:
-            if k in global_pax:
-                name = global_pax[k].rstrip("/")
-        for k in _PAX_SIZE:
-            if k in global_pax:
-                size = _pax_size(global_pax[k])
+        name, size = _pax_applied(global_pax, name, size)
         for kind, value in reversed(wrappers):
             if kind == b"L":
                 name = value
             elif kind in (b"x", b"X"):
-                for k in _PAX_NAME:
-                    if k in value:
-                        name = value[k].rstrip("/")
-                for k in _PAX_SIZE:
-                    if k in value:
-                        size = _pax_size(value[k])
+                name, size = _pax_applied(value, name, size)
                 if "size" in value:
                     step = size
         if name != header_name:
