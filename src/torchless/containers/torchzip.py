@@ -21,7 +21,7 @@ from typing import Any
 
 from torchless.containers.base import archive_of_files
 from torchless.containers.ziparchive import ZipArchive
-from torchless.containers.zipformat import DEFLATED
+from torchless.containers.zipformat import DEFLATED, STORED
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -70,6 +70,16 @@ class _Member:
 
     def blocks(self, chunk: int) -> Iterator[memoryview | bytes]:
         return self.archive.iter_member(self.name, chunk, check_crc=self.check)
+
+    def offset_in(self, source: object) -> int | None:
+        """Where the member's stored bytes lie in ``source``'s file (None when the archive
+        is not on that local source, or the member is deflated or not located)."""
+        archive = self.archive
+        e = archive.entries.get(self.name)
+        if archive.source is not source or archive.source.remote or e is None or not e.located \
+                or e.method != STORED:
+            return None
+        return e.data_offset
 
 
 @dataclass

@@ -72,6 +72,14 @@ class Storage:
             self._buffer = buf
         return self._buffer
 
+    def file_offset(self, source: object) -> int | None:
+        """Where the bytes :meth:`buffer` gives (once it has been called) lie in the file
+        of ``source``, when the loader knows it (a stored archive member on that very
+        source: ``loader.offset_in(source)``); None when it does not say. Cheaper than
+        asking the buffer's address, once per tensor of a file of many."""
+        where = getattr(self._loader, "offset_in", None)
+        return None if where is None or self._buffer is None else where(source)
+
     @property
     def streams(self) -> bool:
         """True when :meth:`iter_bytes` reads the file block by block (compressed bytes,
