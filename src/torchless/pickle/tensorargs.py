@@ -87,8 +87,11 @@ def _shape(span: bytes | None) -> tuple[int, ...] | None:
     sequence)."""
     if span is None:
         return ()
-    if len(span) == 3 and span[0] == 0x4B and span[2] == 0x85:  # (n,): BININT1 TUPLE1
+    n = len(span)
+    if n == 3 and span[0] == 0x4B and span[2] == 0x85:  # (n,): BININT1 TUPLE1
         return (span[1],)
+    if n == 4 and span[0] == 0x4D and span[3] == 0x85:  # (n,): BININT2 TUPLE1
+        return (span[1] | span[2] << 8,)
     ints, marked = _ints(span)
     if not marked and len(ints) != span[-1] - 0x84:
         return None
