@@ -201,6 +201,8 @@ class Tensor:
         return self.numel * self.dtype.itemsize
 
     def is_contiguous(self) -> bool:
+        if len(self.shape) == 1:  # most tensors of a file of many: the loop below, at once
+            return self.stride[0] == 1 or self.shape[0] == 1
         expected = 1
         for size, stride in zip(reversed(self.shape), reversed(self.stride), strict=True):
             if size != 1 and stride != expected:

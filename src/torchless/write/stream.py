@@ -87,6 +87,7 @@ class Writer:
         self.read_at = self.read_end = 0
         self.reads: list[memoryview] = []
         self._scratch: memoryview | None = None
+        self._view: memoryview | None = None  # of buf
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -151,12 +152,14 @@ class Writer:
             raise ValueError("read() takes a piece of the buffer's size at most, of a file")
         self._flush_run()
         self.queued += count
-        if self.buf is None:
-            self.buf = bytearray(GATHER_BYTES)
+        if self._view is None:
+            if self.buf is None:
+                self.buf = bytearray(GATHER_BYTES)
+            self._view = memoryview(self.buf)
         if self.fill + count > GATHER_BYTES:
             self._flush_buffer()
         fill = self.fill
-        into = memoryview(self.buf)[fill:fill + count]
+        into = self._view[fill:fill + count]
         self.fill = fill + count
         reads = self.reads
         gap = offset - self.read_end
