@@ -320,3 +320,27 @@ def test_sizes_of_one_int_agree(size: bytes) -> None:
             outcome = (type(e).__name__, str(e), e.offset)
         outcomes.append((outcome, _canon(resolver.log, {})))
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("max_depth", [3, 4, 5])
+def test_the_arguments_tuple_counts_its_depth(max_depth: int) -> None:
+    """The tuple of a tensor's arguments (size and stride inside: depth 2), fetched from the
+    memo and nested twice more, is over a max_depth of 3 both ways."""
+    data = _hand_made(False, True)
+    assert data.endswith(b"Rq\x0b.")
+    data = data[:-1] + b"0h\x0a\x85\x85."  # POP the tensor; ((args,),)
+    storage = Storage("0", TorchResolver(Limits()).find_global("torch", "FloatStorage", 0).dtype,
+                      16, lambda: b"\0" * 16)
+    outcomes = []
+    for fast in (True, False):
+        resolver = _Counting(Limits(max_depth=max_depth), lambda pid, offset: storage)
+        m = Machine(data, resolver, Limits(max_depth=max_depth))
+        m.fast_tensors = fast
+        try:
+            value, _ = m._run(0)
+            outcome: Any = _canon(value, {})
+        except CheckpointError as e:
+            outcome = (type(e).__name__, str(e), e.offset)
+        outcomes.append(outcome)
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0][0] == "LimitError") == (max_depth == 3), outcomes[0]
