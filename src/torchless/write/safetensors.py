@@ -26,9 +26,11 @@ size. A contiguous little-endian tensor whose bytes lie in the source file (a st
 member, a legacy storage) is copied by the kernel (``os.copy_file_range``, else
 ``os.sendfile``: :data:`.stream.KERNEL_COPY`) straight from the file when it is at least
 :data:`.stream.KERNEL_MIN_BYTES`, tensors adjacent in the file joined into one call; its pages never
-enter the process. Smaller ones are copied from the source's map into one buffer of
-:data:`.stream.GATHER_BYTES` and written together (one system call per tensor costs more than the
-copy), the map's pages handed back every :data:`.stream.RELEASE_BYTES`. Measured on ext4 with
+enter the process. Smaller ones are gathered into one buffer of :data:`.stream.GATHER_BYTES`
+and written together (one system call per tensor costs more than the copy): read into it with
+``os.preadv`` where their place in the file is known (pieces that follow each other in the
+file, ZIP headers between them, in one call: :data:`.stream.READ_GAP_BYTES`), else copied from
+the source's map, its pages handed back every :data:`.stream.RELEASE_BYTES`. Measured on ext4 with
 ``benchmarks/copy_methods.py --sync`` (medians of 3 on a shared machine): writes from the map
 took 0.70x ``copy_file_range``'s time at 512 MiB but 5.4x at 2 GiB (and 1.47x ``cp`` at 8 GiB
 in issue 16), ``sendfile`` within 7 % of ``copy_file_range``; for 11,200-byte pieces,
