@@ -22,7 +22,7 @@ from typing import Any
 from torchless.containers.base import archive_of_files
 from torchless.containers.ziparchive import ZipArchive
 from torchless.containers.zipformat import DEFLATED, STORED
-from torchless.core.dtypes import DType
+from torchless.core.dtypes import DType, StorageType
 from torchless.core.limits import Limits
 from torchless.errors import (
     AmbiguousArchiveError,
@@ -210,7 +210,10 @@ class TorchZip:
             raise StorageError(f"storage key is {type_phrase(key)}, not a str")
         if not _KEY.match(key):
             raise UnsafePathError(f"storage key {key[:60]!r} is not a plain record name")
-        storage_type, key, location, numel = storage_record(storage_type, key, location, numel)
+        if type(storage_type) is not StorageType or type(location) is not str or \
+                type(numel) is not int or numel < 0:  # else storage_record changes nothing
+            storage_type, key, location, numel = storage_record(storage_type, key, location,
+                                                                numel)
         dtype = storage_type.dtype
         nbytes = numel * dtype.itemsize
         known = self._storages.get(key)
