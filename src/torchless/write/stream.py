@@ -31,7 +31,8 @@ GATHER_BYTES = 4 << 20
 #: the map's pages in and released them).
 READ_GAP_BYTES = 4 << 10
 #: The most buffers one ``preadv`` call takes (the system's ``IOV_MAX``, 1024 on Linux).
-_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+_IOV_MAX = max(2, min(1024, os.sysconf("SC_IOV_MAX"))) if "SC_IOV_MAX" in getattr(
+    os, "sysconf_names", {}) else 16
 #: Block size of writes straight from the source's map (without a kernel copy).
 COPY_BLOCK_BYTES = 1 << 20
 #: How many bytes read from the source's map before its pages are released (512 MiB of
