@@ -38,7 +38,7 @@ from torchless.errors import (
 )
 from torchless.io.source import Source
 from torchless.model.graph import ModuleDict, ModuleHook, module_state_dict
-from torchless.model.tensor import Storage, storage_record
+from torchless.model.tensor import LocatedLoader, Storage, storage_record
 from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
@@ -53,7 +53,7 @@ _CLASS = re.compile(r"^class (\w+)\((\w+(?:\.\w+)*)\):", re.M)
 _LIST = re.compile(r"^  (__parameters__|__buffers__) = \[(.*?)\]", re.M)
 
 
-class _Member:
+class _Member(LocatedLoader):
     """A storage's bytes in the archive: its loader (called) and, where the bytes are
     compressed or remote, its stream (:meth:`blocks`). A small object per storage, not two
     closures (opening a file of many small tensors made one of each per tensor)."""

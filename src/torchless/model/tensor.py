@@ -21,10 +21,24 @@ from torchless.errors import (
     type_phrase,
 )
 
-__all__ = ["DATALESS", "MissingStorage", "Storage", "Tensor", "TensorArray",
+__all__ = ["DATALESS", "LocatedLoader", "MissingStorage", "Storage", "Tensor", "TensorArray",
            "UnsupportedTensor", "make_tensor", "storage_record", "with_attrs"]
 
 _INT64_MAX = (1 << 63) - 1
+
+
+class LocatedLoader:
+    """A storage's loader that can also say where the bytes it gives lie in a file (a
+    stored archive member): :meth:`Storage.file_offset` asks it."""
+
+    __slots__ = ()
+
+    def __call__(self) -> memoryview | bytes:  # pragma: no cover - subclasses load
+        raise NotImplementedError
+
+    def offset_in(self, source: object) -> int | None:  # pragma: no cover - subclasses say
+        """Where the bytes lie in ``source``'s file, or None."""
+        return None
 
 
 class Storage:
@@ -75,10 +89,12 @@ class Storage:
     def file_offset(self, source: object) -> int | None:
         """Where the bytes :meth:`buffer` gives (once it has been called) lie in the file
         of ``source``, when the loader knows it (a stored archive member on that very
-        source: ``loader.offset_in(source)``); None when it does not say. Cheaper than
+        source: a :class:`LocatedLoader`); None when it does not say. Cheaper than
         asking the buffer's address, once per tensor of a file of many."""
-        where = getattr(self._loader, "offset_in", None)
-        return None if where is None or self._buffer is None else where(source)
+        loader = self._loader
+        if self._buffer is None or not isinstance(loader, LocatedLoader):
+            return None
+        return loader.offset_in(source)
 
     @property
     def streams(self) -> bool:
