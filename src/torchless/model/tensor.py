@@ -352,6 +352,17 @@ def make_tensor(
     """Check a tensor's geometry against its storage and build it."""
     if not isinstance(storage, Storage):
         raise TensorGeometryError(f"tensor storage is {type_phrase(storage)}, not a storage")
+    if type(size) is tuple and type(stride) is tuple and len(size) == 1 == len(stride) and \
+            type(storage_offset) is int and storage_offset >= 0 and limits.max_ndim >= 1:
+        # one dimension (most tensors of a file of many): the checks below, when all pass
+        n, s = size[0], stride[0]
+        if type(n) is int and type(s) is int and n > 0 and s >= 0:
+            nbytes = n * dtype.itemsize
+            last = storage_offset + (n - 1) * s
+            if nbytes <= _INT64_MAX and nbytes <= limits.max_tensor_bytes and \
+                    last <= _INT64_MAX and (last + 1) * dtype.itemsize <= storage.nbytes:
+                return Tensor(storage, dtype, size, stride, storage_offset,
+                              requires_grad=requires_grad)
     shape = size if type(size) is tuple and _plain_dims(size) else _dims(size, "size")
     strides = stride if type(stride) is tuple and _plain_dims(stride) else _dims(stride,
                                                                                  "stride")
