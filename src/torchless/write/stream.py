@@ -166,7 +166,7 @@ class Writer:
         gap = offset - self.read_end
         if reads and 0 <= gap <= READ_GAP_BYTES and len(reads) + 2 <= _IOV_MAX:
             if gap:
-                if self._scratch is None:
+                if self._scratch is None or len(self._scratch) < gap:
                     self._scratch = memoryview(bytearray(READ_GAP_BYTES))
                 reads.append(self._scratch[:gap])
             reads.append(into)
