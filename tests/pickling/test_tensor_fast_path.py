@@ -34,6 +34,8 @@ def _cases(torch: ModuleType) -> dict[str, tuple[Any, int]]:
     many = {f"w{i}": torch.full((2,), float(i)) for i in range(300)}  # LONG_BINPUT/GET
     return {
         "flat": ({f"layer{i}.weight": torch.ones(4) for i in range(40)}, 2),
+        # sizes of 256-65535 elements, one dimension: BININT2 TUPLE1
+        "mid_1d": ({f"m{i}": torch.ones(256 + i * 300) for i in range(8)}, 2),
         "flat_proto4": ({f"layer{i}.weight": torch.ones(4) for i in range(40)}, 4),
         "many": (many, 2),
         "shared_views": ({"a": t, "b": t[3:9], "c": t.view(4, 6), "d": t.view(4, 6).t(),
@@ -295,3 +297,50 @@ def test_hand_made_sequences_agree(sparse: bool, func: bool) -> None:
         outcomes.append((outcome, _canon(resolver.log, {})))
     assert outcomes[0] == outcomes[1]
     assert (outcomes[0][0][0] == "PickleError") == (not func)
+
+
+@pytest.mark.parametrize("size", [b"M\x04\x01\x85", b"M\x04\x01\x86", b"M\x04\x01\x87",
+                                  b"M\x04\x01K\x01\x86", b"K\x04\x86", b"(M\x04\x01t"])
+def test_sizes_of_one_int_agree(size: bytes) -> None:
+    """A size of one BININT2 (the shortcut of :func:`tensorargs._shape`) and the spans that
+    look like it but whose tuple opcode takes another number of items."""
+    data = _hand_made(False, True).replace(b"K\x04\x85q\x07", size + b"q\x07")
+    assert size + b"q\x07" in data
+    storage = Storage("0", TorchResolver(Limits()).find_global("torch", "FloatStorage", 0).dtype,
+                      2000, lambda: b"\0" * 2000)
+    outcomes = []
+    for fast in (True, False):
+        resolver = _Counting(Limits(), lambda pid, offset: storage)
+        m = Machine(data, resolver, Limits())
+        m.fast_tensors = fast
+        try:
+            value, _ = m._run(0)
+            outcome: Any = (_canon(value, {}), _canon([m.memo_dense, m.memo], {}))
+        except CheckpointError as e:
+            outcome = (type(e).__name__, str(e), e.offset)
+        outcomes.append((outcome, _canon(resolver.log, {})))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("max_depth", [3, 4, 5])
+def test_the_arguments_tuple_counts_its_depth(max_depth: int) -> None:
+    """The tuple of a tensor's arguments (size and stride inside: depth 2), fetched from the
+    memo and nested twice more, is over a max_depth of 3 both ways."""
+    data = _hand_made(False, True)
+    assert data.endswith(b"Rq\x0b.")
+    data = data[:-1] + b"0h\x0a\x85\x85."  # POP the tensor; ((args,),)
+    storage = Storage("0", TorchResolver(Limits()).find_global("torch", "FloatStorage", 0).dtype,
+                      16, lambda: b"\0" * 16)
+    outcomes = []
+    for fast in (True, False):
+        resolver = _Counting(Limits(max_depth=max_depth), lambda pid, offset: storage)
+        m = Machine(data, resolver, Limits(max_depth=max_depth))
+        m.fast_tensors = fast
+        try:
+            value, _ = m._run(0)
+            outcome: Any = _canon(value, {})
+        except CheckpointError as e:
+            outcome = (type(e).__name__, str(e), e.offset)
+        outcomes.append(outcome)
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0][0] == "LimitError") == (max_depth == 3), outcomes[0]

@@ -21,8 +21,8 @@ from typing import Any
 
 from torchless.containers.base import archive_of_files
 from torchless.containers.ziparchive import ZipArchive
-from torchless.containers.zipformat import DEFLATED
-from torchless.core.dtypes import DType
+from torchless.containers.zipformat import DEFLATED, STORED
+from torchless.core.dtypes import DType, StorageType
 from torchless.core.limits import Limits
 from torchless.errors import (
     AmbiguousArchiveError,
@@ -38,7 +38,7 @@ from torchless.errors import (
 )
 from torchless.io.source import Source
 from torchless.model.graph import ModuleDict, ModuleHook, module_state_dict
-from torchless.model.tensor import Storage, storage_record
+from torchless.model.tensor import LocatedLoader, Storage, storage_record
 from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
@@ -53,7 +53,7 @@ _CLASS = re.compile(r"^class (\w+)\((\w+(?:\.\w+)*)\):", re.M)
 _LIST = re.compile(r"^  (__parameters__|__buffers__) = \[(.*?)\]", re.M)
 
 
-class _Member:
+class _Member(LocatedLoader):
     """A storage's bytes in the archive: its loader (called) and, where the bytes are
     compressed or remote, its stream (:meth:`blocks`). A small object per storage, not two
     closures (opening a file of many small tensors made one of each per tensor)."""
@@ -70,6 +70,16 @@ class _Member:
 
     def blocks(self, chunk: int) -> Iterator[memoryview | bytes]:
         return self.archive.iter_member(self.name, chunk, check_crc=self.check)
+
+    def offset_in(self, source: object) -> int | None:
+        """Where the member's stored bytes lie in ``source``'s file (None when the archive
+        is not on that local source, or the member is deflated or not located)."""
+        archive = self.archive
+        e = archive.entries.get(self.name)
+        if archive.source is not source or archive.source.remote or e is None or not e.located \
+                or e.method != STORED:
+            return None
+        return e.data_offset
 
 
 @dataclass
@@ -200,7 +210,10 @@ class TorchZip:
             raise StorageError(f"storage key is {type_phrase(key)}, not a str")
         if not _KEY.match(key):
             raise UnsafePathError(f"storage key {key[:60]!r} is not a plain record name")
-        storage_type, key, location, numel = storage_record(storage_type, key, location, numel)
+        if type(storage_type) is not StorageType or type(location) is not str or \
+                type(numel) is not int or numel < 0:  # else storage_record changes nothing
+            storage_type, key, location, numel = storage_record(storage_type, key, location,
+                                                                numel)
         dtype = storage_type.dtype
         nbytes = numel * dtype.itemsize
         known = self._storages.get(key)

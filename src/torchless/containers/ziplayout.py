@@ -148,10 +148,15 @@ class MemberLayout:
         h = e.header_offset
         raw = e.raw_name
         limit = self._cd_start
-        if h + _LOCAL_SIZE > limit or not self._cover(h, _LOCAL_SIZE + len(raw), "local header"):
+        need = _LOCAL_SIZE + len(raw)
+        if h + _LOCAL_SIZE > limit:
             return False
-        win = self._window
-        i = h - self._window_at
+        at, win = self._window_at, self._window
+        if not (at <= h and h + need <= at + len(win)):  # self._cover, inlined for a hit
+            if not self._cover(h, need, "local header"):
+                return False
+            at, win = self._window_at, self._window
+        i = h - at
         (sig, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen) = _local(win, i)
         if sig != SIG_LOCAL or nlen != len(raw) or flags != e.flags or method != e.method \
                 or flags & ~ALLOWED_FLAGS or not win.startswith(raw, i + _LOCAL_SIZE):
@@ -160,33 +165,34 @@ class MemberLayout:
         if (crc or csize or usize or not descriptor) and (
                 crc != e.crc or csize != e.compressed_size or usize != e.size):
             return False
-        data = h + _LOCAL_SIZE + nlen + elen
+        data = h + need + elen
         end = data + e.compressed_size
         if end > limit:
             return False
         if descriptor:
             n = max(0, min(24, limit - end))
-            j = i + _LOCAL_SIZE + nlen  # the extra field
-            if end + n > self._window_at + len(win):  # the block ends before the descriptor
-                if not self._cover(h + _LOCAL_SIZE + nlen, elen, "local extra field"):
+            extra = h + need  # the extra field
+            if not (at <= extra and extra + elen <= at + len(win)):
+                if not self._cover(extra, elen, "local extra field"):
                     return False
-                j = h + _LOCAL_SIZE + nlen - self._window_at
-            if elen >= 4 and _field(self._window, j) == (_PADDING, elen - 4):
+                at, win = self._window_at, self._window
+            j = extra - at
+            if elen >= 4 and _field(win, j) == (_PADDING, elen - 4):
                 local_zip64 = False  # one field, torch's alignment padding
             else:
                 try:
-                    local_zip64 = zip64_field(self._window[j:j + elen]) is not None
+                    local_zip64 = zip64_field(win[j:j + elen]) is not None
                 except ValueError:
                     return False
             if not self._cover(end, n, "data descriptor"):
                 return False
+            win = self._window
             k = end - self._window_at
-            head = self._window[k:k + n]
-            if head[:4] == SIG_DESCRIPTOR:
-                head, end = head[4:], end + 4
-            form = _DESCRIPTOR64 if descriptor_is_zip64(local_zip64, e) else _DESCRIPTOR
-            if len(head) < form.size or \
-                    form.unpack_from(head) != (e.crc, e.compressed_size, e.size):
+            if n >= 4 and win.startswith(SIG_DESCRIPTOR, k):
+                k, n, end = k + 4, n - 4, end + 4
+            form = _DESCRIPTOR64 if local_zip64 or e.size >= SATURATED or \
+                e.compressed_size >= SATURATED else _DESCRIPTOR  # descriptor_is_zip64
+            if n < form.size or form.unpack_from(win, k) != (e.crc, e.compressed_size, e.size):
                 return False
             end += form.size
         e.data_offset = data

@@ -159,6 +159,9 @@ def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tenso
 
     def offset(t: Tensor) -> int | None:
         buf = t.storage.buffer()
+        known = t.storage.file_offset(source)
+        if known is not None:
+            return known
         return source.offset_of(buf) if isinstance(buf, memoryview) else None
 
     return fd, offset

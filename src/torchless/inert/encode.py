@@ -221,8 +221,16 @@ class Encoder:
 
     def _count(self, root: Any) -> None:
         stack: list[tuple[Any, str]] = [(root, "")]
+        counts = self._counts
         while stack:
             obj, path = stack.pop()
+            if type(obj) is Tensor and not obj.attrs:  # a leaf (most nodes): what follows,
+                k = id(obj)                           # without the tests that fail for it
+                n = counts.get(k, 0)
+                counts[k] = n + 1
+                if not n:
+                    self._keep.append(obj)
+                continue
             if self._atom(obj, path) is not _NOT_ATOM:
                 continue
             k = id(obj)
@@ -247,10 +255,12 @@ class Encoder:
         if depth > self.limits.max_depth:
             raise LimitError("max_depth", self.limits.max_depth, depth,
                              "nested values in the object to save")
+        k = id(obj)
+        if type(obj) is Tensor and not obj.attrs and self._counts.get(k, 0) <= 1:
+            return {"$tensor": self._tensor(obj, path, depth + 1)}  # a leaf seen once
         atom = self._atom(obj, path)
         if atom is not _NOT_ATOM:
             return atom
-        k = id(obj)
         if k in self._ids:
             return {"$ref": self._ids[k]}
         if k in self._active:
@@ -392,6 +402,19 @@ class Encoder:
     def _tensor(self, obj: Any, path: str, d: int) -> dict[str, Any]:
         if not isinstance(obj, Tensor):
             return self._torch_tensor(obj, path)
+        name = self.names.get(id(obj))
+        if name is not None and not obj.attrs:  # the usual case, as below in one dict
+            node: dict[str, Any] = {"name": name, "dtype": obj.dtype.name,
+                                    "shape": list(obj.shape)}
+            if obj.requires_grad:
+                node["requires_grad"] = True
+            if obj.is_parameter:
+                node["parameter"] = True
+            if obj.is_storage:
+                node["storage"] = True
+            if obj.storage.location != "cpu":
+                node["device"] = obj.storage.location
+            return node
         body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)}
         if obj.requires_grad:
             body["requires_grad"] = True

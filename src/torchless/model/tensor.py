@@ -21,10 +21,24 @@ from torchless.errors import (
     type_phrase,
 )
 
-__all__ = ["DATALESS", "MissingStorage", "Storage", "Tensor", "TensorArray",
+__all__ = ["DATALESS", "LocatedLoader", "MissingStorage", "Storage", "Tensor", "TensorArray",
            "UnsupportedTensor", "make_tensor", "storage_record", "with_attrs"]
 
 _INT64_MAX = (1 << 63) - 1
+
+
+class LocatedLoader:
+    """A storage's loader that can also say where the bytes it gives lie in a file (a
+    stored archive member): :meth:`Storage.file_offset` asks it."""
+
+    __slots__ = ()
+
+    def __call__(self) -> memoryview | bytes:  # pragma: no cover - subclasses load
+        raise NotImplementedError
+
+    def offset_in(self, source: object) -> int | None:  # pragma: no cover - subclasses say
+        """Where the bytes lie in ``source``'s file, or None."""
+        return None
 
 
 class Storage:
@@ -71,6 +85,16 @@ class Storage:
                                    f"{self.nbytes} declared")
             self._buffer = buf
         return self._buffer
+
+    def file_offset(self, source: object) -> int | None:
+        """Where the bytes :meth:`buffer` gives (once it has been called) lie in the file
+        of ``source``, when the loader knows it (a stored archive member on that very
+        source: a :class:`LocatedLoader`); None when it does not say. Cheaper than
+        asking the buffer's address, once per tensor of a file of many."""
+        loader = self._loader
+        if self._buffer is None or not isinstance(loader, LocatedLoader):
+            return None
+        return loader.offset_in(source)
 
     @property
     def streams(self) -> bool:
@@ -193,6 +217,8 @@ class Tensor:
         return self.numel * self.dtype.itemsize
 
     def is_contiguous(self) -> bool:
+        if len(self.shape) == 1:  # most tensors of a file of many: the loop below, at once
+            return self.stride[0] == 1 or self.shape[0] == 1
         expected = 1
         for size, stride in zip(reversed(self.shape), reversed(self.stride), strict=True):
             if size != 1 and stride != expected:
@@ -326,6 +352,17 @@ def make_tensor(
     """Check a tensor's geometry against its storage and build it."""
     if not isinstance(storage, Storage):
         raise TensorGeometryError(f"tensor storage is {type_phrase(storage)}, not a storage")
+    if type(size) is tuple and type(stride) is tuple and len(size) == 1 == len(stride) and \
+            type(storage_offset) is int and storage_offset >= 0 and limits.max_ndim >= 1:
+        # one dimension (most tensors of a file of many): the checks below, when all pass
+        n, s = size[0], stride[0]
+        if type(n) is int and type(s) is int and n > 0 and s >= 0:
+            nbytes = n * dtype.itemsize
+            last = storage_offset + (n - 1) * s
+            if nbytes <= _INT64_MAX and nbytes <= limits.max_tensor_bytes and \
+                    last <= _INT64_MAX and (last + 1) * dtype.itemsize <= storage.nbytes:
+                return Tensor(storage, dtype, size, stride, storage_offset,
+                              requires_grad=requires_grad)
     shape = size if type(size) is tuple and _plain_dims(size) else _dims(size, "size")
     strides = stride if type(stride) is tuple and _plain_dims(stride) else _dims(stride,
                                                                                  "stride")

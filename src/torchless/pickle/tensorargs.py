@@ -25,6 +25,7 @@ tests/pickling/test_tensor_fast_path.py runs both over many files and compares.
 from __future__ import annotations
 
 import re
+import struct
 from typing import TYPE_CHECKING
 
 from torchless.errors import PickleError
@@ -77,6 +78,7 @@ def _ints(span: bytes) -> tuple[list[int], bool]:
 
 
 _from_bytes = int.from_bytes
+_long_put = struct.Struct("<BI").pack  # LONG_BINPUT of an index (below 2**32: max_memo)
 _NOT_CALLABLE = (str, bytes, int, float, list, dict, tuple, type(None))
 _IMMUTABLE = (tuple, frozenset)
 
@@ -87,8 +89,11 @@ def _shape(span: bytes | None) -> tuple[int, ...] | None:
     sequence)."""
     if span is None:
         return ()
-    if len(span) == 3 and span[0] == 0x4B and span[2] == 0x85:  # (n,): BININT1 TUPLE1
+    n = len(span)
+    if n == 3 and span[0] == 0x4B and span[2] == 0x85:  # (n,): BININT1 TUPLE1
         return (span[1],)
+    if n == 4 and span[0] == 0x4D and span[3] == 0x85:  # (n,): BININT2 TUPLE1
+        return (span[1] | span[2] << 8,)
     ints, marked = _ints(span)
     if not marked and len(ints) != span[-1] - 0x84:
         return None
@@ -127,7 +132,7 @@ def tensor_args(m: Machine, pos: int, guard: int) -> int:
     want = have
     for x in (put_key, put_pid, put_size, put_stride, put_hooks, put_args, put_value):
         if x is not None:
-            if (x[1] if len(x) == 2 else _from_bytes(x[1:], "little")) != want:
+            if x[1] != want if len(x) == 2 else want >> 32 or x != _long_put(0x72, want):
                 return -1
             want += 1
     if want > lim.max_memo:
@@ -166,7 +171,11 @@ def tensor_args(m: Machine, pos: int, guard: int) -> int:
     if isinstance(hooks, _IMMUTABLE):
         hooks = immutable(hooks)
     m.op_start = regs[20][0] - 1  # the TUPLE: it holds the size, a tuple
-    args = immutable((storage, offset, size, stride, grad[0] == 0x88, hooks))
+    args = (storage, offset, size, stride, grad[0] == 0x88, hooks)
+    if isinstance(storage, _IMMUTABLE) or isinstance(hooks, _IMMUTABLE):
+        args = immutable(args)
+    else:  # m._immutable(args), whose only tuples are the size and stride (of ints: depth
+        m.depths[id(args)] = (args, 2)  # 1); max_depth >= 2 (checked above)
     outer = m.stack
     op = regs[21][0] - 1  # REDUCE
     if not outer:

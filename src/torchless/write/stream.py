@@ -13,7 +13,7 @@ from torchless.errors import ConversionError
 from torchless.model import chunks as _chunks
 
 __all__ = ["COPY_BLOCK_BYTES", "GATHER_BYTES", "KERNEL_COPY", "KERNEL_MIN_BYTES", "Progress",
-           "RELEASE_BYTES", "Release", "Writer"]
+           "READ_GAP_BYTES", "RELEASE_BYTES", "Release", "Writer"]
 
 #: Runs of the source file at least this long are copied by the kernel (no page of them
 #: enters the process); shorter pieces are gathered into one buffer and written together.
@@ -23,6 +23,16 @@ KERNEL_MIN_BYTES = 1 << 20
 KERNEL_COPY: tuple[str, ...] = ("copy_file_range", "sendfile")
 #: Size of the buffer small pieces are gathered in.
 GATHER_BYTES = 4 << 20
+#: Small pieces whose place in the source file is known are read into the buffer with
+#: ``os.preadv`` (their pages never enter the process's map); pieces that follow each other
+#: in the file with at most this many bytes between them (a ZIP member's descriptor and the
+#: next local header) are one call, the bytes between read into a scratch block. 20,000
+#: pieces of 11,200 bytes: 0.11 s against 0.15 s gathered from the map (which also faulted
+#: the map's pages in and released them).
+READ_GAP_BYTES = 4 << 10
+#: The most buffers one ``preadv`` call takes (the system's ``IOV_MAX``, 1024 on Linux).
+_IOV_MAX = max(2, min(1024, os.sysconf("SC_IOV_MAX"))) if "SC_IOV_MAX" in getattr(
+    os, "sysconf_names", {}) else 16
 #: Block size of writes straight from the source's map (without a kernel copy).
 COPY_BLOCK_BYTES = 1 << 20
 #: How many bytes read from the source's map before its pages are released (512 MiB of
@@ -72,6 +82,13 @@ class Writer:
         self.run_offset = 0
         self.run_count = 0
         self.run_views: list[memoryview] = []
+        # pending reads into the buffer: from file offset read_at up to read_end, the
+        # buffer's slices (and scratch blocks for the bytes between pieces) in order
+        self.can_read = src_fd is not None and hasattr(os, "preadv")
+        self.read_at = self.read_end = 0
+        self.reads: list[memoryview] = []
+        self._scratch: memoryview | None = None
+        self._view: memoryview | None = None  # of buf
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -101,6 +118,8 @@ class Writer:
         self._release_gathered()
 
     def _flush_buffer(self) -> None:
+        if self.reads:
+            self._read_pending()
         if self.fill:
             assert self.buf is not None
             self._write_all(memoryview(self.buf)[:self.fill])
@@ -125,6 +144,60 @@ class Writer:
             self.mapped += n
             if self.mapped >= RELEASE_BYTES:
                 self._release_gathered()
+
+    def read(self, offset: int, count: int) -> None:
+        """Bytes ``offset`` to ``offset + count`` of the file behind ``src_fd`` (at most
+        :data:`GATHER_BYTES`; only when :attr:`can_read`), read into the buffer in place,
+        with the pieces before it that follow it in the file in one ``preadv``."""
+        if count > GATHER_BYTES or not self.can_read:  # pragma: no cover - a bug of ours
+            raise ValueError("read() takes a piece of the buffer's size at most, of a file")
+        self._flush_run()
+        self.queued += count
+        if self._view is None:
+            if self.buf is None:
+                self.buf = bytearray(GATHER_BYTES)
+            self._view = memoryview(self.buf)
+        if self.fill + count > GATHER_BYTES:
+            self._flush_buffer()
+        fill = self.fill
+        into = self._view[fill:fill + count]
+        self.fill = fill + count
+        reads = self.reads
+        gap = offset - self.read_end
+        if reads and 0 <= gap <= READ_GAP_BYTES and len(reads) + 2 <= _IOV_MAX:
+            if gap:
+                if self._scratch is None or len(self._scratch) < gap:
+                    self._scratch = memoryview(bytearray(READ_GAP_BYTES))
+                reads.append(self._scratch[:gap])
+            reads.append(into)
+        else:
+            if reads:
+                self._read_pending()
+            self.reads = [into]
+            self.read_at = offset
+        self.read_end = offset + count
+
+    def _read_pending(self) -> None:
+        """Fill the buffer's slices the pending reads stand for (a short read is retried
+        from where it stopped; the file ending first is an error)."""
+        reads, at = self.reads, self.read_at
+        self.reads = []
+        assert self.src_fd is not None
+        left = self.read_end - at
+        while True:
+            got = os.preadv(self.src_fd, reads, at)
+            if got >= left:
+                return
+            if got <= 0:
+                raise ConversionError("the source file ended early (changed while "
+                                      "converting?)")
+            at += got
+            left -= got
+            i = 0
+            while got >= len(reads[i]):
+                got -= len(reads[i])
+                i += 1
+            reads = [reads[i][got:], *reads[i + 1:]]
 
     def write(self, data: bytes | memoryview) -> None:
         """Bytes that are not a range of the source file (the header, converted blocks)."""
