@@ -16,7 +16,7 @@ import errno
 import mmap
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from torchless.errors import CheckpointError, FormatError, TruncatedInputError
@@ -195,10 +195,12 @@ class Source:
         self._view = memoryview(b"")
         self._closed = True
 
-    def _close_fd(self) -> None:
+    def _close_fd(self, _close: Callable[[int], None] = os.close) -> None:
+        # os.close bound at definition: __del__ may run at interpreter exit, after this
+        # module's globals (os among them) were set to None
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            os.close(fd)
+            _close(fd)
 
     def __del__(self) -> None:
         self._close_fd()
