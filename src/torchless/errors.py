@@ -43,9 +43,8 @@ from __future__ import annotations
 
 import functools
 import os
-import traceback
 from collections.abc import Callable
-from types import CodeType, FunctionType
+from types import CodeType, FrameType, FunctionType
 from typing import Any, ParamSpec, TypeVar, cast
 
 __all__ = [
@@ -379,7 +378,11 @@ def reports_bugs(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
 def _raised_by(error: BaseException, code: CodeType) -> bool:
     """Whether ``error`` came from the frame running ``code``, or from calling it (bad
     arguments)."""
-    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
+    frames: list[FrameType] = []  # traceback.walk_tb, without importing traceback at start-up
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
     if len(frames) < 2:  # the first frame is the wrapper's
         return True
     return frames[-1].f_code is code

@@ -16,11 +16,12 @@ from ..conftest import REPO, require
 TINY = REPO / "examples" / "tiny.pt"
 
 #: Pulled in only by remote files (urllib.request, http, email, ssl, socket), process pools
-#: (concurrent.futures, multiprocessing), ``secrets`` (hashlib, OpenSSL), torch, or the
+#: (concurrent.futures, multiprocessing), ``secrets`` (hashlib, OpenSSL), torch, ``traceback``
+#: (errors walk a traceback themselves), or the
 #: parts of torchless a command does not use.
 NEVER = ("torch", "urllib.request", "http", "http.client", "email", "ssl", "socket",
          "concurrent.futures", "multiprocessing", "secrets", "hashlib", "decimal", "asyncio",
-         "torchless.scanner", "torchless.api.batch", "torchless.conversion.hf")
+         "torchless.scanner", "torchless.api.batch", "torchless.conversion.hf", "traceback")
 
 
 #: Imported only where values are made (``Tensor.numpy``, ``load``, arrays in a file):
@@ -38,12 +39,22 @@ def _modules(code: str, tmp_path: Path) -> set[str]:
     return set(json.loads(out.splitlines()[-1]))
 
 
+#: Runs the CLI with its output captured; fails unless it exits 0 having written something
+#: (an internal error would report a bug, and import what reporting needs).
+_CLI = """import contextlib, io, torchless
+from torchless.cli.main import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        code = main({args!r})
+    except SystemExit as e:
+        code = e.code
+assert code in (0, None) and out.getvalue(), (code, out.getvalue())"""
+
+
 def test_import_and_version_load_no_library(tmp_path: Path) -> None:
     """``import torchless`` and ``--version`` load neither NumPy nor any reader."""
-    loaded = _modules("import contextlib, torchless\nfrom torchless.cli.main import main\n"
-                      "with contextlib.redirect_stdout(None), "
-                      "contextlib.suppress(SystemExit):\n    main(['--version'])",
-                      tmp_path)
+    loaded = _modules(_CLI.format(args=["--version"]), tmp_path)
     assert "torchless.cli.main" in loaded  # the check ran
     heavy = {"numpy", "ml_dtypes", "torchless.reader.checkpoint", "torchless.inert.encode",
              "torchless.conversion.api", *NEVER}
@@ -53,10 +64,7 @@ def test_import_and_version_load_no_library(tmp_path: Path) -> None:
 def test_inspect_loads_only_the_reader(tmp_path: Path) -> None:
     """``torchless inspect`` of a local file: the reader, not the writers, the inert format's
     encoder, the scanner, batches or anything remote."""
-    loaded = _modules("import contextlib\nfrom torchless.cli.main import main\n"
-                      "with contextlib.redirect_stdout(None), "
-                      f"contextlib.suppress(SystemExit):\n    main(['inspect', {str(TINY)!r}])",
-                      tmp_path)
+    loaded = _modules(_CLI.format(args=["inspect", str(TINY)]), tmp_path)
     assert "torchless.reader.checkpoint" in loaded
     heavy = {"torchless.write.safetensors", "torchless.inert.encode", "torchless.inert.decode",
              "torchless.conversion.api", "tempfile", *VALUES, *NEVER}
