@@ -17,7 +17,9 @@ the reference (what the scanner did before the shortcut existed):
   dotted name are dropped without the inert run; the reference runs them;
 * the TorchScript call pattern tests the character before the word after matching it, and
   the bare RPC names are looked for only in code that spells ``remote`` or ``rpc_``; the
-  reference is the pattern with a leading look-behind, run on all code.
+  reference is the pattern with a leading look-behind, run on all code;
+* short plain-data pickles (a legacy stream's header) are answered from the streams of the
+  same bytes already run (:mod:`torchless.scanner.plain`); the reference runs each.
 
 The files: the repo's fixtures and corpus, the labelled scan set, the shared hostile corpus
 and the generated hostile set (every trick the scanner knows of), each scanned with the
@@ -41,6 +43,7 @@ from tests.project.test_hostile import Hostile, hostile  # noqa: F401  (fixture)
 from torchless.io.source import Source
 from torchless.scanner import files, pickles, script, walk
 from torchless.scanner.files import scan, scan_paths
+from torchless.scanner.plain import PlainStreams
 
 TESTS = Path(__file__).resolve().parents[1]
 #: The TorchScript call pattern as first written (a leading look-behind).
@@ -70,6 +73,8 @@ def _general(mp: pytest.MonkeyPatch) -> Iterator[None]:
         m.setattr(Source, "zip_ends", property(lambda self: None, lambda self, v: None))
         m.setattr(script, "_CALL", _CALL_REFERENCE)
         m.setattr(script, "_BARE_WORDS", ("",))
+        m.setattr(pickles, "PLAIN", PlainStreams())
+        m.setattr(PlainStreams, "find", lambda *args: None)
         init = files._File.__init__
 
         def forgetful(self: files._File, *args: Any, **kwargs: Any) -> None:

@@ -51,6 +51,7 @@ from torchless.scanner.layouts import (
     plausible,
 )
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
+from torchless.scanner.plain import HEADERS
 from torchless.scanner.report import (
     Action,
     FileScan,
@@ -275,7 +276,8 @@ class _File(LayoutScans):
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
-                             member=member, tentative=tentative)
+                             member=member, tentative=tentative,
+                             header=what if want_value and what in HEADERS else "")
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
