@@ -5,12 +5,14 @@ number, the protocol version and ``sys_info`` are the same bytes in each file on
 version writes. Their inert run is most of the cost of a small legacy file's scan, and its
 outcome is a function of the bytes alone: a stream that names no global, passes no
 persistent id and takes no action, run to its STOP, gives one value and nothing else,
-whatever surrounds it (no byte 0x95, so no FRAME whose length reaches past the STOP). Such
-a stream is kept here, with its value, for the process (at most :data:`MAX_LENGTHS`
+whatever surrounds it (no byte 0x95 but that of one FRAME after PROTO that ends with the
+stream, so no FRAME whose length reaches past the STOP).
+
+Such a stream is kept here, with its value, for the process (at most :data:`MAX_LENGTHS`
 kinds and lengths of :data:`PER_LENGTH` streams each, so a hostile directory cannot grow
-it); a later stream of the same kind and bytes under the same limits is answered from it,
-with a fresh copy of the value (the callers may keep it). Only the header pickles are
-asked for (:data:`HEADERS`), not the storage key lists, which differ from file to file.
+it). A later stream of the same kind and bytes under the same limits is answered from it,
+with a fresh copy of the value (the callers may keep it). Only the header pickles are asked
+for (:data:`HEADERS`), not the storage key lists, which differ from file to file.
 """
 
 from __future__ import annotations
@@ -89,7 +91,10 @@ class PlainStreams:
         if length > MAX_BYTES or not _plain(value):
             return
         raw = bytes(data[start:end])
-        if 0x95 in raw:
+        # protocol 4 and 5: one FRAME after PROTO that ends with the stream itself
+        framed = raw[:1] == b"\x80" and raw[2:3] == b"\x95" and \
+            11 + int.from_bytes(raw[3:11], "little") == length
+        if 0x95 in (raw[11:] if framed else raw):
             return
         if limits is not self._limits:
             self._limits = limits
