@@ -61,6 +61,7 @@ from torchless.scanner.report import (
     Severity,
     Verdict,
     format_table,
+    new_global_ref,
 )
 
 __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
@@ -106,7 +107,7 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
     allow = frozenset(allow_globals)
     jobs: list[tuple[str, bool, bool]] = []  # (path, named explicitly, a DCP directory)
     for given in paths:
-        p = given if isinstance(given, str) and is_remote(given) else os.fspath(given)
+        p = given if isinstance(given, str) else os.fspath(given)
         if not is_remote(p) and os.path.isdir(p):
             if _is_unit(p):
                 jobs.append((p, True, True))
@@ -298,8 +299,8 @@ class _File(LayoutScans):
         for g in result.globals:
             verdict, _ = self.verdict(g, worst.get(g.offset, "vetted"))
             reason = reasons.get(g.offset, "") if verdict in ("dangerous", "unvetted") else ""
-            self.globals.append(GlobalRef(g.module, g.name, g.offset, g.opcode, verdict,
-                                          member, reason))
+            self.globals.append(new_global_ref(g.module, g.name, g.offset, g.opcode,
+                                               verdict, member, reason))
         for offset, message in result.problems:
             self.flag("limit" if result.limited and "max_" in message else "pickle",
                       f"{what} pickle: {message}", member, offset)

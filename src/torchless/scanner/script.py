@@ -17,6 +17,7 @@ custom operator or class from a native library does.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -70,6 +71,7 @@ def _blank_strings(text: str) -> str:
                        text)
 
 
+@functools.lru_cache(maxsize=1024)
 def _operator(dotted: str) -> tuple[str, bool]:
     """The operator a dotted call names, and whether it comes from outside torch."""
     parts = dotted.split(".")
