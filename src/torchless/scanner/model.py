@@ -101,6 +101,14 @@ def _show(value: Any, depth: int) -> str:
         return f"<int of {bits} bits>" if bits > 256 else repr(value)
     if kind is bool or kind is float or value is None:
         return repr(value)
+    if kind is tuple:  # as the tuple branch below (a tuple has no pid)
+        if depth <= 0:
+            return "…"
+        inner = ", ".join([_show(v, depth - 1) for v in value[:8]])
+        return f"({inner}{', …' if len(value) > 8 else ''}{',' if len(value) == 1 else ''})"
+    if kind is Global:
+        name: Global = value
+        return name.path
     if isinstance(value, Global):
         return value.path
     if isinstance(value, Made):

@@ -98,7 +98,8 @@ class ModelRecorder(Model, _Recorder):
         self.log = ActionLog(data, member)
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
-        super().find_global(module, name, offset)
+        op = by_code(self.data[offset])  # as _Recorder.find_global records it
+        self.found[offset] = new_found(module, name, offset, op.name if op else "?")
         return self.model_global(module, name, offset)
 
     def extension(self, code: int, offset: int) -> Any:
