@@ -219,6 +219,7 @@ def _walk(data: Any, start: int, end: int, scan: StreamScan, max_bytes: int, *,
                     if nxt > 0 and not pos < frame_end < nxt:  # else as below
                         found[pos] = new_found(_text(data[pos + 1:nl]),
                                                _text(data[nl + 1:nxt - 1]), pos, "GLOBAL")
+                        prev, last = last, None
                         pos = nxt
                         continue
         if code >= 0 and is_simple[code]:
