@@ -296,8 +296,14 @@ class _File(LayoutScans):
                     if a.origin not in reasons or order[a.severity] > order[worst[a.origin]]:
                         reasons[a.origin] = a.reason
                     worst[a.origin] = a.severity
+        known = _KNOWN
         for g in result.globals:
-            verdict, _ = self.verdict(g, worst.get(g.offset, "vetted"))
+            severity = worst.get(g.offset, "vetted") if worst else "vetted"
+            rebuilt = known.get((g.module, g.name)) if severity == "vetted" else None
+            if rebuilt is not None:  # self.verdict's answer, from its cache
+                verdict: Verdict = "rebuilt" if rebuilt else "opaque"
+            else:
+                verdict, _ = self.verdict(g, severity)
             reason = reasons.get(g.offset, "") if verdict in ("dangerous", "unvetted") else ""
             self.globals.append(new_global_ref(g.module, g.name, g.offset, g.opcode,
                                                verdict, member, reason))
