@@ -51,6 +51,7 @@ from torchless.scanner.layouts import (
     plausible,
 )
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
+from torchless.scanner.plain import HEADERS
 from torchless.scanner.report import (
     Action,
     FileScan,
@@ -60,6 +61,7 @@ from torchless.scanner.report import (
     Severity,
     Verdict,
     format_table,
+    new_global_ref,
 )
 
 __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
@@ -105,7 +107,7 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
     allow = frozenset(allow_globals)
     jobs: list[tuple[str, bool, bool]] = []  # (path, named explicitly, a DCP directory)
     for given in paths:
-        p = given if isinstance(given, str) and is_remote(given) else os.fspath(given)
+        p = given if isinstance(given, str) else os.fspath(given)
         if not is_remote(p) and os.path.isdir(p):
             if _is_unit(p):
                 jobs.append((p, True, True))
@@ -275,7 +277,8 @@ class _File(LayoutScans):
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
-                             member=member, tentative=tentative)
+                             member=member, tentative=tentative,
+                             header=what if want_value and what in HEADERS else "")
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
@@ -293,11 +296,17 @@ class _File(LayoutScans):
                     if a.origin not in reasons or order[a.severity] > order[worst[a.origin]]:
                         reasons[a.origin] = a.reason
                     worst[a.origin] = a.severity
+        known = _KNOWN
         for g in result.globals:
-            verdict, _ = self.verdict(g, worst.get(g.offset, "vetted"))
+            severity = worst.get(g.offset, "vetted") if worst else "vetted"
+            rebuilt = known.get((g.module, g.name)) if severity == "vetted" else None
+            if rebuilt is not None:  # self.verdict's answer, from its cache
+                verdict: Verdict = "rebuilt" if rebuilt else "opaque"
+            else:
+                verdict, _ = self.verdict(g, severity)
             reason = reasons.get(g.offset, "") if verdict in ("dangerous", "unvetted") else ""
-            self.globals.append(GlobalRef(g.module, g.name, g.offset, g.opcode, verdict,
-                                          member, reason))
+            self.globals.append(new_global_ref(g.module, g.name, g.offset, g.opcode,
+                                               verdict, member, reason))
         for offset, message in result.problems:
             self.flag("limit" if result.limited and "max_" in message else "pickle",
                       f"{what} pickle: {message}", member, offset)

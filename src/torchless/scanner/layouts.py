@@ -216,16 +216,19 @@ class LayoutScans:
             if not (skip_prefix and lo == 0):
                 self.chain_region(lo, hi)
         members = [m for m in archive.members if not m.is_dir]
+        lows = [m.name.lower() for m in members]  # torch's reader ignores case
         names = [m.name for m in members if m.listed]
+        listed = [low for m, low in zip(members, lows, strict=True) if m.listed]
         kind, prefix = archive_kind(names)
-        for m in members:
-            self.member(archive, m, unpickled(kind, prefix, m.name))
-        self.script(archive, members)
+        for m, low in zip(members, lows, strict=True):
+            self.member(archive, m, unpickled(kind, prefix, m.name), low)
+        self.script(archive, members, lows)
         if kind == "pt2":
             nested_archives(self, archive, members, prefix)
         elif kind == "package":
             package_code(self, members, prefix)
-        pickles = [n for n in names if n.rsplit("/", 1)[-1].lower() == "data.pkl"]
+        pickles = [n for n, low in zip(names, listed, strict=True)
+                   if low == "data.pkl" or low.endswith("/data.pkl")]
         if len(pickles) > 1:
             self.flag("torch", f"{len(pickles)} data.pkl records ({', '.join(pickles[:4])}): "
                       "readers pick different ones")
@@ -235,22 +238,21 @@ class LayoutScans:
                       f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
         if kind is not None:
             return kind
-        if not self.anomalies and not self.globals and not any(
-                n.lower().rsplit("/", 1)[-1] == "data.pkl" for n in names):
+        if not self.anomalies and not self.globals and not pickles:
             raise not_a_torch_zip(names)
-        script = any(n.lower().endswith("/constants.pkl") for n in names)
-        code = any("/code/" in n.lower() for n in names)
+        script = any(low.endswith("/constants.pkl") for low in listed)
+        code = any("/code/" in low for low in listed)
         if script and not code:
             self.flag("torch", "constants.pkl without code/: a torch.save archive dressed as "
                       "TorchScript (loaders dispatch it to torch.jit.load)")
         return "torchscript" if script and code else "zip"
 
-    def script(self, archive: ZipArchive, members: list[Entry]) -> None:
+    def script(self, archive: ZipArchive, members: list[Entry], lows: list[str]) -> None:
         """The calls the TorchScript code in the archive names (torch finds ``code/`` and
-        ``.py`` ignoring case): file and network access is dangerous, an operator or class
-        from a native library outside torch an anomaly (:mod:`.script`)."""
-        for m in members:
-            name = m.name.lower()
+        ``.py`` ignoring case; ``lows``: the members' names in lower case): file and network
+        access is dangerous, an operator or class from a native library outside torch an
+        anomaly (:mod:`.script`)."""
+        for m, name in zip(members, lows, strict=True):
             if "code/" not in name or not name.endswith(".py"):
                 continue
             data = self._code.get(id(m))
@@ -280,11 +282,14 @@ class LayoutScans:
                 return
             pos = result.end
 
-    def member(self, archive: ZipArchive, m: Entry, pickled: bool | None = False) -> None:
+    def member(self, archive: ZipArchive, m: Entry, pickled: bool | None = False,
+               low: str | None = None) -> None:
         """``pickled``: torch unpickles the member whatever it holds (True), or if it
-        starts with PROTO (None: a torch.package resource)."""
+        starts with PROTO (None: a torch.package resource); ``low``: its name in lower
+        case."""
+        low = m.name.lower() if low is None else low
         # data.pkl, constants.pkl, *.debug_pkl; any case (torch's reader ignores case)
-        is_pickle = m.name.lower().endswith("pkl") or pickled is True
+        is_pickle = low.endswith("pkl") or pickled is True
         if pickled is None and m.size > 2:
             head, _ = archive.head(m, 2)
             is_pickle = is_pickle or (head is not None and head[:1] == b"\x80")
@@ -294,14 +299,16 @@ class LayoutScans:
             return
         cap = min(m.size + 1, self.limits.max_pickle_bytes + 1) if is_pickle else _SNIFF
         data, why = archive.head(m, cap)
-        if data is not None and len(data) < cap and "code/" in m.name.lower():
-            self._code[id(m)] = data  # the whole member: script() reads it again
         if data is None:
             if why and m.method in (0, 8):
                 self.flag("member", f"cannot be read: {why}", m.name, m.data_offset)
             return
+        if len(data) < cap and "code/" in low:
+            self._code[id(m)] = data  # the whole member: script() reads it again
         if not is_pickle:
-            if not looks_like_pickle(data, self.limits):
+            # looks_like_pickle's first test here: most members are tensor data
+            if not data or data[0] not in PICKLE_START or \
+                    not looks_like_pickle(data, self.limits):
                 self._check_crc(archive, m, data, whole=False)
                 return
         self._check_crc(archive, m, data, whole=True)

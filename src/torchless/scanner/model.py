@@ -35,9 +35,10 @@ from torchless.rules.allowlist import (
     forwarded,
     import_verdict,
 )
-from torchless.scanner.report import Action, ActionKind
+from torchless.scanner.report import Action, ActionKind, new_action
 
-__all__ = ["ActionLog", "Made", "Model", "static_args", "storage_verdict"]
+__all__ = ["IMPORTS", "ActionLog", "Made", "Model", "imported", "static_args",
+           "storage_verdict"]
 
 _ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
@@ -100,6 +101,14 @@ def _show(value: Any, depth: int) -> str:
         return f"<int of {bits} bits>" if bits > 256 else repr(value)
     if kind is bool or kind is float or value is None:
         return repr(value)
+    if kind is tuple:  # as the tuple branch below (a tuple has no pid)
+        if depth <= 0:
+            return "…"
+        inner = ", ".join([_show(v, depth - 1) for v in value[:8]])
+        return f"({inner}{', …' if len(value) > 8 else ''}{',' if len(value) == 1 else ''})"
+    if kind is Global:
+        name: Global = value
+        return name.path
     if isinstance(value, Global):
         return value.path
     if isinstance(value, Made):
@@ -152,10 +161,10 @@ class ActionLog:
                 self._counts[at] = self._counts.get(at, 0) + 1  # repeats after the first
                 return
             self._vetted[key] = len(actions)
-        actions.append(Action(kind, target, severity, reason, offset,
-                              _opcode(self.data, offset),
-                              static_args(args) if args is not None else None, origin,
-                              self.member))
+        actions.append(new_action(kind, target, severity, reason, offset,
+                                  _opcode(self.data, offset),
+                                  static_args(args) if args is not None else None, origin,
+                                  self.member))
 
     def finished(self) -> list[Action]:
         """The actions, each listed once with its count (1 unless counted)."""
@@ -191,6 +200,24 @@ def storage_verdict(module: str, name: str) -> tuple[Severity, str] | None:
     return None
 
 
+def imported(module: str, name: str) -> tuple[str, str, str, Severity, str]:
+    """What a GLOBAL of ``module`` and ``name`` imports, as torch's unpickler maps it (module,
+    name, dotted path), and the verdict on the import: a function of the two names."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    module = _MODULE_RENAMES.get(module, module)
+    severity, reason = storage_verdict(module, name) or import_verdict(module, name)
+    return module, name, f"{module}.{name}", severity, reason
+
+
+#: :func:`imported` of the names met so far in this process, up to :data:`IMPORTS_MAX` of
+#: them (a hostile file may name millions).
+IMPORTS: dict[tuple[str, str], tuple[str, str, str, Severity, str]] = {}
+IMPORTS_MAX = 4096
+
+
 class Model:
     """The resolver half of the model (mixed into the scanner's recording resolver)."""
 
@@ -199,15 +226,14 @@ class Model:
     # ---- names -------------------------------------------------------------------------
 
     def model_global(self, module: str, name: str, offset: int) -> Global:
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        elif module in _compat_pickle.IMPORT_MAPPING:
-            module = _compat_pickle.IMPORT_MAPPING[module]
-        module = _MODULE_RENAMES.get(module, module)
-        g = Global(module, name, offset)
-        severity, reason = storage_verdict(module, name) or import_verdict(module, name)
-        self.log.add("import", g.path, severity, reason, offset, offset)
-        return g
+        known = IMPORTS.get((module, name))
+        if known is None:
+            known = imported(module, name)
+            if len(IMPORTS) < IMPORTS_MAX:
+                IMPORTS[module, name] = known
+        module, name, path, severity, reason = known
+        self.log.add("import", path, severity, reason, offset, offset)
+        return Global(module, name, offset)
 
     # ---- calls -------------------------------------------------------------------------
 

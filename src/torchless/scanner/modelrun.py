@@ -12,7 +12,7 @@ from torchless.pickle.opcodes import by_code
 from torchless.pickle.values import Global, Opaque
 from torchless.scanner.model import ActionLog, Model
 
-__all__ = ["FoundGlobal", "ModelMachine", "ModelRecorder"]
+__all__ = ["FoundGlobal", "ModelMachine", "ModelRecorder", "new_found"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,23 @@ class FoundGlobal:
     opcode: str
     #: Why the name could not be read statically, if it could not ("" when it was).
     unresolved: str = ""
+
+
+_new = object.__new__
+
+
+def new_found(module: str, name: str, offset: int, opcode: str,
+              unresolved: str = "") -> FoundGlobal:
+    """``FoundGlobal(module, name, offset, opcode, unresolved)`` without the frozen
+    dataclass's __init__ (see ``report.new_action``)."""
+    g = _new(FoundGlobal)
+    d = g.__dict__
+    d["module"] = module
+    d["name"] = name
+    d["offset"] = offset
+    d["opcode"] = opcode
+    d["unresolved"] = unresolved
+    return g
 
 
 class _Persistent:
@@ -44,7 +61,7 @@ class _Recorder(Resolver):
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
         op = by_code(self.data[offset])
-        self.found[offset] = FoundGlobal(module, name, offset, op.name if op else "?")
+        self.found[offset] = new_found(module, name, offset, op.name if op else "?")
         return Global(module, name, offset)
 
     def extension(self, code: int, offset: int) -> Any:
@@ -81,7 +98,8 @@ class ModelRecorder(Model, _Recorder):
         self.log = ActionLog(data, member)
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
-        super().find_global(module, name, offset)
+        op = by_code(self.data[offset])  # as _Recorder.find_global records it
+        self.found[offset] = new_found(module, name, offset, op.name if op else "?")
         return self.model_global(module, name, offset)
 
     def extension(self, code: int, offset: int) -> Any:

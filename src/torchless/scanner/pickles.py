@@ -36,6 +36,7 @@ from torchless.errors import CheckpointError, LimitError
 from torchless.rules.allowlist import CALLS, call_verdict
 from torchless.scanner.model import ActionLog, storage_verdict
 from torchless.scanner.modelrun import FoundGlobal, ModelMachine, ModelRecorder
+from torchless.scanner.plain import PlainStreams
 from torchless.scanner.walk import MAX_LINE, StreamScan, static_walk
 
 __all__ = ["DOTTED_NAME", "FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
@@ -48,6 +49,8 @@ FAST_NAMES: frozenset[tuple[str, str]] = frozenset(
 
 
 _VETTED_ANY = "vetted to be called with any data"
+#: Short plain-data streams already run (:mod:`.plain`): a legacy stream's header pickles.
+PLAIN = PlainStreams()
 #: What a GLOBAL or INST must name to be importable: a dotted Python name.
 DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
@@ -86,18 +89,29 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
 
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 limits: Limits | None = None, *, want_value: bool = False,
-                member: str | None = None, tentative: bool = False) -> StreamScan:
+                member: str | None = None, tentative: bool = False,
+                header: str = "") -> StreamScan:
     """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
     ``member``: the archive member it is, for the actions' report. ``tentative``: bytes that
     need not be a pickle, which the caller drops when a name read inline is no dotted name
     (``layouts.plausible``): such a stream is only walked (the run would name the same
-    GLOBAL or INST at the same offset the same way), and has no actions."""
+    GLOBAL or INST at the same offset the same way), and has no actions. ``header``: what
+    the stream is, when it is one of :data:`.plain.HEADERS` (a value is wanted)."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
     view = data if stop == len(data) else data[:stop]
-    if want_value and stop - start <= MAX_LINE and _ran(scan, view, start, lim, member):
-        return scan
+    if want_value and stop - start <= MAX_LINE:
+        if header:
+            known = PLAIN.find(header, data, start, stop, lim)
+            if known is not None:
+                scan.value, scan.end = known
+                scan.stopped = True
+                return scan
+        if _ran(scan, view, start, lim, member):
+            if header and not scan.globals and not scan.pids and not scan.actions:
+                PLAIN.keep(header, view, start, scan.end, scan.value, lim)
+            return scan
     static = static_walk(data, start, stop, scan, lim.max_pickle_bytes)
     if tentative and not want_value and _not_a_pickle(static):
         scan.globals = [static[k] for k in sorted(static)]

@@ -94,8 +94,7 @@ class FileScan:
 
     @property
     def exit_code(self) -> int:
-        return {"dangerous": 1, "anomalous": 1, "unvetted": 1, "unreadable": 2,
-                "error": 2}.get(self.status, 0)
+        return _EXIT.get(self.status, 0)
 
 
 @dataclass(frozen=True)
@@ -125,6 +124,50 @@ class ScanReport:
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
+
+
+#: Exit code of a file by its status (0 for the others).
+_EXIT = {"dangerous": 1, "anomalous": 1, "unvetted": 1, "unreadable": 2, "error": 2}
+_new = object.__new__
+
+
+# A frozen dataclass's own __init__ sets each field through object.__setattr__: three times
+# the cost of filling the instance's dict, and building these records was a sixth of the scan
+# of a small checkpoint. The scanner's hot paths make them here; the objects are the same
+# (equal, hashed and frozen alike: tests/scanner/test_scan_records.py).
+
+def new_action(kind: ActionKind, target: str, severity: Severity, reason: str, offset: int,
+               opcode: str, args: str | None, origin: int | None,
+               member: str | None) -> Action:
+    """``Action(kind, target, …, member)`` (``count`` 1)."""
+    a = _new(Action)
+    d = a.__dict__
+    d["kind"] = kind
+    d["target"] = target
+    d["severity"] = severity
+    d["reason"] = reason
+    d["offset"] = offset
+    d["opcode"] = opcode
+    d["args"] = args
+    d["origin"] = origin
+    d["member"] = member
+    d["count"] = 1
+    return a
+
+
+def new_global_ref(module: str, name: str, offset: int, opcode: str, verdict: Verdict,
+                   member: str | None, reason: str) -> GlobalRef:
+    """``GlobalRef(module, name, offset, opcode, verdict, member, reason)``."""
+    g = _new(GlobalRef)
+    d = g.__dict__
+    d["module"] = module
+    d["name"] = name
+    d["offset"] = offset
+    d["opcode"] = opcode
+    d["verdict"] = verdict
+    d["member"] = member
+    d["reason"] = reason
+    return g
 
 
 _MARK = {"clean": "ok", "dangerous": "DANGER", "anomalous": "ANOMALY", "unvetted": "UNVETTED",

@@ -17,7 +17,9 @@ custom operator or class from a native library does.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["DANGEROUS", "KNOWN_NAMESPACES", "ScriptCall", "script_calls"]
@@ -45,6 +47,9 @@ _STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 _CALL = re.compile(r"((?:torch(?<![\w.]torch)|ops(?<![\w.]ops))(?:\s*\.\s*\w+)+)\s*\(")
 _BARE = re.compile(r"(?<![\w.])(?<!def )(rpc_async|rpc_sync|rpc_remote|remote)\s*\(")
 _SPACE = re.compile(r"\s+")
+#: String literals and calls looked for where ``str.find`` finds their first characters
+#: (:func:`_matches`), not by the patterns' own search (the shortcut tests switch it off).
+QUOTES_BY_FIND = True
 #: Every name _BARE matches holds one of these (code without them is not searched).
 _BARE_WORDS = ("remote", "rpc_")
 _BARE_OPS = {"rpc_async": "prim::rpc_async", "rpc_sync": "prim::rpc_sync",
@@ -66,10 +71,43 @@ class ScriptCall:
 def _blank_strings(text: str) -> str:
     """The text with every string literal's body blanked (offsets kept), so that a call
     spelled inside a string is not counted."""
-    return _STRING.sub(lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 2) + m.group(0)[0],
-                       text)
+    if not QUOTES_BY_FIND:
+        return _STRING.sub(lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 2) +
+                           m.group(0)[0], text)
+    pieces: list[str] = []
+    last = 0
+    for m in _matches(text, ("'", '"'), _STRING.match):
+        start, end = m.span()
+        pieces += (text[last:start + 1], " " * (end - start - 2))
+        last = end - 1
+    if not pieces:
+        return text
+    pieces.append(text[last:])
+    return "".join(pieces)
 
 
+def _matches(text: str, words: tuple[str, str],
+             match: Callable[[str, int], re.Match[str] | None]) -> list[re.Match[str]]:
+    """What ``pattern.finditer(text)`` finds, for a pattern whose every match starts
+    with one of ``words``: tried only where ``str.find`` finds one (a regular expression
+    that starts with a choice is tried at every character, many times slower)."""
+    out = []
+    find = text.find
+    a, b = (find(w) for w in words)
+    while a >= 0 or b >= 0:
+        at = b if a < 0 or 0 <= b < a else a
+        m = match(text, at)
+        nxt = at + 1 if m is None else m.end()
+        if m is not None:
+            out.append(m)
+        if 0 <= a < nxt:
+            a = find(words[0], nxt)
+        if 0 <= b < nxt:
+            b = find(words[1], nxt)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
 def _operator(dotted: str) -> tuple[str, bool]:
     """The operator a dotted call names, and whether it comes from outside torch."""
     parts = dotted.split(".")
@@ -88,7 +126,9 @@ def script_calls(text: str) -> list[ScriptCall]:
     """Every call of an operator the code text names, in text order."""
     clean = _blank_strings(text)
     out: list[ScriptCall] = []
-    for m in _CALL.finditer(clean):
+    calls = _matches(clean, ("torch", "ops"), _CALL.match) if QUOTES_BY_FIND else \
+        _CALL.finditer(clean)
+    for m in calls:
         op, unknown = _operator(_SPACE.sub("", m.group(1)))
         danger = DANGEROUS.get(op, "")
         out.append(ScriptCall(op, m.start(), danger, unknown and not danger))
@@ -96,5 +136,5 @@ def script_calls(text: str) -> list[ScriptCall]:
         for m in _BARE.finditer(clean):
             op = _BARE_OPS[m.group(1)]
             out.append(ScriptCall(op, m.start(), DANGEROUS[op]))
-    out.sort(key=lambda c: c.offset)
+        out.sort(key=lambda c: c.offset)
     return out

@@ -90,6 +90,8 @@ def archive_kind(names: list[str]) -> tuple[str | None, str]:
 def unpickled(kind: str | None, prefix: str, name: str) -> bool | None:
     """Whether torch would unpickle the member whatever its first byte (True), if it starts
     as a pickle does (None: a package resource), or not directly (False)."""
+    if kind is None:
+        return False
     low = name.lower()
     if kind == "pt2":
         return any(low.startswith(prefix.lower() + p[1:]) for p in _PT2_PICKLED)

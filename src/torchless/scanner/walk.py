@@ -21,7 +21,7 @@ from typing import Any
 
 from torchless.pickle.arguments import ARGS, memo_index
 from torchless.pickle.opcodes import Arg, by_code
-from torchless.scanner.modelrun import FoundGlobal
+from torchless.scanner.modelrun import FoundGlobal, new_found
 from torchless.scanner.report import Action, Severity
 
 __all__ = ["MAX_LINE", "StreamScan", "static_walk"]
@@ -212,6 +212,16 @@ def _walk(data: Any, start: int, end: int, scan: StreamScan, max_bytes: int, *,
                 if nxt <= end and not pos < frame_end < nxt:  # else as below
                     pos = nxt
                     continue
+            elif code == 0x63 and pos <= limit:  # GLOBAL, whole and inside its frame
+                nl = find(b"\n", pos + 1, min(end, pos + 1 + MAX_LINE))
+                if nl >= 0:
+                    nxt = find(b"\n", nl + 1, min(end, nl + 1 + MAX_LINE)) + 1
+                    if nxt > 0 and not pos < frame_end < nxt:  # else as below
+                        found[pos] = new_found(_text(data[pos + 1:nl]),
+                                               _text(data[nl + 1:nxt - 1]), pos, "GLOBAL")
+                        prev, last = last, None
+                        pos = nxt
+                        continue
         if code >= 0 and is_simple[code]:
             if pos + 1 < run_end and is_simple[data[pos + 1]]:  # a run naming nothing
                 run = simple(data, pos, run_end)
@@ -322,7 +332,7 @@ def _walk(data: Any, start: int, end: int, scan: StreamScan, max_bytes: int, *,
             continue
         value: str | None = None
         if name in ("GLOBAL", "INST"):
-            found[pos] = FoundGlobal(_text(args[0]), _text(args[1]), pos, name)
+            found[pos] = new_found(_text(args[0]), _text(args[1]), pos, name)
         elif name in ("EXT1", "EXT2", "EXT4"):
             code = int(unpack(args[0], 0)[0])
             found[pos] = FoundGlobal("copyreg.extension", str(code), pos, name)
