@@ -82,6 +82,27 @@ def test_usage_error_is_exit_2() -> None:
     assert info.value.code == 2
 
 
+def test_convert_src_dst_is_refused_before_writing(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``convert A B`` with B missing (the output written as cp takes it) would convert A
+    to its default output beside A and then fail on B: it is a usage error, nothing
+    written, and the message shows the -o form."""
+    src = tmp_path / "model.pt"
+    src.write_bytes(EXAMPLE.read_bytes())
+    dst = tmp_path / "out.safetensors"
+    with pytest.raises(SystemExit) as info:
+        main(["convert", str(src), str(dst)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"-o {dst}" in err and "does not exist" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+    # two sources that exist are still a batch, each to its default output
+    other = tmp_path / "other.pt"
+    other.write_bytes(EXAMPLE.read_bytes())
+    assert main(["convert", str(src), str(other)]) == 0
+    assert (tmp_path / "model.safetensors").exists() and (tmp_path / "other.safetensors").exists()
+
+
 def test_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["inspect", "--help"])

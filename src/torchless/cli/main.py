@@ -90,6 +90,16 @@ def _is_checkpoint_dir(path: str) -> bool:
     return is_checkpoint_dir(path)
 
 
+def _output_as_source(sources: Sequence[str], output: str | None) -> bool:
+    """``convert A B`` where B does not exist: the output given as ``cp`` takes it. Read as
+    two sources it would convert A next to itself and then fail on B, so it is refused
+    before anything is written."""
+    from torchless.io.remote import is_remote
+
+    return (output is None and len(sources) == 2 and not is_remote(sources[1])
+            and not os.path.lexists(sources[1]))
+
+
 def _is_batch(sources: Sequence[str]) -> bool:
     """Several sources, or a directory that is not a Hugging Face model directory."""
     from torchless.conversion.hflayout import is_checkpoint_dir, is_model_dir
@@ -235,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _is_batch(args.src) and args.report is not None:
             parser.error("--report writes one line per file for several SRC or a directory "
                          "of checkpoints; with one SRC, --json prints its summary")
+        if _output_as_source(args.src, args.output):
+            parser.error(f"{args.src[1]} does not exist, so it is no SRC: name the output "
+                         f"with -o (torchless convert {args.src[0]} -o {args.src[1]}); "
+                         "several SRC are each converted to their default output")
     if args.command == "inspect":
         if args.html and not args.output:
             parser.error("--html writes a page: name it with -o FILE")
