@@ -403,19 +403,10 @@ class Encoder:
         if not isinstance(obj, Tensor):
             return self._torch_tensor(obj, path)
         name = self.names.get(id(obj))
-        if name is not None and not obj.attrs:  # the usual case, as below in one dict
-            node: dict[str, Any] = {"name": name, "dtype": obj.dtype.name,
-                                    "shape": list(obj.shape)}
-            if obj.requires_grad:
-                node["requires_grad"] = True
-            if obj.is_parameter:
-                node["parameter"] = True
-            if obj.is_storage:
-                node["storage"] = True
-            if obj.storage.location != "cpu":
-                node["device"] = obj.storage.location
-            return node
-        body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)}
+        # named already (the usual case): the node is built with its name first, in one dict
+        body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)} \
+            if name is None else {"name": name, "dtype": obj.dtype.name,
+                                  "shape": list(obj.shape)}
         if obj.requires_grad:
             body["requires_grad"] = True
         if obj.is_parameter:
@@ -426,21 +417,21 @@ class Encoder:
             body["device"] = obj.storage.location
         if obj.attrs:
             body["attrs"] = {k: self._value(v, _join(path, k), d) for k, v in obj.attrs.items()}
-        name = self.names.get(id(obj))
-        if name is None:
-            if id(obj) in self.skipped:
-                return {"skipped": self.skipped[id(obj)], **body}
-            name = self._name(path)
-            if obj.dtype.safetensors is None:  # its bytes, as U8
-                import numpy as np
+        if name is not None:
+            return body
+        if id(obj) in self.skipped:
+            return {"skipped": self.skipped[id(obj)], **body}
+        name = self._name(path)
+        if obj.dtype.safetensors is None:  # its bytes, as U8
+            import numpy as np
 
-                from torchless.model.chunks import chunks
+            from torchless.model.chunks import chunks
 
-                raw = np.frombuffer(b"".join(bytes(c) for c in chunks(obj)), np.uint8)
-                self.tensors[name] = _memory_tensor(name, raw, _UINT8, (raw.size,))
-                body["raw"] = True
-            else:
-                self.tensors[name] = obj
+            raw = np.frombuffer(b"".join(bytes(c) for c in chunks(obj)), np.uint8)
+            self.tensors[name] = _memory_tensor(name, raw, _UINT8, (raw.size,))
+            body["raw"] = True
+        else:
+            self.tensors[name] = obj
         return {"name": name, **body}
 
     def _torch_tensor(self, obj: Any, path: str) -> dict[str, Any]:
