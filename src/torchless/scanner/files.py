@@ -53,6 +53,7 @@ from torchless.scanner.layouts import (
 from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
 from torchless.scanner.plain import HEADERS
 from torchless.scanner.report import (
+    SEVERITY_ORDER,
     Action,
     FileScan,
     FileStatus,
@@ -74,7 +75,6 @@ _LIMITS = Limits()
 #: :data:`_KNOWN_MAX` names (a hostile file may name millions).
 _KNOWN: dict[tuple[str, str], bool] = {}
 _KNOWN_MAX = 4096
-_ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
 _RESOLVER = TorchResolver(_LIMITS)
 #: Files up to this size are read whole rather than mapped (most checkpoints a scan meets
 #: are small: a map's set-up, page faults and unmap cost more than the copy).
@@ -289,7 +289,7 @@ class _File(LayoutScans):
         worst: dict[int, Severity] = {}
         reasons: dict[int, str] = {}
         if any(a.severity != "vetted" for a in actions):  # else every name is vetted
-            order = _ORDER
+            order = SEVERITY_ORDER
             for a in actions:
                 if a.origin is not None and order[a.severity] >= order[worst.get(a.origin,
                                                                                    "vetted")]:

@@ -35,12 +35,11 @@ from torchless.rules.allowlist import (
     forwarded,
     import_verdict,
 )
-from torchless.scanner.report import Action, ActionKind, new_action
+from torchless.scanner.report import SEVERITY_ORDER, Action, ActionKind, new_action
 
 __all__ = ["IMPORTS", "ActionLog", "Made", "Model", "imported", "static_args",
            "storage_verdict"]
 
-_ORDER = {"vetted": 0, "unvetted": 1, "dangerous": 2}
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
 _TEXT_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8",
                           "ascii"})
@@ -93,37 +92,28 @@ def static_args(args: Any) -> str | None:
 
 
 def _show(value: Any, depth: int) -> str:
-    kind = type(value)  # the plain types first: the chain below renders them the same way
+    kind = type(value)  # the plain types first, by their exact type (the commonest)
     if kind is str or kind is bytes:
-        return repr(value if len(value) <= 80 else value[:80])
+        return repr(value[:80])
     if kind is int:
         bits = value.bit_length()
         return f"<int of {bits} bits>" if bits > 256 else repr(value)
     if kind is bool or kind is float or value is None:
         return repr(value)
-    if kind is tuple:  # as the tuple branch below (a tuple has no pid)
-        if depth <= 0:
-            return "…"
-        inner = ", ".join([_show(v, depth - 1) for v in value[:8]])
-        return f"({inner}{', …' if len(value) > 8 else ''}{',' if len(value) == 1 else ''})"
-    if kind is Global:
-        name: Global = value
-        return name.path
-    if isinstance(value, Global):
-        return value.path
-    if isinstance(value, Made):
-        return repr(value)
-    if hasattr(value, "pid"):  # a persistent id: a storage of the archive
-        return f"<storage {_show(value.pid, 1)}>"
-    if type(value) is int and value.bit_length() > 256:
-        return f"<int of {value.bit_length()} bits>"
-    if isinstance(value, (str, bytes, int, float, bool, complex)) or value is None:
-        return repr(value if not isinstance(value, (str, bytes)) or len(value) <= 80
-                    else value[:80])
+    if kind is not tuple:  # a plain tuple is none of these
+        if isinstance(value, Global):
+            return value.path
+        if isinstance(value, Made):
+            return repr(value)
+        if hasattr(value, "pid"):  # a persistent id: a storage of the archive
+            return f"<storage {_show(value.pid, 1)}>"
+        if isinstance(value, (str, bytes, int, float, complex)):
+            return repr(value if not isinstance(value, (str, bytes)) or len(value) <= 80
+                        else value[:80])
     if depth <= 0:
         return "…"
     if isinstance(value, tuple):
-        inner = ", ".join(_show(v, depth - 1) for v in value[:8])
+        inner = ", ".join([_show(v, depth - 1) for v in value[:8]])
         return f"({inner}{', …' if len(value) > 8 else ''}{',' if len(value) == 1 else ''})"
     if isinstance(value, list):
         return "[" + ", ".join(_show(v, depth - 1) for v in value[:8]) + \
@@ -151,7 +141,7 @@ class ActionLog:
             origin: int | None, args: Any = None) -> None:
         if origin is not None:
             was = self.worst.get(origin)
-            if was is None or _ORDER[severity] > _ORDER[was]:
+            if was is None or SEVERITY_ORDER[severity] > SEVERITY_ORDER[was]:
                 self.worst[origin] = severity
         actions = self.actions
         if severity == "vetted" or len(actions) >= _MAX_LISTED:
@@ -427,4 +417,4 @@ class Model:
 
 def worst(severities: list[Severity]) -> Severity:
     """The most severe of ``severities`` ('vetted' for none)."""
-    return max(severities, key=_ORDER.__getitem__, default="vetted")
+    return max(severities, key=SEVERITY_ORDER.__getitem__, default="vetted")

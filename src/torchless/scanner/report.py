@@ -23,6 +23,8 @@ FileStatus = Literal["clean", "dangerous", "anomalous", "unvetted", "unreadable"
 ActionKind = Literal["import", "call", "build", "update"]
 #: How one action of the execution model is judged (see torchless.rules.allowlist).
 Severity = Literal["vetted", "unvetted", "dangerous"]
+#: The severities from least to most severe.
+SEVERITY_ORDER: dict[str, int] = {"vetted": 0, "unvetted": 1, "dangerous": 2}
 
 
 @dataclass(frozen=True)
