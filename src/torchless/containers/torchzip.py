@@ -21,7 +21,7 @@ from typing import Any
 
 from torchless.containers.base import archive_of_files
 from torchless.containers.ziparchive import ZipArchive
-from torchless.containers.zipformat import DEFLATED, STORED
+from torchless.containers.zipformat import STORED
 from torchless.core.dtypes import DType, StorageType
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -225,8 +225,7 @@ class TorchZip:
                     f"storage {key!r} is used as {known.dtype!r} x {known.nbytes} bytes and as "
                     f"{dtype!r} x {nbytes} bytes")
             return known
-        name = self.storage_member(key)
-        name = self.archive.resolve(name) or name  # self._member_name(name)
+        name = self._member_name(self.storage_member(key))
         entry = self.archive.entries.get(name)
         if entry is None:
             raise StorageError(f"storage {key!r} has no record {name!r} in the archive")
@@ -323,7 +322,6 @@ def member_storage(archive: ZipArchive, name: str, key: str, dtype: DType, nbyte
     used; a deflated or remote member can also be read block by block (converting, in
     bounded memory). The loader holds the archive, never the container's storage table."""
     member = _Member(archive, name, check)
-    deflated = archive.entries[name].method == DEFLATED  # archive.is_deflated(name)
-    stream = member.blocks if deflated or archive.source.remote else None
+    stream = member.blocks if archive.is_deflated(name) or archive.source.remote else None
     return Storage(key, dtype, nbytes, member, location=location, byteorder=byteorder,
                    stream=stream)

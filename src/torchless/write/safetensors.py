@@ -111,12 +111,8 @@ class Planned:
 def plan(tensors: Mapping[str, Tensor],
          metadata: Mapping[str, str]) -> tuple[bytes, list[Planned]]:
     """The padded header (with its 8-byte length prefix) and where each tensor goes."""
-    try:  # every name at once (20,000 small tensors: one call, not one each)
-        "".join(tensors).encode("utf-8")
-        if "__metadata__" in tensors:
-            raise UnicodeError
-    except UnicodeError:
-        for name in tensors:
+    if "__metadata__" in tensors or not _encodable("".join(tensors)):
+        for name in tensors:  # raises for the name that is refused
             check_name(name)
     names: dict[Any, str] = {}  # safetensors dtype name by DType
     keyed = []
@@ -135,7 +131,7 @@ def plan(tensors: Mapping[str, Tensor],
     pos = 0
     for _, name, _, dtype, t in keyed:
         shape = t.shape
-        end = pos + math.prod(shape) * t.dtype.itemsize  # t.nbytes
+        end = pos + t.nbytes
         planned.append(Planned(name, t, pos, end))
         parts.append(f'{_quote(name)}:{{"dtype":"{dtype}","shape":[{",".join(map(str, shape))}'
                      f'],"data_offsets":[{pos},{end}]}}')
@@ -153,6 +149,16 @@ def plan(tensors: Mapping[str, Tensor],
 
 
 _quote: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid UTF-8 once encoded (every name at once: 20,000 small
+    tensors, one call rather than :func:`check_name` each)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _st_dtype(t: Tensor) -> str:
