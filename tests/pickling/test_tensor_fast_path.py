@@ -277,24 +277,28 @@ def _hand_made(sparse: bool, func: bool) -> bytes:
     return head + (b"h\x04" if func else b"") + body
 
 
+def _hand_run(data: bytes, fast: bool, limits: Limits, nbytes: int) -> tuple[Any, Any]:
+    """(outcome, resolver log) of one path over a hand-made pickle whose one storage holds
+    ``nbytes`` bytes; outcome is the value and memo, or the error's type, text and offset."""
+    storage = Storage("0", TorchResolver(limits).find_global("torch", "FloatStorage", 0).dtype,
+                      nbytes, lambda: b"\0" * nbytes)
+    resolver = _Counting(limits, lambda pid, offset: storage)
+    m = Machine(data, resolver, limits)
+    m.fast_tensors = fast
+    try:
+        value, _ = m._run(0)
+        outcome: Any = (_canon(value, {}), _canon([m.memo_dense, m.memo], {}))
+    except CheckpointError as e:
+        outcome = (type(e).__name__, str(e), e.offset)
+    except Exception as e:  # what run() turns into a PickleError: the same for both
+        outcome = (type(e).__name__, str(e), m.op_start)
+    return outcome, _canon(resolver.log, {})
+
+
 @pytest.mark.parametrize(("sparse", "func"), [(False, True), (True, True), (False, False)])
 def test_hand_made_sequences_agree(sparse: bool, func: bool) -> None:
     data = _hand_made(sparse, func)
-    storage = Storage("0", TorchResolver(Limits()).find_global("torch", "FloatStorage", 0).dtype,
-                      16, lambda: b"\0" * 16)
-    outcomes = []
-    for fast in (True, False):
-        resolver = _Counting(Limits(), lambda pid, offset: storage)
-        m = Machine(data, resolver, Limits())
-        m.fast_tensors = fast
-        try:
-            value, _ = m._run(0)
-            outcome: Any = (_canon(value, {}), _canon([m.memo_dense, m.memo], {}))
-        except CheckpointError as e:
-            outcome = (type(e).__name__, str(e), e.offset)
-        except Exception as e:
-            outcome = (type(e).__name__, str(e), m.op_start)
-        outcomes.append((outcome, _canon(resolver.log, {})))
+    outcomes = [_hand_run(data, fast, Limits(), 16) for fast in (True, False)]
     assert outcomes[0] == outcomes[1]
     assert (outcomes[0][0][0] == "PickleError") == (not func)
 
@@ -306,19 +310,7 @@ def test_sizes_of_one_int_agree(size: bytes) -> None:
     look like it but whose tuple opcode takes another number of items."""
     data = _hand_made(False, True).replace(b"K\x04\x85q\x07", size + b"q\x07")
     assert size + b"q\x07" in data
-    storage = Storage("0", TorchResolver(Limits()).find_global("torch", "FloatStorage", 0).dtype,
-                      2000, lambda: b"\0" * 2000)
-    outcomes = []
-    for fast in (True, False):
-        resolver = _Counting(Limits(), lambda pid, offset: storage)
-        m = Machine(data, resolver, Limits())
-        m.fast_tensors = fast
-        try:
-            value, _ = m._run(0)
-            outcome: Any = (_canon(value, {}), _canon([m.memo_dense, m.memo], {}))
-        except CheckpointError as e:
-            outcome = (type(e).__name__, str(e), e.offset)
-        outcomes.append((outcome, _canon(resolver.log, {})))
+    outcomes = [_hand_run(data, fast, Limits(), 2000) for fast in (True, False)]
     assert outcomes[0] == outcomes[1]
 
 
@@ -329,18 +321,7 @@ def test_the_arguments_tuple_counts_its_depth(max_depth: int) -> None:
     data = _hand_made(False, True)
     assert data.endswith(b"Rq\x0b.")
     data = data[:-1] + b"0h\x0a\x85\x85."  # POP the tensor; ((args,),)
-    storage = Storage("0", TorchResolver(Limits()).find_global("torch", "FloatStorage", 0).dtype,
-                      16, lambda: b"\0" * 16)
-    outcomes = []
-    for fast in (True, False):
-        resolver = _Counting(Limits(max_depth=max_depth), lambda pid, offset: storage)
-        m = Machine(data, resolver, Limits(max_depth=max_depth))
-        m.fast_tensors = fast
-        try:
-            value, _ = m._run(0)
-            outcome: Any = _canon(value, {})
-        except CheckpointError as e:
-            outcome = (type(e).__name__, str(e), e.offset)
-        outcomes.append(outcome)
+    outcomes = [_hand_run(data, fast, Limits(max_depth=max_depth), 16)
+                for fast in (True, False)]
     assert outcomes[0] == outcomes[1]
-    assert (outcomes[0][0] == "LimitError") == (max_depth == 3), outcomes[0]
+    assert (outcomes[0][0][0] == "LimitError") == (max_depth == 3), outcomes[0]
