@@ -187,6 +187,7 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     reference = (tmp_path / "a.st").read_bytes()
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 64)
     monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)  # "big" is a run
+    monkeypatch.setattr(_stream, "READ_COPY_BYTES", 0)  # runs are the kernel's to copy
 
     def fail(*args: Any) -> int:
         raise OSError(errno.ENOSYS, "not here")
@@ -243,6 +244,7 @@ def test_adjacent_tensors_are_one_kernel_copy(torch: ModuleType, tg: ModuleType,
     src = tmp_path / "m.pt"
     torch.save(saved, src)
     monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)
+    monkeypatch.setattr(_stream, "READ_COPY_BYTES", 0)
     counts: list[int] = []
     real = os.copy_file_range
     monkeypatch.setattr(os, "copy_file_range",
@@ -250,6 +252,117 @@ def test_adjacent_tensors_are_one_kernel_copy(torch: ModuleType, tg: ModuleType,
     torchless.convert(src, tmp_path / "o.st", tree=False)
     assert counts == [120000, 1200]  # a+b+c as one run, then d
     check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
+
+
+def _runs_file(torch: ModuleType, tmp_path: Path) -> tuple[Path, dict[str, Any], int]:
+    """A checkpoint of 12 float32 tensors of 40,000 bytes each (runs once KERNEL_MIN_BYTES
+    is 1000), their bytes in all."""
+    saved = {f"r{i:02d}": torch.arange(10_000, dtype=torch.float32) * (i + 1)
+             for i in range(12)}
+    src = tmp_path / "m.pt"
+    torch.save(saved, src)
+    return src, saved, 12 * 40_000
+
+
+def _count_kernel_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    counts: list[int] = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range",
+                        lambda s, d, n, *a: counts.append(n) or real(s, d, n, *a))
+    return counts
+
+
+def test_runs_read_through_the_buffer_then_copied_by_the_kernel(
+        torch: ModuleType, tg: ModuleType, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first READ_COPY_BYTES of the runs go through the buffer (preadv, write), the rest
+    by copy_file_range, from the very byte where the budget ended (mid-tensor too): the file
+    is the same bytes as with kernel copies only, and torch's."""
+    src, saved, total = _runs_file(torch, tmp_path)
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)
+    monkeypatch.setattr(_stream, "GATHER_BYTES", 16_384)  # several reads a tensor
+    with monkeypatch.context() as m:
+        m.setattr(_stream, "READ_COPY_BYTES", 0)
+        counts = _count_kernel_copies(m)
+        torchless.convert(src, tmp_path / "kernel.st", tree=False)
+    assert sum(counts) == total
+    reference = (tmp_path / "kernel.st").read_bytes()
+    for budget in (100_000, total, 1 << 40):  # ends in the third tensor; at the end; never
+        dst = tmp_path / f"read{budget}.st"
+        with monkeypatch.context() as m:
+            m.setattr(_stream, "READ_COPY_BYTES", budget)
+            counts = _count_kernel_copies(m)
+            torchless.convert(src, dst, tree=False)
+        assert dst.read_bytes() == reference, budget
+        assert sum(counts) == max(0, total - budget), (budget, counts)
+        if budget == 100_000:  # the rest of the third tensor, then one call per tensor
+            assert counts == [3 * 40_000 - budget] + [40_000] * 9
+    check_against_torch(torch, tg, src, tmp_path / "read100000.st", saved)
+
+
+def test_a_run_ending_early_while_read_is_an_error_and_leaves_nothing(
+        torch: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, _, _ = _runs_file(torch, tmp_path)
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: 0)
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: pytest.fail("no kernel copy"))
+    with pytest.raises(torchless.ConversionError, match="ended early"):
+        torchless.convert(src, out / "o.st")
+    assert list(out.iterdir()) == []
+
+
+def test_slow_writes_hand_the_rest_to_the_kernel(
+        torch: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes through the buffer are timed per SPEED_WINDOW_BYTES: while each window is as
+    fast as the best, they go on; the first window SLOW_WRITE times slower per byte ends
+    them, and the kernel copies the rest. (A fake clock: each write takes 1 s a byte while
+    fast, 10 s a byte once slow.)"""
+    src, _, total = _runs_file(torch, tmp_path)
+    monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)
+    monkeypatch.setattr(_stream, "GATHER_BYTES", 10_000)
+    monkeypatch.setattr(_stream, "SPEED_WINDOW_BYTES", 50_000)
+    monkeypatch.setattr(_stream, "READ_COPY_BYTES", 1 << 40)
+    torchless.convert(src, tmp_path / "ref.st", tree=False)
+    reference = (tmp_path / "ref.st").read_bytes()
+    real_write = os.write
+
+    def run(slow_after: int | None) -> list[int]:
+        """Convert with writes slowing down after ``slow_after`` bytes of runs; the kernel
+        copies' sizes."""
+        state = {"now": 0.0, "written": 0, "pending": 0.0}
+
+        def write(fd: int, data: Any) -> int:
+            n = real_write(fd, data)
+            if n == 10_000:  # a buffer of run bytes (the header and gathers are not)
+                slow = slow_after is not None and state["written"] >= slow_after
+                state["pending"] = n * (10.0 if slow else 1.0)
+                state["written"] += n
+            return n
+
+        def clock() -> float:
+            state["now"] += state["pending"]
+            state["pending"] = 0.0
+            return state["now"]
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "write", write)
+            m.setattr(_stream, "_clock", clock)
+            counts = _count_kernel_copies(m)
+            dst = tmp_path / f"o{slow_after}.st"
+            torchless.convert(src, dst, tree=False)
+        assert dst.read_bytes() == reference
+        return counts
+
+    assert run(None) == []  # steady writes: all through the buffer
+    # slow from byte 200,000: the window of 200,000..250,000 is 10x slower than the best
+    # (the first four): the budget ends at 250,000, mid-tensor
+    assert run(200_000) == [280_000 - 250_000] + [40_000] * 5
+    # slow from the start: no faster window to compare with, so READ_COPY_BYTES bounds it
+    assert run(0) == []
+    assert run(50_000) == [20_000] + [40_000] * 9  # ends after the second window, at 100,000
+    assert total == 480_000
 
 
 def test_writeback_started_behind_the_copy(torch: ModuleType, tg: ModuleType,  # noqa: F811
