@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -381,13 +382,19 @@ def test_writeback_started_behind_the_copy(torch: ModuleType, tg: ModuleType,  #
     sizes: list[int] = []
     real_advise, real_fstat = os.posix_fadvise, os.fstat
 
+    threads: set[str] = set()
+
     def advise(fd: int, offset: int, n: int, advice: int) -> None:
         advised.append((offset, n, advice))
         sizes.append(real_fstat(fd).st_size)
+        threads.add(threading.current_thread().name)
         real_advise(fd, offset, n, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", advise)
     torchless.convert(src, tmp_path / "o.st")
+    # made by the writer's own thread, which is done when the conversion returns
+    assert threads == {"torchless-writeback"}
+    assert not any(t.name == "torchless-writeback" for t in threading.enumerate())
     data = (tmp_path / "o.st").read_bytes()
     assert data == (tmp_path / "ref.st").read_bytes()
     assert advised and len(data) - sum(n for _, n, _ in advised) < 5000, advised
@@ -395,6 +402,42 @@ def test_writeback_started_behind_the_copy(torch: ModuleType, tg: ModuleType,  #
     assert [o for o, _, _ in advised] == [0, *itertools.accumulate(n for _, n, _ in advised)][:-1]
     assert all(o + n <= size for (o, n, _), size in zip(advised, sizes, strict=True))
     check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
+
+
+def test_writeback_thread_is_joined_when_the_write_fails(
+        torch: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails after writeback requests were queued: the error is ours, no output
+    is left, and the writeback thread has ended before the file was closed (no request can
+    reach a descriptor the process opens again)."""
+    saved = {f"p{i:02d}": torch.full((3000,), float(i)) for i in range(40)}
+    src = tmp_path / "m.pt"
+    torch.save(saved, src)
+    monkeypatch.setattr(_stream, "WRITEBACK_BYTES", 5000)
+    monkeypatch.setattr(_stream, "GATHER_BYTES", 16_384)  # many writes
+    closed_with_thread: list[bool] = []
+    real_write, real_close = os.write, os.close
+    state = {"written": 0}
+
+    def write(fd: int, data: Any) -> int:
+        if state["written"] > 100_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = real_write(fd, data)
+        state["written"] += n
+        return n
+
+    def close(fd: int) -> None:
+        closed_with_thread.append(any(t.name == "torchless-writeback"
+                                      for t in threading.enumerate()))
+        real_close(fd)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "close", close)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(torchless.ConversionError, match="space"):
+        torchless.convert(src, out / "o.st", tree=False)
+    assert list(out.iterdir()) == []
+    assert closed_with_thread and not any(closed_with_thread)
 
 
 def test_small_tensors_are_gathered(torch: ModuleType, tg: ModuleType,  # noqa: F811

@@ -218,6 +218,8 @@ def write_into(
         writer.flush()
     except OSError as e:
         raise _write_error(e, out.dst) from None
+    finally:
+        writer.close()
     if writer.done != writer.queued:  # pragma: no cover - a bug of ours
         raise ConversionError(f"wrote {writer.done} bytes of {writer.queued}")
     out.finish()

@@ -9,9 +9,14 @@ import errno
 import os
 from collections.abc import Callable
 from time import perf_counter as _clock
+from typing import TYPE_CHECKING
 
 from torchless.errors import ConversionError
 from torchless.model import chunks as _chunks
+
+if TYPE_CHECKING:
+    from queue import SimpleQueue
+    from threading import Thread
 
 __all__ = ["COPY_BLOCK_BYTES", "GATHER_BYTES", "KERNEL_COPY", "KERNEL_MIN_BYTES", "Progress",
            "READ_COPY_BYTES", "READ_GAP_BYTES", "RELEASE_BYTES", "Release", "SLOW_WRITE",
@@ -51,7 +56,10 @@ RELEASE_BYTES = 4 << 20
 #: ``copy_file_range`` floor script's 11.7 s, so that fsynced, torchless took 1.21x the
 #: floor and 0.99x ``cp`` + ``sync`` against 1.52x the floor with the output left in the
 #: page cache. ``benchmarks/copy_methods.py --sync`` times it alone
-#: (``copy_file_range+writeback``).
+#: (``copy_file_range+writeback``). The requests are made by a thread of the writer's own
+#: (:func:`_kick`), so that the copy does not wait for them: whole process, fsynced, medians
+#: of 7 interleaved runs against requests made in line: 2 GiB f32 1.46 s against 1.95,
+#: 512 MiB f32 0.370 s against 0.404.
 WRITEBACK_BYTES = 64 << 20
 
 #: The first this many bytes of the runs the kernel would copy are read into the buffer and
@@ -77,6 +85,22 @@ Release = Callable[[int, int], None]
 
 _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP,
                    errno.EBADF, errno.ESPIPE, errno.ETXTBSY}
+
+
+def _kick(fd: int, kicks: SimpleQueue[tuple[int, int] | None]) -> None:
+    """The writeback thread: ask the kernel to write each queued range of ``fd`` to the disk
+    (and drop its pages once clean) until None. A thread of its own because the request
+    does the first part of the writing in the caller (on this disk, 0.25 s of a 1.5 s
+    conversion of 2 GiB), and the copy can go on meanwhile: the system call releases the
+    GIL."""
+    while True:
+        item = kicks.get()
+        if item is None:
+            return
+        try:
+            os.posix_fadvise(fd, item[0], item[1], os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):  # not a file that takes advice: fsync does it all
+            pass
 
 
 class Writer:
@@ -115,6 +139,9 @@ class Writer:
         self.best_write = float("inf")
         self.window_time = 0.0
         self.window_bytes = 0
+        # the writeback thread (started with the first request) and its requests
+        self._kicks: SimpleQueue[tuple[int, int] | None] | None = None
+        self._kicker: Thread | None = None
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -124,12 +151,24 @@ class Writer:
             self.progress(self.done)
 
     def _start_writeback(self) -> None:
-        try:
-            os.posix_fadvise(self.fd, self.flushed, self.done - self.flushed,
-                             os.POSIX_FADV_DONTNEED)
-        except (OSError, AttributeError):  # not a file that takes advice: fsync does it all
-            pass
+        if self._kicks is None:
+            from queue import SimpleQueue
+            from threading import Thread
+            self._kicks = SimpleQueue()
+            self._kicker = Thread(target=_kick, args=(self.fd, self._kicks),
+                                  name="torchless-writeback", daemon=True)
+            self._kicker.start()
+        self._kicks.put((self.flushed, self.done - self.flushed))
         self.flushed = self.done
+
+    def close(self) -> None:
+        """Wait for the writeback requests still queued: call it before the file is closed,
+        whatever happened (a request on a closed descriptor fails harmlessly, but on one the
+        process has opened again it would advise another file)."""
+        if self._kicks is not None and self._kicker is not None:
+            self._kicks.put(None)
+            self._kicker.join()
+            self._kicks = self._kicker = None
 
     def _write_all(self, view: memoryview) -> None:
         while view:
