@@ -1,6 +1,8 @@
 """The bytes of an output file in the fewest system calls, in bounded memory: runs of the
-source file copied by the kernel, small pieces gathered into one buffer, writes from the
-source's map only where the kernel will not copy (the choice and its measurements:
+source file copied by the kernel (the first of them read into a buffer and written from it),
+small pieces gathered into one buffer, writes from the source's map only where the kernel
+will not copy, and the disk started writing behind the copy by a thread of the writer's own
+(the choices and their measurements: the constants below and
 :mod:`torchless.write.safetensors`)."""
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ class Writer:
         view, fd, src = self._view, self.fd, self.src_fd
         copied = 0
         while copied < count and self.read_budget > 0:
-            n = min(count - copied, GATHER_BYTES, self.read_budget)
+            n = min(count - copied, len(view), self.read_budget)
             got = os.preadv(src, [view[:n]], offset + copied)
             if got <= 0:
                 raise ConversionError("the source file ended early (changed while "
