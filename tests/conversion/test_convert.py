@@ -234,6 +234,14 @@ def test_chunked_and_fallback_paths_agree(torch: ModuleType, tg: ModuleType,  # 
     check_against_torch(torch, tg, src, tmp_path / "a.st", torch.load(src, weights_only=False))
 
 
+def _count_kernel_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    counts: list[int] = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range",
+                        lambda s, d, n, *a: counts.append(n) or real(s, d, n, *a))
+    return counts
+
+
 def test_adjacent_tensors_are_one_kernel_copy(torch: ModuleType, tg: ModuleType,  # noqa: F811
                                              tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,10 +254,7 @@ def test_adjacent_tensors_are_one_kernel_copy(torch: ModuleType, tg: ModuleType,
     torch.save(saved, src)
     monkeypatch.setattr(_stream, "KERNEL_MIN_BYTES", 1000)
     monkeypatch.setattr(_stream, "READ_COPY_BYTES", 0)
-    counts: list[int] = []
-    real = os.copy_file_range
-    monkeypatch.setattr(os, "copy_file_range",
-                        lambda s, d, n, *a: counts.append(n) or real(s, d, n, *a))
+    counts = _count_kernel_copies(monkeypatch)
     torchless.convert(src, tmp_path / "o.st", tree=False)
     assert counts == [120000, 1200]  # a+b+c as one run, then d
     check_against_torch(torch, tg, src, tmp_path / "o.st", saved)
@@ -263,14 +268,6 @@ def _runs_file(torch: ModuleType, tmp_path: Path) -> tuple[Path, dict[str, Any],
     src = tmp_path / "m.pt"
     torch.save(saved, src)
     return src, saved, 12 * 40_000
-
-
-def _count_kernel_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    counts: list[int] = []
-    real = os.copy_file_range
-    monkeypatch.setattr(os, "copy_file_range",
-                        lambda s, d, n, *a: counts.append(n) or real(s, d, n, *a))
-    return counts
 
 
 def test_runs_read_through_the_buffer_then_copied_by_the_kernel(

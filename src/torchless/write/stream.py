@@ -212,6 +212,14 @@ class Writer:
             if self.mapped >= RELEASE_BYTES:
                 self._release_gathered()
 
+    def _buffer_view(self) -> memoryview:
+        """A view of the buffer (made with it, once) that reads go into in place."""
+        if self._view is None:
+            if self.buf is None:
+                self.buf = bytearray(GATHER_BYTES)
+            self._view = memoryview(self.buf)
+        return self._view
+
     def read(self, offset: int, count: int) -> None:
         """Bytes ``offset`` to ``offset + count`` of the file behind ``src_fd`` (at most
         :data:`GATHER_BYTES`; only when :attr:`can_read`), read into the buffer in place,
@@ -220,14 +228,11 @@ class Writer:
             raise ValueError("read() takes a piece of the buffer's size at most, of a file")
         self._flush_run()
         self.queued += count
-        if self._view is None:
-            if self.buf is None:
-                self.buf = bytearray(GATHER_BYTES)
-            self._view = memoryview(self.buf)
+        view = self._view if self._view is not None else self._buffer_view()  # per piece
         if self.fill + count > GATHER_BYTES:
             self._flush_buffer()
         fill = self.fill
-        into = self._view[fill:fill + count]
+        into = view[fill:fill + count]
         self.fill = fill + count
         reads = self.reads
         gap = offset - self.read_end
@@ -320,13 +325,8 @@ class Writer:
         :data:`SPEED_WINDOW_BYTES` the writes' speed is compared with the best window's: once
         the kernel holds them back (more than :data:`SLOW_WRITE` times slower), the budget
         ends and the kernel copies the rest."""
-        if not self.can_read or self.src_fd is None:
-            return 0
-        if self._view is None:
-            if self.buf is None:
-                self.buf = bytearray(GATHER_BYTES)
-            self._view = memoryview(self.buf)
-        view, fd, src = self._view, self.fd, self.src_fd
+        assert self.src_fd is not None  # a budget only with a file to read (__init__)
+        view, fd, src = self._buffer_view(), self.fd, self.src_fd
         copied = 0
         while copied < count and self.read_budget > 0:
             n = min(count - copied, len(view), self.read_budget)
