@@ -60,9 +60,13 @@ class _Recorder(Resolver):
         self.pids: list[Any] = []
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
+        self._record(module, name, offset)
+        return Global(module, name, offset)
+
+    def _record(self, module: str, name: str, offset: int) -> None:
+        """Note the name a GLOBAL, STACK_GLOBAL or INST at ``offset`` imports."""
         op = by_code(self.data[offset])
         self.found[offset] = new_found(module, name, offset, op.name if op else "?")
-        return Global(module, name, offset)
 
     def extension(self, code: int, offset: int) -> Any:
         op = by_code(self.data[offset])
@@ -98,8 +102,7 @@ class ModelRecorder(Model, _Recorder):
         self.log = ActionLog(data, member)
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
-        op = by_code(self.data[offset])  # as _Recorder.find_global records it
-        self.found[offset] = new_found(module, name, offset, op.name if op else "?")
+        self._record(module, name, offset)  # not _Recorder's, whose Global is not needed
         return self.model_global(module, name, offset)
 
     def extension(self, code: int, offset: int) -> Any:
