@@ -33,6 +33,13 @@ and measures, for each file, every way of producing a file of the same size besi
 * ``cp``, ``cp+sync``  the ``cp`` command, and ``cp`` then ``sync DST`` (fsync);
 * ``torch``      ``torch.load(src, mmap=True, weights_only=True)`` then
                  ``safetensors.torch.save_file`` (the usual recipe);
+* ``c-pickle``   not a converter anyone should run, a bound: what a converter costs that
+                 does only the least work per tensor, at C speed where Python allows it.
+                 :mod:`zipfile` reads the directory, the C unpickler (stub globals: no
+                 torch, nothing checked) reads ``data.pkl``, and each tensor's member is
+                 found by its local header and copied with one ``pread`` into a 4 MiB
+                 buffer written out whole, then fsync. It shows how far the per-tensor
+                 targets are from what C ``pickle`` itself reaches;
 * ``ptloader``   with ``--peers VENV`` (a virtual environment holding ``ptloader`` and
                  ``safetensors``): ``ptloader.load(src)`` (C ``pickle``) then
                  ``safetensors.numpy.save_file``;
@@ -82,8 +89,8 @@ from bench_read import Spec, human, log, save_builtin, save_with_torch
 MiB = 1 << 20
 #: What --quick sets (options given explicitly still win): seconds, not figures.
 QUICK = {"mib": "1", "big": 2, "many": 16, "small": 200, "reps": 1, "startup": 3}
-METHODS = ("torchless", "torchless-nofsync", "floor", "floor-nofsync", "cp", "cp+sync",
-           "torch", "ptloader", "pt-safe-loader")
+METHODS = ("torchless", "torchless-nofsync", "floor", "floor-nofsync", "c-pickle", "cp",
+           "cp+sync", "torch", "ptloader", "pt-safe-loader")
 PEERS = ("ptloader", "pt-safe-loader")
 FILES = ("f32", "bf16", "small")
 #: Above this size the files are written by the built-in writer (bounded memory).
@@ -102,6 +109,7 @@ _CHILD = {
     ),
     "floor": ("import os\nSYNC = True", "FLOOR"),
     "floor-nofsync": ("import os\nSYNC = False", "FLOOR"),
+    "c-pickle": ("import json, os, pickle, struct, zipfile", "CPICKLE"),
     "torch": (
         "import torch, safetensors.torch",
         "sd = torch.load(SRC, mmap=True, weights_only=True)\n"
@@ -131,6 +139,57 @@ except OSError:
         done += os.sendfile(fo, fi, done, min(size - done, 1 << 30))
 if SYNC:
     os.fsync(fo)
+os.close(fo)
+os.close(fi)"""
+#: The c-pickle bound: the least per-tensor work, unchecked (the benchmark's own files only:
+#: contiguous tensors, each its own member). Not safe: never run it on a file you did not make.
+_CPICKLE = """\
+DTYPES = {"FloatStorage": "F32", "BFloat16Storage": "BF16", "HalfStorage": "F16",
+          "DoubleStorage": "F64", "LongStorage": "I64", "IntStorage": "I32"}
+WIDTH = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4}
+class Storage:
+    def __init__(self, dtype, key):
+        self.dtype, self.key = dtype, key
+def rebuild(storage, offset, size, *rest):
+    return storage, size
+class Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name == "_rebuild_tensor_v2":
+            return rebuild
+        if name in DTYPES:
+            return DTYPES[name]
+        return lambda *a, **k: {}
+    def persistent_load(self, pid):
+        return Storage(pid[1], pid[2])
+with zipfile.ZipFile(SRC) as z:
+    infos = {i.filename: i for i in z.infolist()}
+    pkl = next(n for n in infos if n.endswith("/data.pkl"))
+    base = pkl[:-len("data.pkl")] + "data/"
+    with z.open(pkl) as f:
+        tree = Unpickler(f).load()
+fi = os.open(SRC, os.O_RDONLY)
+fo = os.open(DST, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+header, runs, at = {}, [], 0
+for name, (storage, size) in tree.items():
+    info = infos[base + storage.key]
+    n = 1
+    for d in size:
+        n *= d
+    n *= WIDTH[storage.dtype]
+    name_len, extra_len = struct.unpack("<HH", os.pread(fi, 4, info.header_offset + 26))
+    runs.append((info.header_offset + 30 + name_len + extra_len, n))
+    header[name] = {"dtype": storage.dtype, "shape": list(size), "data_offsets": [at, at + n]}
+    at += n
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+buf = bytearray(struct.pack("<Q", len(text)) + text)
+for offset, n in runs:
+    buf += os.pread(fi, n, offset)
+    if len(buf) >= 4 << 20:
+        os.write(fo, buf)
+        buf = bytearray()
+os.write(fo, buf)
+os.fsync(fo)
 os.close(fo)
 os.close(fi)"""
 #: A child process that times one operation and prints its seconds and peak RSS (JSON).
@@ -183,7 +242,8 @@ def _child_argv(method: str, src: str, dst: str, peers: str | None) -> list[str]
     if method in PEERS:
         assert peers is not None
         python = os.path.join(peers, "bin", "python")
-    code = TIMED_CHILD.format(imports=imports, op=_FLOOR if op == "FLOOR" else op)
+    code = TIMED_CHILD.format(imports=imports,
+                              op={"FLOOR": _FLOOR, "CPICKLE": _CPICKLE}.get(op, op))
     return [python, "-c", code, src, dst]
 
 
@@ -376,6 +436,7 @@ def ratios(med: dict[str, dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     pairs = [("torchless", "cp+sync"), ("torchless", "floor"),
              ("torchless-nofsync", "cp"), ("torchless-nofsync", "floor-nofsync"),
+             ("torchless", "c-pickle"), ("c-pickle", "floor"),
              ("torch", "torchless-nofsync"), ("ptloader", "torchless-nofsync"),
              ("ptloader", "torchless"), ("pt-safe-loader", "torchless-nofsync")]
     for a, b in pairs:

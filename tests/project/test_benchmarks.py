@@ -189,8 +189,8 @@ def test_dcp_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> N
 
 # ---- convert.py -------------------------------------------------------------------------
 
-CONVERT_METHODS = ("torchless", "torchless-nofsync", "floor", "floor-nofsync", "cp", "cp+sync",
-                   "torch")
+CONVERT_METHODS = ("torchless", "torchless-nofsync", "floor", "floor-nofsync", "c-pickle", "cp",
+                   "cp+sync", "torch")
 
 
 def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,7 +208,8 @@ def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
         assert len(r["samples"][method]) == 1
         assert all(_positive(r["median"][method][k]) for k in ("seconds", "op", "rss"))
     assert set(r["ratios"]) == {"torchless/cp+sync", "torchless/floor", "torchless-nofsync/cp",
-                                "torchless-nofsync/floor-nofsync", "torch/torchless-nofsync"}
+                                "torchless-nofsync/floor-nofsync", "torchless/c-pickle",
+                                "c-pickle/floor", "torch/torchless-nofsync"}
     assert all(_positive(v) for v in r["ratios"].values())
     assert set(r["targets"]) == {"<= 1.15x cp+sync", "<= 1.3x floor", "peak RSS <= 64 MiB"}
     assert all(isinstance(v, bool) for v in r["targets"].values())
@@ -238,6 +239,30 @@ def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     assert startup[0] == "" and startup[1].split()[:2] == ["start-up", "(whole"]
     assert [line.rsplit(None, 3)[0] for line in startup[2:6]] == list(st["median"])
     assert len(re.findall(r": (?:yes|NO)(?:, |$)", startup[6])) == 2, startup
+
+
+def test_convert_c_pickle_bound(torch: ModuleType, tmp_path: Path) -> None:
+    """The c-pickle bound converts: its output holds torch's tensors under their names (a
+    bound that skipped work would measure nothing). Its child runs on a file of the
+    benchmark's three kinds of tensor (float32 matrices, bfloat16, many small float32)."""
+    from safetensors.torch import load_file
+
+    tensors = {"a.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+               "b": torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16),
+               **{f"state.{i}.exp_avg": torch.full((7,), float(i)) for i in range(40)}}
+    src, dst = tmp_path / "src.pt", tmp_path / "out.safetensors"
+    torch.save(tensors, src)
+    with _module("convert") as convert:
+        argv = convert._child_argv("c-pickle", str(src), str(dst), None)
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert _positive(json.loads(cp.stdout)["seconds"])
+    got = load_file(str(dst))
+    assert set(got) == set(tensors)
+    for name, t in tensors.items():
+        g = got[name]
+        assert g.dtype == t.dtype and g.shape == t.shape, name
+        assert g.view(torch.uint8).flatten().tolist() == t.view(torch.uint8).flatten().tolist()
 
 
 # ---- copy_methods.py --------------------------------------------------------------------
