@@ -167,6 +167,12 @@ class Encoder:
             return {"$path": [type(obj).__name__, text]}
         numpy = loaded_numpy()  # no NumPy value exists before it is imported
         if numpy is not None and isinstance(obj, numpy.generic):
+            if obj.dtype.itemsize == 0 and obj.dtype.kind in "SU":
+                # np.str_("") / np.bytes_(b""): one NUL character reads back as the same
+                # empty scalar (NumPy strips trailing NULs), where no descr has size 0
+                one = obj.dtype.str[:-1] + "1"
+                return {"$npscalar": {"dtype": one,
+                                      "data": _b64(bytes(numpy.dtype(one).itemsize))}}
             return {"$npscalar": {"dtype": _descr(obj.dtype),
                                   "data": _b64(numpy.asarray(obj).tobytes())}}
         if numpy is not None and isinstance(obj, numpy.dtype):

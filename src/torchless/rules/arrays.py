@@ -69,6 +69,10 @@ class NumpyRules(Resolver):
             raw = raw.encode("latin-1")
         if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
             raise PickleError(f"numpy scalar of {dtype} needs {dtype.itemsize} bytes")
+        if dtype.itemsize == 0:  # np.str_(""), np.bytes_(b""): no buffer to view
+            if dtype.kind not in "SUV":
+                raise PickleError(f"numpy scalar of {dtype} has no bytes")
+            return dtype.type("" if dtype.kind == "U" else b"")
         return np.frombuffer(raw, dtype=dtype)[0]
 
     def _finish_pending(self, p: Pending, state: Any) -> None:
@@ -105,7 +109,11 @@ class NumpyRules(Resolver):
             raw = raw.encode("latin-1")
         if not isinstance(raw, (bytes, bytearray)) or len(raw) != n * dtype.itemsize:
             raise ValueError(f"ndarray of {n} x {dtype} needs {n * dtype.itemsize} bytes")
-        flat = np.frombuffer(bytes(raw), dtype=dtype)
+        if dtype.itemsize == 0:  # a V0 array: elements without bytes, no buffer to view
+            flat = np.empty(n, dtype=dtype)
+            flat.flags.writeable = False
+        else:
+            flat = np.frombuffer(bytes(raw), dtype=dtype)
         if not dtype.isnative:  # ndarray.__setstate__ swaps to native order; so do we
             flat = flat.astype(dtype.newbyteorder("="))
             flat.flags.writeable = False

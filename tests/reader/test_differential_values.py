@@ -1,0 +1,63 @@
+"""Differential tests for plain values torch.save writes in forms the other differential
+files do not: each file is written by real torch and read back by ``torch.load`` (the
+oracle); torchless must read the same values and ``convert`` must keep them.
+
+Torch is only imported through the ``torch`` fixture, so without torch these tests skip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import torchless
+
+pytestmark = pytest.mark.torch
+
+
+def _torch_load(torch: ModuleType, path: Path) -> Any:
+    return torch.load(path, weights_only=False)  # our own file: nothing foreign runs
+
+
+def _same_numpy(exp: Any, act: Any) -> bool:
+    return (type(act) is type(exp) and act.dtype == exp.dtype
+            and getattr(act, "shape", ()) == getattr(exp, "shape", ())
+            and np.asarray(act).tobytes() == np.asarray(exp).tobytes()
+            and bool(np.all(np.asarray(act) == np.asarray(exp))))
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_empty_numpy_string_scalars(torch: ModuleType, tmp_path: Path, fmt: str,
+                                    protocol: int) -> None:
+    """``np.str_("")`` and ``np.bytes_(b"")`` pickle with a dtype of item size 0 (``<U0``,
+    ``|S0``) and no bytes: NumPy has no buffer to view, yet torch.load reads them, and so
+    must torchless; an array of ``V0`` elements likewise. ``convert`` keeps the scalars."""
+    obj = {"text": np.str_(""), "raw": np.bytes_(b""), "void": np.void(b""),
+           "voids": np.zeros((2, 3), dtype="V0"), "names": [np.str_("a"), np.str_("")]}
+    path = tmp_path / "strings.pt"
+    torch.save(obj, path, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=fmt == "zip")
+    expected = _torch_load(torch, path)
+    loaded = torchless.load(path)
+    for key in ("text", "raw", "void", "voids"):
+        assert _same_numpy(expected[key], loaded[key]), (key, loaded[key], expected[key])
+    assert [type(v) for v in loaded["names"]] == [type(v) for v in expected["names"]]
+    assert loaded["names"] == expected["names"]
+
+    del obj["void"], obj["voids"]  # the inert format has no dtype of item size 0 for these
+    torch.save(obj, path, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=fmt == "zip")
+    expected = _torch_load(torch, path)
+    out = tmp_path / "strings.safetensors"
+    report = torchless.convert(path, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    again = torchless.load(out)
+    for key in ("text", "raw"):
+        assert _same_numpy(expected[key], again[key]), (key, again[key], expected[key])
+    assert again["names"] == expected["names"]
+    assert [v.dtype for v in again["names"]] == [v.dtype for v in expected["names"]]
