@@ -61,3 +61,29 @@ def test_empty_numpy_string_scalars(torch: ModuleType, tmp_path: Path, fmt: str,
         assert _same_numpy(expected[key], again[key]), (key, again[key], expected[key])
     assert again["names"] == expected["names"]
     assert [v.dtype for v in again["names"]] == [v.dtype for v in expected["names"]]
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_memory_formats_named_through_a_torch_submodule(torch: ModuleType, tmp_path: Path,
+                                                       fmt: str, protocol: int) -> None:
+    """From protocol 4, pickle writes a memory format as ``<module>`` + ``torch.<format>``
+    (its ``__reduce__`` is the dotted text; protocols 2 and 3 cannot pickle it at all):
+    torch.load walks to the value, torchless reads the inert ``Global("torch", <format>)``
+    where it refused an attribute walk, and ``scan`` calls the file clean."""
+    formats = ["channels_last", "contiguous_format", "preserve_format", "channels_last_3d"]
+    obj = {"formats": [getattr(torch, f) for f in formats], "w": torch.arange(4.0)}
+    path = tmp_path / "formats.pt"
+    torch.save(obj, path, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=fmt == "zip")
+    assert b"torch.channels_last" in path.read_bytes()  # the dotted form this test is about
+    expected = _torch_load(torch, path)
+    loaded = torchless.load(path)
+    assert all(isinstance(g, torchless.Global) and g.module == "torch" for g in loaded["formats"])
+    assert [getattr(torch, g.name) for g in loaded["formats"]] == expected["formats"]
+    np.testing.assert_array_equal(loaded["w"], expected["w"].numpy())
+    assert torchless.scan(path).files[0].status == "clean"
+    out = tmp_path / "formats.safetensors"
+    report = torchless.convert(path, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    assert torchless.load(out)["formats"] == loaded["formats"]
