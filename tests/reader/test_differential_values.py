@@ -7,6 +7,7 @@ Torch is only imported through the ``torch`` fixture, so without torch these tes
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -87,3 +88,74 @@ def test_memory_formats_named_through_a_torch_submodule(torch: ModuleType, tmp_p
     report = torchless.convert(path, out, verify=True)
     assert report.verified is not None and report.verified.ok
     assert torchless.load(out)["formats"] == loaded["formats"]
+
+
+def _quantized_model(torch: ModuleType, kind: str) -> Any:
+    """A model of torch's quantized modules, weights in packed attributes (no parameters)."""
+    torch.manual_seed(0)
+    if kind == "dynamic":
+        float_model = torch.nn.Sequential(
+            torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2, bias=False),
+            torch.nn.LSTM(2, 3), torch.nn.GRUCell(3, 3))
+        return torch.ao.quantization.quantize_dynamic(
+            float_model, {torch.nn.Linear, torch.nn.LSTM, torch.nn.GRUCell}, dtype=torch.qint8)
+    q = torch.ao.quantization
+    float_model = torch.nn.Sequential(q.QuantStub(), torch.nn.Linear(4, 4), torch.nn.ReLU(),
+                                      torch.nn.Linear(4, 2), q.DeQuantStub()).eval()
+    float_model.qconfig = q.get_default_qconfig("fbgemm")
+    prepared = q.prepare(float_model)
+    prepared(torch.randn(8, 4))
+    return q.convert(prepared)
+
+
+def _check_entry(torch: ModuleType, exp: Any, act: Any, where: str) -> None:
+    from tests import _expected_names as en
+    from tests import _kinds_oracle as ko
+
+    if isinstance(exp, torch.Tensor) and exp.is_quantized:
+        assert isinstance(act, torchless.TensorRecord), where
+        assert not ko.differences(ko.parts_of_record(act), ko.torch_parts(exp)), where
+    elif isinstance(exp, torch.Tensor):
+        assert isinstance(act, np.ndarray), (where, type(act))
+        assert str(act.dtype) == str(exp.dtype).removeprefix("torch."), where
+        assert act.shape == tuple(exp.shape), where
+        assert np.ascontiguousarray(act).tobytes() == en.tensor_bytes(exp), where
+    elif isinstance(exp, tuple):
+        assert isinstance(act, tuple) and len(act) == len(exp), where
+        for i, (e, a) in enumerate(zip(exp, act, strict=True)):
+            _check_entry(torch, e, a, f"{where}.{i}")
+    elif isinstance(exp, torch.dtype):
+        assert act.name == str(exp).removeprefix("torch."), where
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_quantized_model_saved_whole(torch: ModuleType, tmp_path: Path, kind: str,
+                                     protocol: int) -> None:
+    """``torch.save(quantized_model)``: the module becomes its ``state_dict()``, whose
+    weights, ``scale`` and ``zero_point`` come from the quantized modules' own
+    ``_save_to_state_dict`` (packed ScriptObjects and plain numbers, no parameters). They
+    were lost: the model read as an empty dict, its tensors nowhere."""
+    from tests import _expected_names as en
+
+    path = tmp_path / "quantized.pt"
+    with warnings.catch_warnings():  # torch deprecates its eager quantization API
+        warnings.simplefilter("ignore")
+        torch.save(_quantized_model(torch, kind), path, pickle_protocol=protocol)
+        model = _torch_load(torch, path)
+        expected = model.state_dict()
+    loaded = torchless.load(path)
+    assert list(loaded) == list(expected)
+    for key, value in expected.items():
+        if isinstance(value, (torch.Tensor, tuple, torch.dtype)):
+            _check_entry(torch, value, loaded[key], key)
+    names = [name for name, _ in en.expected_names(model).leaves]
+    with torchless.open(path) as ckpt:
+        assert sorted([*ckpt.tensors, *ckpt.unsupported]) == sorted(names)
+        assert ckpt.tensors, "the float tensors (bias, scale, zero_point) are read"
+    out = tmp_path / "quantized.safetensors"
+    with warnings.catch_warnings():  # the dynamic LSTM's packed weights stay inert records
+        warnings.simplefilter("ignore", torchless.OpaqueObjectWarning)
+        report = torchless.convert(path, out, verify=True, skip_unsupported=True)
+    assert report.verified is not None and report.verified.ok
+    assert list(torchless.load(out)) == list(expected)

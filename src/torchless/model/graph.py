@@ -18,6 +18,7 @@ from torchless.core.limits import Limits
 from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
 from torchless.model.chunks import detached
+from torchless.model.qmodules import quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import LEAVES, children, depth_first, is_node
 from torchless.pickle.known import Pending
@@ -56,6 +57,8 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
     for name, value in buffers.items():
         if value is not None and name not in non_persistent:
             out[str(name)] = value
+    for name, value in quantized_entries(obj, state):
+        out[name] = value
     for name, child in modules.items():
         if isinstance(child, ModuleDict):
             for key, value in child.items():
