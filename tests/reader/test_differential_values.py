@@ -93,18 +93,30 @@ def test_memory_formats_named_through_a_torch_submodule(torch: ModuleType, tmp_p
 def _quantized_model(torch: ModuleType, kind: str) -> Any:
     """A model of torch's quantized modules, weights in packed attributes (no parameters)."""
     torch.manual_seed(0)
-    if kind == "dynamic":
-        float_model = torch.nn.Sequential(
-            torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2, bias=False),
-            torch.nn.LSTM(2, 3), torch.nn.GRUCell(3, 3))
-        return torch.ao.quantization.quantize_dynamic(
-            float_model, {torch.nn.Linear, torch.nn.LSTM, torch.nn.GRUCell}, dtype=torch.qint8)
     q = torch.ao.quantization
-    float_model = torch.nn.Sequential(q.QuantStub(), torch.nn.Linear(4, 4), torch.nn.ReLU(),
-                                      torch.nn.Linear(4, 2), q.DeQuantStub()).eval()
+    nn = torch.nn
+    if kind == "dynamic":
+        float_model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2, bias=False),
+                                    nn.LSTM(2, 3), nn.GRUCell(3, 3))
+        return q.quantize_dynamic(float_model, {nn.Linear, nn.LSTM, nn.GRUCell},
+                                  dtype=torch.qint8)
+    if kind == "embedding":
+        float_model = nn.Sequential(nn.Embedding(10, 4), nn.EmbeddingBag(10, 4))
+        float_model[0].qconfig = q.float_qparams_weight_only_qconfig
+        float_model[1].qconfig = q.QConfig(
+            activation=q.PlaceholderObserver,
+            weight=q.PerChannelMinMaxObserver.with_args(
+                dtype=torch.quint4x2, qscheme=torch.per_channel_affine_float_qparams,
+                ch_axis=0))
+        return q.convert(q.prepare(float_model))
+    float_model = nn.Sequential(q.QuantStub(), nn.Conv2d(1, 2, 3), nn.ReLU(),
+                                nn.Conv2d(2, 2, 1, bias=False), nn.Flatten(),
+                                nn.Linear(32, 4), nn.ReLU(), nn.Linear(4, 2),
+                                q.DeQuantStub()).eval()
+    float_model = q.fuse_modules(float_model, [["1", "2"], ["5", "6"]])
     float_model.qconfig = q.get_default_qconfig("fbgemm")
     prepared = q.prepare(float_model)
-    prepared(torch.randn(8, 4))
+    prepared(torch.randn(8, 1, 6, 6))
     return q.convert(prepared)
 
 
@@ -128,21 +140,24 @@ def _check_entry(torch: ModuleType, exp: Any, act: Any, where: str) -> None:
         assert act.name == str(exp).removeprefix("torch."), where
 
 
-@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("kind", ["dynamic", "static", "embedding"])
 @pytest.mark.parametrize("protocol", [2, 5])
 def test_quantized_model_saved_whole(torch: ModuleType, tmp_path: Path, kind: str,
                                      protocol: int) -> None:
     """``torch.save(quantized_model)``: the module becomes its ``state_dict()``, whose
     weights, ``scale`` and ``zero_point`` come from the quantized modules' own
-    ``_save_to_state_dict`` (packed ScriptObjects and plain numbers, no parameters). They
-    were lost: the model read as an empty dict, its tensors nowhere."""
+    ``_save_to_state_dict`` (packed ScriptObjects, plain numbers, a convolution's tuple
+    state; no parameters). They were lost: such modules read as nothing, their tensors
+    nowhere. The oracle is the saved model's own ``state_dict()`` (torch 2.13 cannot call
+    it on a quantized convolution it loaded: the module's tuple state leaves out its hooks)."""
     from tests import _expected_names as en
 
     path = tmp_path / "quantized.pt"
     with warnings.catch_warnings():  # torch deprecates its eager quantization API
         warnings.simplefilter("ignore")
-        torch.save(_quantized_model(torch, kind), path, pickle_protocol=protocol)
-        model = _torch_load(torch, path)
+        model = _quantized_model(torch, kind)
+        torch.save(model, path, pickle_protocol=protocol)
+        _torch_load(torch, path)  # torch reads the file
         expected = model.state_dict()
     loaded = torchless.load(path)
     assert list(loaded) == list(expected)
@@ -152,10 +167,30 @@ def test_quantized_model_saved_whole(torch: ModuleType, tmp_path: Path, kind: st
     names = [name for name, _ in en.expected_names(model).leaves]
     with torchless.open(path) as ckpt:
         assert sorted([*ckpt.tensors, *ckpt.unsupported]) == sorted(names)
-        assert ckpt.tensors, "the float tensors (bias, scale, zero_point) are read"
+        assert ckpt.unsupported  # the quantized weights, as records
     out = tmp_path / "quantized.safetensors"
     with warnings.catch_warnings():  # the dynamic LSTM's packed weights stay inert records
         warnings.simplefilter("ignore", torchless.OpaqueObjectWarning)
         report = torchless.convert(path, out, verify=True, skip_unsupported=True)
     assert report.verified is not None and report.verified.ok
     assert list(torchless.load(out)) == list(expected)
+
+
+def test_a_child_module_with_a_state_of_its_own_is_kept(torch: ModuleType,
+                                                        tmp_path: Path) -> None:
+    """A module whose class pickles a ``__getstate__`` tuple cannot become a state dict;
+    as a child of a module saved whole it was dropped with its tensors. It stays an inert
+    record under its name, its tensor named inside it."""
+    from tests._statemodules import Packed
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), Packed())
+    path = tmp_path / "packed.pt"
+    torch.save(model, path)
+    expected = _torch_load(torch, path).state_dict()
+    loaded = torchless.load(path)
+    assert list(loaded) == ["0.weight", "0.bias", "1"]
+    assert isinstance(loaded["1"], torchless.Opaque)
+    with torchless.open(path) as ckpt:
+        assert list(ckpt.tensors) == ["0.weight", "0.bias", "1.0._parameters.w"]
+        np.testing.assert_array_equal(ckpt.tensors["1.0._parameters.w"].numpy(),
+                                      expected["1.w"].detach().numpy())

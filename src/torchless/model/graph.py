@@ -18,7 +18,7 @@ from torchless.core.limits import Limits
 from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
 from torchless.model.chunks import detached
-from torchless.model.qmodules import quantized_entries
+from torchless.model.qmodules import quantized_conv, quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import LEAVES, children, depth_first, is_node
 from torchless.pickle.known import Pending
@@ -37,13 +37,16 @@ ModuleHook = Callable[[Opaque], "ModuleDict | None"]
 def module_state_dict(obj: Opaque) -> ModuleDict | None:
     """``nn.Module.state_dict()`` of a module saved whole, from its pickled ``__dict__``.
 
-    Parameters, then persistent buffers, then each child's entries under
-    ``child.``; ``None`` entries are skipped, as torch does. Children were
-    already turned into ModuleDicts (the walk is post-order).
+    Parameters, then persistent buffers, then the entries torch's quantized modules add
+    (:mod:`.qmodules`), then each child's entries under ``child.``; ``None`` parameters and
+    buffers are skipped, as torch does. Children were already turned into ModuleDicts (the
+    walk is post-order); a child that could not be (a class with a ``__getstate__`` of its
+    own) stays an inert record under its name.
     """
     state = obj.state
     if not isinstance(state, dict):
-        return None
+        conv = quantized_conv(obj)
+        return None if conv is None else ModuleDict(conv)
     params, buffers, modules = (state.get(k) for k in ("_parameters", "_buffers", "_modules"))
     if not (isinstance(params, dict) and isinstance(buffers, dict) and isinstance(modules, dict)):
         return None
@@ -63,6 +66,8 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
         if isinstance(child, ModuleDict):
             for key, value in child.items():
                 out[f"{name}.{key}"] = value
+        elif isinstance(child, Opaque):  # its class pickles a state of its own: kept whole,
+            out[str(name)] = child       # so that the tensors it holds are not lost
     return out
 
 

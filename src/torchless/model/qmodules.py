@@ -17,7 +17,7 @@ from torchless.core import dtypes as _dtypes
 from torchless.model.tensor import Storage, Tensor
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["quantized_entries"]
+__all__ = ["quantized_conv", "quantized_entries"]
 
 #: Where torch keeps its quantized modules (``torch.nn.quantized`` before torch 1.10 moved
 #: them under ``torch.ao``; the old path still pickles under its own name).
@@ -26,6 +26,9 @@ _ROOTS = ("torch.ao.nn.quantized.", "torch.nn.quantized.",
 
 #: Classes whose ``_save_to_state_dict`` adds ``dtype`` and ``_packed_params``.
 _LINEAR_PACKED = {"modules.linear.LinearPackedParams"}
+
+#: Classes whose ``_save_to_state_dict`` adds ``dtype`` and ``_packed_weight``.
+_EMBEDDING_PACKED = {"modules.embedding_ops.EmbeddingPackedParams"}
 
 #: Classes (quantized ``Linear`` and its subclasses) that add ``scale`` and ``zero_point``.
 _QPARAMS = {
@@ -79,6 +82,15 @@ def quantized_entries(obj: Opaque, state: dict[Any, Any]) -> list[tuple[str, Any
                 and len(packed.state) == 2 and isinstance(packed.state[0], tuple):
             return [("dtype", state.get("dtype")), ("_packed_params", packed.state[0])]
         return []
+    if kind in _EMBEDDING_PACKED:
+        # the ScriptObject's state: (version, [weight], [doubles], [longs])
+        packed = state.get("_packed_weight")
+        inner = packed.state[0] if isinstance(packed, Opaque) and isinstance(
+            packed.state, tuple) and len(packed.state) == 2 else None
+        if isinstance(inner, tuple) and len(inner) == 4 and isinstance(inner[1], list) \
+                and len(inner[1]) == 1:
+            return [("dtype", state.get("dtype")), ("_packed_weight", inner[1][0])]
+        return []
     if kind in _QPARAMS:
         scale, zero_point = state.get("scale"), state.get("zero_point")
         if type(scale) is float and type(zero_point) is int \
@@ -88,3 +100,24 @@ def quantized_entries(obj: Opaque, state: dict[Any, Any]) -> list[tuple[str, Any
                     ("zero_point", _scalar(zero_point, "int64", "<q", f"{where}.zero_point"))]
         return []
     return [(name, state[name]) for name in _PACKED_ATTRS.get(kind, ()) if name in state]
+
+
+def quantized_conv(obj: Opaque) -> list[tuple[str, Any]] | None:
+    """The ``state_dict()`` entries of a quantized convolution (``Conv1d`` … ``ConvTranspose3d``
+    and the fused ``ConvReLU``/``ConvAdd`` kinds), whose ``__getstate__`` pickles a tuple
+    instead of its ``__dict__``: ``(in_channels, out_channels, kernel_size, stride, padding,
+    dilation, transposed, output_padding, groups, padding_mode, weight, bias, scale,
+    zero_point, training)``. None for anything else."""
+    kind = _kind(obj)
+    state = obj.state
+    if kind is None or ".conv" not in f".{kind}" or not isinstance(state, tuple) \
+            or len(state) != 15:
+        return None
+    weight, bias, scale, zero_point = state[10:14]
+    if type(scale) is not float or type(zero_point) is not int \
+            or not -(1 << 63) <= zero_point < (1 << 63):
+        return None
+    where = f"<{obj.callable}>"
+    return [("weight", weight), ("bias", bias),
+            ("scale", _scalar(scale, "float32", "<f", f"{where}.scale")),
+            ("zero_point", _scalar(zero_point, "int64", "<q", f"{where}.zero_point"))]
