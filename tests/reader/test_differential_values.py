@@ -194,3 +194,41 @@ def test_a_child_module_with_a_state_of_its_own_is_kept(torch: ModuleType,
         assert list(ckpt.tensors) == ["0.weight", "0.bias", "1.0._parameters.w"]
         np.testing.assert_array_equal(ckpt.tensors["1.0._parameters.w"].numpy(),
                                       expected["1.w"].detach().numpy())
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_numpy_datetimes(torch: ModuleType, tmp_path: Path, fmt: str, protocol: int) -> None:
+    """datetime64 / timedelta64 arrays, scalars and dtypes (their dtype pickles a unit in its
+    metadata) read as torch.load reads them, where they were inert records; ``convert``
+    keeps them. The generic unit (``np.datetime64("NaT")``), which no inert descr names,
+    stays an inert record."""
+    obj = {"stamps": np.array(["2020-01-01T00:00:01.5", "NaT"], dtype="M8[ns]"),
+           "steps": np.arange(4).astype("m8[25s]"), "day": np.datetime64("2024-02-29"),
+           "hours": np.timedelta64(7, "h"), "swapped": np.array([1, 2], dtype=">M8[D]"),
+           "unit": np.dtype("m8[ms]"), "grid": np.arange(6).astype("M8[s]").reshape(2, 3).T}
+    path = tmp_path / "times.pt"
+    torch.save({**obj, "generic": np.datetime64("NaT")}, path, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=fmt == "zip")
+    expected = _torch_load(torch, path)
+    loaded = torchless.load(path)
+    assert isinstance(loaded["generic"], torchless.Opaque)
+    for key in obj:
+        _same_bits(expected[key], loaded[key], key)  # bits: NaT != NaT
+    out = tmp_path / "times.safetensors"
+    with warnings.catch_warnings():  # the generic NaT is an inert record
+        warnings.simplefilter("ignore", torchless.OpaqueObjectWarning)
+        report = torchless.convert(path, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    again = torchless.load(out)
+    for key in obj:
+        _same_bits(expected[key], again[key], key)
+
+
+def _same_bits(exp: Any, act: Any, where: str) -> None:
+    assert type(act) is type(exp), where
+    if isinstance(exp, np.dtype):
+        assert act == exp, where
+        return
+    assert act.dtype == exp.dtype and np.shape(act) == np.shape(exp), where
+    assert np.asarray(act).tobytes() == np.asarray(exp).tobytes(), where
