@@ -23,7 +23,7 @@ from typing import IO, Any
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.errors import UnsupportedError
-from torchless.model.interop import finish_tensor
+from torchless.model.interop import finish_tensor, record_to_torch
 
 __all__ = ["from_array", "load", "patched"]
 
@@ -134,6 +134,7 @@ class _Loader:
         self.limits = limits
         self.dtypes = torch_dtypes(torch)
         self.storages: dict[int, Any] = {}
+        self.records: dict[int, tuple[Any, Any]] = {}
 
     def load(self, f: Any, strict: bool, allow: tuple[str, ...], verify_crc: bool) -> Any:
         from torchless.errors import CheckpointError
@@ -143,8 +144,9 @@ class _Loader:
         ckpt = _checkpoint.open(f, limits=self.limits, strict=strict, allow_globals=allow,
                                 verify_crc=verify_crc)
         with ckpt:
-            if ckpt.unsupported:
-                name, kind = next(iter(ckpt.unsupported.items()))
+            unreadable = [(n, k) for n, k in ckpt.unsupported.items() if n not in ckpt.records]
+            if unreadable:
+                name, kind = unreadable[0]
                 raise UnsupportedError(f"{kind} tensors are not supported", path=ckpt.path,
                                        member=name,
                                        hint="torchless.open(FILE) reads the other tensors")
@@ -175,8 +177,14 @@ class _Loader:
         return ust
 
     def leaf(self, t: Any) -> Any:
+        from torchless.model.kinds import TensorRecord
         from torchless.model.tensor import Tensor
 
+        if isinstance(t, TensorRecord):  # sparse, quantized, nested, meta: as torch.load
+            known = self.records.get(id(t))
+            if known is None:
+                known = self.records[id(t)] = (t, record_to_torch(t, self.torch))
+            return known[1]
         if not isinstance(t, Tensor):
             return t
         torch = self.torch
