@@ -139,6 +139,8 @@ class _Loader:
     def load(self, f: Any, strict: bool, allow: tuple[str, ...], verify_crc: bool) -> Any:
         from torchless.errors import CheckpointError
         from torchless.model.graph import finish
+        from torchless.model.walk import LEAVES
+        from torchless.pickle.values import Global
         from torchless.reader import checkpoint as _checkpoint
 
         ckpt = _checkpoint.open(f, limits=self.limits, strict=strict, allow_globals=allow,
@@ -151,7 +153,8 @@ class _Loader:
                                        member=name,
                                        hint="torchless.open(FILE) reads the other tensors")
             try:
-                return finish(ckpt.tree, self.limits, lambda o: None, self.leaf)
+                return finish(ckpt.tree, self.limits, lambda o: None, self.leaf,
+                              (*LEAVES, DType, Global))
             except CheckpointError as e:
                 raise e.add_context(path=ckpt.path) from None
 
@@ -179,7 +182,14 @@ class _Loader:
     def leaf(self, t: Any) -> Any:
         from torchless.model.kinds import TensorRecord
         from torchless.model.tensor import Tensor
+        from torchless.pickle.values import Global
+        from torchless.rules.policy import TORCH_CONSTANTS
 
+        if isinstance(t, DType):  # a dtype saved as a value (a config's torch_dtype)
+            return self.dtype(t)
+        if isinstance(t, Global):  # layouts, memory formats, qschemes: torch's own objects
+            return getattr(self.torch, t.name) if t.module == "torch" and \
+                t.name in TORCH_CONSTANTS else t
         if isinstance(t, TensorRecord):  # sparse, quantized, nested, meta: as torch.load
             known = self.records.get(id(t))
             if known is None:

@@ -61,3 +61,30 @@ def test_drop_in_rebuilds_record_kinds(torch: ModuleType, tmp_path: Path, fmt: s
         else:
             assert not ko.differences(ko.torch_parts(act), ko.torch_parts(exp)), key
     assert loaded["same_coo"] is loaded["coo"]  # one object, as torch gives it
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_drop_in_gives_torch_dtypes_and_constants(torch: ModuleType, tmp_path: Path,
+                                                  protocol: int) -> None:
+    """dtypes (a config's ``torch_dtype``), layouts, qschemes and memory formats saved as
+    values come back as torch's own objects, as from ``torch.load`` (they came back as
+    torchless's ``DType`` and inert ``Global`` records, which ``model.to(dtype)`` rejects)."""
+    import torchless.torch as drop_in
+
+    obj: dict[str, Any] = {
+        "torch_dtype": torch.bfloat16,
+        "dtypes": [torch.float8_e4m3fn, torch.qint8, torch.uint16, torch.complex32],
+        "by_dtype": {torch.float16: 1, "x": 2}, "layout": torch.sparse_csr,
+        "strided": torch.strided, "qscheme": torch.per_channel_affine, "w": torch.ones(2)}
+    if protocol >= 4:  # pickle cannot write a memory format at protocols 2 and 3
+        obj["format"] = torch.channels_last
+    path = tmp_path / "values.pt"
+    torch.save(obj, path, pickle_protocol=protocol)
+    expected = torch.load(path, weights_only=False)  # our own file
+    loaded = drop_in.load(path)
+    assert {k: v for k, v in loaded.items() if k != "w"} == \
+        {k: v for k, v in expected.items() if k != "w"}
+    assert all(type(loaded[k]) is type(expected[k]) for k in expected)
+    assert [type(k) for k in loaded["by_dtype"]] == [type(k) for k in expected["by_dtype"]]
+    assert all(type(d) is torch.dtype for d in loaded["dtypes"])
+    assert torch.equal(loaded["w"], expected["w"])

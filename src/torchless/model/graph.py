@@ -14,6 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
@@ -22,7 +23,7 @@ from torchless.model.qmodules import quantized_conv, quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import LEAVES, children, depth_first, is_node
 from torchless.pickle.known import Pending
-from torchless.pickle.values import NOTSET, Opaque
+from torchless.pickle.values import NOTSET, Global, Opaque
 
 __all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
 
@@ -76,12 +77,14 @@ def finish(
     limits: Limits,
     module_hook: ModuleHook = module_state_dict,
     leaf: Callable[[Any], Any] | None = None,
+    leaf_types: tuple[type, ...] = LEAVES,
 ) -> Any:
     """Resolve pending NumPy values, replace saved modules by their state dicts, turn storages
     held as values into 1-D tensors, and check depth. Mutable containers are updated in place;
     cycles are kept (a reference back into a cycle is patched once its target is finished).
 
-    With ``leaf``, every tensor leaf is replaced by ``leaf(tensor)``."""
+    With ``leaf``, every tensor leaf (every value of ``leaf_types``) is replaced by
+    ``leaf(value)``."""
     done: dict[int, Any] = {}
     as_leaf: dict[int, Any] = {}
     back: list[tuple[Any, Any]] = []
@@ -95,7 +98,7 @@ def finish(
                 known = as_leaf[id(v)] = (Tensor.of_storage(v) if isinstance(v, Storage)
                                           else DATALESS)
             v = known
-        if leaf is not None and isinstance(v, LEAVES):
+        if leaf is not None and isinstance(v, leaf_types):
             v = leaf(v)
         return v
 
@@ -191,7 +194,7 @@ def _rebuild_attrs(attrs: dict[str, Any], new: Callable[[Any], Any]) -> None:
 def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any]) -> None:
     keys_change = False
     for k, v in obj.items():
-        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage))) \
+        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage, DType, Global))) \
                 and _hashable(new, k) is not k:
             keys_change = True
             break
