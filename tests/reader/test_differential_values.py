@@ -232,3 +232,26 @@ def _same_bits(exp: Any, act: Any, where: str) -> None:
         return
     assert act.dtype == exp.dtype and np.shape(act) == np.shape(exp), where
     assert np.asarray(act).tobytes() == np.asarray(exp).tobytes(), where
+
+
+def test_a_bare_time_zone_converts_as_an_inert_record(torch: ModuleType,
+                                                      tmp_path: Path) -> None:
+    """A ``zoneinfo.ZoneInfo`` value (not on a datetime) reads as torch.load reads it; the
+    inert format names zones only on datetimes, so ``convert`` stores it as the inert record
+    of its own ``__reduce__`` (it refused, calling ``ZoneInfo._unpickle`` nameless)."""
+    import zoneinfo
+
+    zone = zoneinfo.ZoneInfo("UTC")
+    path = tmp_path / "zone.pt"
+    torch.save({"zone": zone, "w": torch.ones(2)}, path)
+    assert torchless.load(path)["zone"] is _torch_load(torch, path)["zone"]
+    out = tmp_path / "zone.safetensors"
+    with pytest.warns(torchless.OpaqueObjectWarning, match="ZoneInfo._unpickle"):
+        report = torchless.convert(path, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    stored = torchless.load(out)["zone"]
+    func, args = zone.__reduce__()
+    assert isinstance(stored, torchless.Opaque)
+    assert (stored.callable.module, stored.callable.name) == (func.__self__.__module__,
+                                                              func.__qualname__)
+    assert stored.args == args

@@ -559,6 +559,11 @@ def _attr(obj: Any, which: str) -> Any:
 def _global_name(obj: Any, where: str) -> tuple[str, str]:
     module = _attr(obj, "module")
     qual = _attr(obj, "qualname") or _attr(obj, "name")
+    owner = getattr(obj, "__self__", None)
+    if module is None and isinstance(owner, type):
+        # a classmethod of a C type (ZoneInfo._unpickle, what a bare ZoneInfo reduces to):
+        # no module of its own, its class's
+        module = owner.__module__
     if not isinstance(module, str) or not isinstance(qual, str) or "<" in qual:
         raise ConversionError(f"{where}: cannot store {obj!r}: it has no importable name "
                               "(a lambda or a local class or function)")
