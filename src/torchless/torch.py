@@ -188,7 +188,7 @@ class _Loader:
         if isinstance(t, DType):  # a dtype saved as a value (a config's torch_dtype)
             return self.dtype(t)
         if isinstance(t, Global):  # layouts, memory formats, qschemes: torch's own objects
-            return getattr(self.torch, t.name) if t.module == "torch" and \
+            return vars(self.torch).get(t.name, t) if t.module == "torch" and \
                 t.name in TORCH_CONSTANTS else t
         if isinstance(t, TensorRecord):  # sparse, quantized, nested, meta: as torch.load
             known = self.records.get(id(t))

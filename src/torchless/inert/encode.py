@@ -547,10 +547,13 @@ def _digits(value: int, limit: int, path: str) -> str:
 
 
 def _attr(obj: Any, which: str) -> Any:
-    """``obj.__module__`` / ``__qualname__`` / ``__name__`` of a live object, or None."""
+    """``obj.__module__`` / ``__qualname__`` / ``__name__`` / ``__self__`` of a live object,
+    or None."""
     try:
         if which == "module":
             return obj.__module__
+        if which == "self":
+            return obj.__self__
         return obj.__qualname__ if which == "qualname" else obj.__name__
     except AttributeError:
         return None
@@ -559,7 +562,7 @@ def _attr(obj: Any, which: str) -> Any:
 def _global_name(obj: Any, where: str) -> tuple[str, str]:
     module = _attr(obj, "module")
     qual = _attr(obj, "qualname") or _attr(obj, "name")
-    owner = getattr(obj, "__self__", None)
+    owner = _attr(obj, "self")
     if module is None and isinstance(owner, type):
         # a classmethod of a C type (ZoneInfo._unpickle, what a bare ZoneInfo reduces to):
         # no module of its own, its class's
