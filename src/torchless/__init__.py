@@ -167,7 +167,9 @@ _WHERE: dict[str, Callable[[], Any]] = {
 
 def __getattr__(name: str) -> Any:
     if name == "torch":  # the torch.load drop-in, a module (it imports torch when called)
-        from torchless import torch as drop_in
+        # imported by its full name: `from torchless import torch` would look the name up on
+        # this package first, calling this function again without end
+        import torchless.torch as drop_in
 
         return drop_in
     loader = _WHERE.get(name)

@@ -23,7 +23,7 @@ from typing import IO, Any
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.errors import UnsupportedError
-from torchless.model.interop import finish_tensor
+from torchless.model.interop import finish_tensor, record_to_torch
 
 __all__ = ["from_array", "load", "patched"]
 
@@ -134,22 +134,27 @@ class _Loader:
         self.limits = limits
         self.dtypes = torch_dtypes(torch)
         self.storages: dict[int, Any] = {}
+        self.records: dict[int, tuple[Any, Any]] = {}
 
     def load(self, f: Any, strict: bool, allow: tuple[str, ...], verify_crc: bool) -> Any:
         from torchless.errors import CheckpointError
         from torchless.model.graph import finish
+        from torchless.model.walk import LEAVES
+        from torchless.pickle.values import Global
         from torchless.reader import checkpoint as _checkpoint
 
         ckpt = _checkpoint.open(f, limits=self.limits, strict=strict, allow_globals=allow,
                                 verify_crc=verify_crc)
         with ckpt:
-            if ckpt.unsupported:
-                name, kind = next(iter(ckpt.unsupported.items()))
+            unreadable = [(n, k) for n, k in ckpt.unsupported.items() if n not in ckpt.records]
+            if unreadable:
+                name, kind = unreadable[0]
                 raise UnsupportedError(f"{kind} tensors are not supported", path=ckpt.path,
                                        member=name,
                                        hint="torchless.open(FILE) reads the other tensors")
             try:
-                return finish(ckpt.tree, self.limits, lambda o: None, self.leaf)
+                return finish(ckpt.tree, self.limits, lambda o: None, self.leaf,
+                              (*LEAVES, DType, Global))
             except CheckpointError as e:
                 raise e.add_context(path=ckpt.path) from None
 
@@ -175,8 +180,21 @@ class _Loader:
         return ust
 
     def leaf(self, t: Any) -> Any:
+        from torchless.model.kinds import TensorRecord
         from torchless.model.tensor import Tensor
+        from torchless.pickle.values import Global
+        from torchless.rules.policy import TORCH_CONSTANTS
 
+        if isinstance(t, DType):  # a dtype saved as a value (a config's torch_dtype)
+            return self.dtype(t)
+        if isinstance(t, Global):  # layouts, memory formats, qschemes: torch's own objects
+            return vars(self.torch).get(t.name, t) if t.module == "torch" and \
+                t.name in TORCH_CONSTANTS else t
+        if isinstance(t, TensorRecord):  # sparse, quantized, nested, meta: as torch.load
+            known = self.records.get(id(t))
+            if known is None:
+                known = self.records[id(t)] = (t, record_to_torch(t, self.torch))
+            return known[1]
         if not isinstance(t, Tensor):
             return t
         torch = self.torch

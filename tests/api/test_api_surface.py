@@ -116,3 +116,24 @@ def test_verify_skip_unsupported_defaults_to_false_like_convert(torch: Any,
     cli = [sys.executable, "-m", "torchless", "verify", str(src), str(dst)]
     assert subprocess.run(cli, capture_output=True).returncode == 1
     assert subprocess.run([*cli, "--skip-unsupported"], capture_output=True).returncode == 0
+
+
+def test_the_drop_in_is_reached_as_an_attribute() -> None:
+    """``torchless.torch`` before any ``import torchless.torch`` is the drop-in module. It
+    recursed without end, and so did pickling, in a program that had imported torchless,
+    any value pickle names by a dotted path (from protocol 4 a memory format is
+    ``torch.channels_last``, and pickle probes that path on every loaded module)."""
+    code = ("import sys, pickle, types, torchless\n"
+            "probe = types.ModuleType('probe')\n"
+            "probe.torch = types.SimpleNamespace(value=probe)\n"
+            "class Dotted:\n"
+            "    def __reduce__(self): return 'torch.value'\n"
+            "Dotted.__module__ = None  # as torch's memory formats: pickle searches\n"
+            "probe.torch.value = Dotted()\n"
+            "sys.modules['probe'] = probe\n"
+            "pickle.dumps(probe.torch.value, protocol=4)\n"
+            "assert torchless.torch is sys.modules['torchless.torch']\n"
+            "print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.strip() == "False"  # reaching the drop-in does not import torch

@@ -167,6 +167,12 @@ class Encoder:
             return {"$path": [type(obj).__name__, text]}
         numpy = loaded_numpy()  # no NumPy value exists before it is imported
         if numpy is not None and isinstance(obj, numpy.generic):
+            if obj.dtype.itemsize == 0 and obj.dtype.kind in "SU":
+                # np.str_("") / np.bytes_(b""): one NUL character reads back as the same
+                # empty scalar (NumPy strips trailing NULs), where no descr has size 0
+                one = obj.dtype.str[:-1] + "1"
+                return {"$npscalar": {"dtype": one,
+                                      "data": _b64(bytes(numpy.dtype(one).itemsize))}}
             return {"$npscalar": {"dtype": _descr(obj.dtype),
                                   "data": _b64(numpy.asarray(obj).tobytes())}}
         if numpy is not None and isinstance(obj, numpy.dtype):
@@ -541,10 +547,13 @@ def _digits(value: int, limit: int, path: str) -> str:
 
 
 def _attr(obj: Any, which: str) -> Any:
-    """``obj.__module__`` / ``__qualname__`` / ``__name__`` of a live object, or None."""
+    """``obj.__module__`` / ``__qualname__`` / ``__name__`` / ``__self__`` of a live object,
+    or None."""
     try:
         if which == "module":
             return obj.__module__
+        if which == "self":
+            return obj.__self__
         return obj.__qualname__ if which == "qualname" else obj.__name__
     except AttributeError:
         return None
@@ -553,6 +562,11 @@ def _attr(obj: Any, which: str) -> Any:
 def _global_name(obj: Any, where: str) -> tuple[str, str]:
     module = _attr(obj, "module")
     qual = _attr(obj, "qualname") or _attr(obj, "name")
+    owner = _attr(obj, "self")
+    if module is None and isinstance(owner, type):
+        # a classmethod of a C type (ZoneInfo._unpickle, what a bare ZoneInfo reduces to):
+        # no module of its own, its class's
+        module = owner.__module__
     if not isinstance(module, str) or not isinstance(qual, str) or "<" in qual:
         raise ConversionError(f"{where}: cannot store {obj!r}: it has no importable name "
                               "(a lambda or a local class or function)")

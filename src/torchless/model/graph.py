@@ -14,14 +14,16 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
 from torchless.model.chunks import detached
+from torchless.model.qmodules import quantized_conv, quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import LEAVES, children, depth_first, is_node
 from torchless.pickle.known import Pending
-from torchless.pickle.values import NOTSET, Opaque
+from torchless.pickle.values import NOTSET, Global, Opaque
 
 __all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
 
@@ -36,13 +38,16 @@ ModuleHook = Callable[[Opaque], "ModuleDict | None"]
 def module_state_dict(obj: Opaque) -> ModuleDict | None:
     """``nn.Module.state_dict()`` of a module saved whole, from its pickled ``__dict__``.
 
-    Parameters, then persistent buffers, then each child's entries under
-    ``child.``; ``None`` entries are skipped, as torch does. Children were
-    already turned into ModuleDicts (the walk is post-order).
+    Parameters, then persistent buffers, then the entries torch's quantized modules add
+    (:mod:`.qmodules`), then each child's entries under ``child.``; ``None`` parameters and
+    buffers are skipped, as torch does. Children were already turned into ModuleDicts (the
+    walk is post-order); a child that could not be (a class with a ``__getstate__`` of its
+    own) stays an inert record under its name.
     """
     state = obj.state
     if not isinstance(state, dict):
-        return None
+        conv = quantized_conv(obj)
+        return None if conv is None else ModuleDict(conv)
     params, buffers, modules = (state.get(k) for k in ("_parameters", "_buffers", "_modules"))
     if not (isinstance(params, dict) and isinstance(buffers, dict) and isinstance(modules, dict)):
         return None
@@ -56,10 +61,14 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
     for name, value in buffers.items():
         if value is not None and name not in non_persistent:
             out[str(name)] = value
+    for name, value in quantized_entries(obj, state):
+        out[name] = value
     for name, child in modules.items():
         if isinstance(child, ModuleDict):
             for key, value in child.items():
                 out[f"{name}.{key}"] = value
+        elif isinstance(child, Opaque):  # its class pickles a state of its own: kept whole,
+            out[str(name)] = child       # so that the tensors it holds are not lost
     return out
 
 
@@ -68,12 +77,14 @@ def finish(
     limits: Limits,
     module_hook: ModuleHook = module_state_dict,
     leaf: Callable[[Any], Any] | None = None,
+    leaf_types: tuple[type, ...] = LEAVES,
 ) -> Any:
     """Resolve pending NumPy values, replace saved modules by their state dicts, turn storages
     held as values into 1-D tensors, and check depth. Mutable containers are updated in place;
     cycles are kept (a reference back into a cycle is patched once its target is finished).
 
-    With ``leaf``, every tensor leaf is replaced by ``leaf(tensor)``."""
+    With ``leaf``, every tensor leaf (every value of ``leaf_types``) is replaced by
+    ``leaf(value)``."""
     done: dict[int, Any] = {}
     as_leaf: dict[int, Any] = {}
     back: list[tuple[Any, Any]] = []
@@ -87,7 +98,7 @@ def finish(
                 known = as_leaf[id(v)] = (Tensor.of_storage(v) if isinstance(v, Storage)
                                           else DATALESS)
             v = known
-        if leaf is not None and isinstance(v, LEAVES):
+        if leaf is not None and isinstance(v, leaf_types):
             v = leaf(v)
         return v
 
@@ -183,7 +194,7 @@ def _rebuild_attrs(attrs: dict[str, Any], new: Callable[[Any], Any]) -> None:
 def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any]) -> None:
     keys_change = False
     for k, v in obj.items():
-        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage))) \
+        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage, DType, Global))) \
                 and _hashable(new, k) is not k:
             keys_change = True
             break

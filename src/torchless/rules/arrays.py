@@ -17,6 +17,30 @@ from torchless.pickle.values import Opaque
 __all__ = ["NumpyRules"]
 
 _NP_DTYPE_CODE = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|\?|[SUV][0-9]+|O[48])\Z")
+#: The units of NumPy's datetime64 / timedelta64 dtypes (``M8[ns]``).
+#: The generic unit (``M8``, NaT only) is left out: no inert descr names it, so its values
+#: stay inert records, which ``convert`` stores.
+_DATETIME_UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs",
+                             "as"})
+
+
+def _datetime_code(code: str, state: Any) -> str | None:
+    """``M8[5s]`` for the pickled state of a datetime64 / timedelta64 dtype (version 4, its
+    metadata ``(None, (unit, count, 1, 1))``), or None for anything else."""
+    if code not in ("M8", "m8") or not isinstance(state, tuple) or len(state) != 9 \
+            or state[0] != 4 or any(x is not None for x in state[2:5]):
+        return None
+    meta = state[8]
+    if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] is None
+            and isinstance(meta[1], tuple) and len(meta[1]) == 4):
+        return None
+    unit, count, den, events = meta[1]
+    if isinstance(unit, bytes):
+        unit = unit.decode("latin-1")
+    if unit not in _DATETIME_UNITS or type(count) is not int or not 1 <= count < 1 << 31 \
+            or den != 1 or events != 1:
+        return None
+    return f"{code}[{count}{unit}]"
 
 
 class NumpyRules(Resolver):
@@ -69,6 +93,10 @@ class NumpyRules(Resolver):
             raw = raw.encode("latin-1")
         if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
             raise PickleError(f"numpy scalar of {dtype} needs {dtype.itemsize} bytes")
+        if dtype.itemsize == 0:  # np.str_(""), np.bytes_(b""): no buffer to view
+            if dtype.kind not in "SUV":
+                raise PickleError(f"numpy scalar of {dtype} has no bytes")
+            return dtype.type("" if dtype.kind == "U" else b"")
         return np.frombuffer(raw, dtype=dtype)[0]
 
     def _finish_pending(self, p: Pending, state: Any) -> None:
@@ -79,9 +107,12 @@ class NumpyRules(Resolver):
             order = state[1] if isinstance(state, tuple) and len(state) > 1 else "|"
             fields_none = isinstance(state, tuple) and len(state) >= 5 and \
                 all(x is None for x in state[2:5])
-            if _NP_DTYPE_CODE.match(code) and order in ("<", ">", "|", "=") and fields_none:
-                dt = np.dtype(code)
-                p.value = dt.newbyteorder(order) if order in "<>" else dt
+            text = code if _NP_DTYPE_CODE.match(code) and fields_none else \
+                _datetime_code(code, state)
+            if text is not None and order in ("<", ">", "|", "="):
+                dt = np.dtype(text)
+                p.value = dt if order not in "<>" else \
+                    dt.newbyteorder("<" if order == "<" else ">")
             return
         if not isinstance(state, tuple) or len(state) not in (4, 5):
             raise ValueError("ndarray state is not a 4- or 5-tuple")
@@ -105,7 +136,11 @@ class NumpyRules(Resolver):
             raw = raw.encode("latin-1")
         if not isinstance(raw, (bytes, bytearray)) or len(raw) != n * dtype.itemsize:
             raise ValueError(f"ndarray of {n} x {dtype} needs {n * dtype.itemsize} bytes")
-        flat = np.frombuffer(bytes(raw), dtype=dtype)
+        if dtype.itemsize == 0:  # a V0 array: elements without bytes, no buffer to view
+            flat = np.empty(n, dtype=dtype)
+            flat.flags.writeable = False
+        else:
+            flat = np.frombuffer(bytes(raw), dtype=dtype)
         if not dtype.isnative:  # ndarray.__setstate__ swaps to native order; so do we
             flat = flat.astype(dtype.newbyteorder("="))
             flat.flags.writeable = False

@@ -29,10 +29,33 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DENIED_MODULE_FAMILIES", "judge"]
+__all__ = ["DENIED_MODULE_FAMILIES", "TORCH_CONSTANTS", "judge", "torch_constant"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
+
+#: torch attributes that are plain enumeration values (layouts, memory formats, qschemes).
+TORCH_CONSTANTS: frozenset[str] = frozenset({
+    "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn",
+    "jagged", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
+    "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric", "per_channel_symmetric",
+    "per_channel_affine_float_qparams",
+})
+
+
+def torch_constant(module: str, name: str) -> str | None:
+    """The torch constant ``module.name`` names, or None: ``torch.<constant>``, or
+    ``<torch submodule>.torch.<constant>``, which is how pickle protocols 4 and 5 write a
+    memory format: its ``__reduce__`` gives the dotted text ``torch.channels_last``, and
+    pickle names the first module that reaches the object through it (``torch._utils``, which
+    imports torch). Not an attribute walk to refuse: it ends at an inert value."""
+    if module == "torch":
+        return name if name in TORCH_CONSTANTS else None
+    head, _, const = name.partition(".")
+    if head == "torch" and const in TORCH_CONSTANTS and module.startswith("torch."):
+        return const
+    return None
+
 
 #: Module prefixes (the module itself and every submodule) whose names are refused.
 DENIED_MODULE_FAMILIES: frozenset[str] = frozenset({

@@ -34,7 +34,7 @@ from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.allowlist import FORWARDS, import_verdict
 from torchless.rules.arrays import NumpyRules
-from torchless.rules.policy import judge
+from torchless.rules.policy import judge, torch_constant
 from torchless.rules.stdlib import METHOD_CALL_HINT, StdlibRules, calls_a_method, method_name
 from torchless.rules.torch import UNSUPPORTED_ELSEWHERE, UNSUPPORTED_TENSORS, TorchRules
 from torchless.rules.vetting import call_refusal, describe
@@ -118,13 +118,6 @@ for _n in ("datetime", "date", "time", "timedelta", "timezone"):
 for _n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
     _RULES[("pathlib", _n)] = "path"
 
-#: torch attributes that are plain enumeration values (layouts, memory formats, qschemes).
-_TORCH_CONSTANTS = frozenset({
-    "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn",
-    "jagged", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
-    "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric", "per_channel_symmetric",
-    "per_channel_affine_float_qparams",
-})
 _MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -206,8 +199,9 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             dtype = _dtypes.by_torch_name(name)
             if dtype is not None:
                 return dtype
-            if name in _TORCH_CONSTANTS:
-                return Global(module, name)
+        constant = torch_constant(module, name)
+        if constant is not None:
+            return Global("torch", constant)
         return None
 
     def extension(self, code: int, offset: int) -> Any:
