@@ -127,6 +127,33 @@ def test_cycle_through_a_list_holding_a_tuple_is_fine(tmp_path: Path) -> None:
     assert type(got) is list and got[0][0] is got
 
 
+_SELF_CALLING = ('{"$id": 1, "$opaque": {"callable": {"$ref": 1}, "args": [{"$ref": 1}], '
+                 '"kwargs": null, "newobj": false, "items": [], "dict_items": []}}')
+
+
+def test_a_record_that_is_its_own_callable_loads_and_converts(tmp_path: Path) -> None:
+    """A cycle through $opaque is allowed (section 2.3), the callable included; naming the
+    record walked the callable chain without end (RecursionError in convert and repr)."""
+    got = load_tree(tmp_path, _SELF_CALLING)
+    assert isinstance(got, Opaque) and got.callable is got and got.args[0] is got
+    assert got.class_path == "…" and repr(got) == "Opaque(…)"
+    src = tmp_path / "bad.inert"
+    out = tmp_path / "out.safetensors"
+    with pytest.warns(torchless.OpaqueObjectWarning):
+        TL.convert(src, out, verify=True)
+    again = TL.load(out)
+    assert isinstance(again, Opaque) and again.callable is again and again.args[0] is again
+
+
+def test_class_path_spells_out_a_few_calls_of_results() -> None:
+    inner = Opaque(Global("m", "f"))
+    assert Opaque(Opaque(inner)).class_path == "<result of <result of m.f>>"
+    deep: Opaque = inner
+    for _ in range(50):
+        deep = Opaque(deep)
+    assert deep.class_path == "<result of " * 8 + "…" + ">" * 8
+
+
 # --------------------------------------------------------------------------- malformed trees
 
 MALFORMED: dict[str, str] = {
