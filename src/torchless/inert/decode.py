@@ -598,7 +598,7 @@ def _h_tensor(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     f = _fields(p, {"dtype", "shape"}, {"name", "requires_grad", "parameter", "raw", "device",
                                         "skipped", "storage", "attrs"}, "$tensor")
     dtype = _dtypes.by_torch_name(f["dtype"]) if isinstance(f["dtype"], str) else None
-    if dtype is None or dtype.numpy is None:
+    if dtype is None or (dtype.numpy is None and "skipped" not in f):  # a skipped one: any
         raise FormatError(f"torch dtype {f['dtype']!r} is not one an inert file holds")
     shape = _shape(f["shape"], dec.limits)
     flags = {k: f.get(k, False) for k in ("requires_grad", "parameter", "raw", "storage")}
