@@ -171,6 +171,20 @@ def test_names_from_the_file_stay_text(tmp_path: Path) -> None:
     assert "http://" not in text and "https://" not in text  # self-contained
 
 
+def test_a_name_with_a_lone_surrogate(tmp_path: Path) -> None:
+    """A pickle's BINUNICODE may hold a lone surrogate (UTF-8 cannot): the page escapes it
+    (the write raised UnicodeEncodeError, an internal error)."""
+    from tests._fuzz_inputs import tensor_ops, zip_checkpoint
+
+    name = "\ud800w".encode("utf-8", "surrogatepass")
+    data = (b"\x80\x02ccollections\nOrderedDict\n)R" + b"X" + struct.pack("<I", len(name))
+            + name + tensor_ops("0", 2, 0, (2,), (1,)) + b"s.")
+    src = tmp_path / "s.pt"
+    src.write_bytes(zip_checkpoint(data, {"0": bytes(8)}))
+    text = _report(tmp_path, src).read_text(encoding="utf-8")
+    assert "\\ud800w" in text
+
+
 def test_squarify_tiles_the_rectangle() -> None:
     sizes = [6.0, 6.0, 4.0, 3.0, 2.0, 2.0, 1.0]  # the example of Bruls et al., area 24
     rects = squarify(sizes, (0.0, 0.0, 6.0, 4.0))

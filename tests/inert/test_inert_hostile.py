@@ -127,6 +127,58 @@ def test_cycle_through_a_list_holding_a_tuple_is_fine(tmp_path: Path) -> None:
     assert type(got) is list and got[0][0] is got
 
 
+def test_a_skipped_tensor_of_a_dtype_numpy_lacks_loads(tmp_path: Path) -> None:
+    """convert --skip-unsupported records a quantized (or any) tensor it leaves out by its
+    dtype; the reader refused such a dtype even there, so the converted file did not load."""
+    got = load_tree(tmp_path, '{"$tensor": {"skipped": "torch.qint8", "dtype": "qint8", '
+                              '"shape": [1]}}')
+    assert isinstance(got, torchless.UnsupportedTensor)
+    refused(tmp_path, file_bytes('{"$tensor": {"skipped": "x", "dtype": "float128", '
+                                 '"shape": [1]}}'), torchless.FormatError)
+
+
+def test_convert_skipping_a_quantized_storage_tensor_loads(tmp_path: Path) -> None:
+    """A plain rebuild over a QInt8Storage (hand-made: torch's own load fails an internal
+    assert on it): convert --skip-unsupported writes a file that loads."""
+    from tests._fuzz_inputs import state_dict_pickle, tensor_ops, zip_checkpoint
+
+    data = state_dict_pickle([("q", tensor_ops("0", 4, 0, (4,), (1,), "QInt8Storage")),
+                              ("w", tensor_ops("1", 2, 0, (2,), (1,)))])
+    src = write(tmp_path, zip_checkpoint(data, {"0": bytes(4), "1": bytes(8)}), "q.pt")
+    out = tmp_path / "q.safetensors"
+    TL.convert(src, out, skip_unsupported=True, verify=True)
+    got = TL.load(out)
+    assert isinstance(got["q"], torchless.UnsupportedTensor)
+    assert got["w"].tolist() == [0.0, 0.0]
+
+
+_SELF_CALLING = ('{"$id": 1, "$opaque": {"callable": {"$ref": 1}, "args": [{"$ref": 1}], '
+                 '"kwargs": null, "newobj": false, "items": [], "dict_items": []}}')
+
+
+def test_a_record_that_is_its_own_callable_loads_and_converts(tmp_path: Path) -> None:
+    """A cycle through $opaque is allowed (section 2.3), the callable included; naming the
+    record walked the callable chain without end (RecursionError in convert and repr)."""
+    got = load_tree(tmp_path, _SELF_CALLING)
+    assert isinstance(got, Opaque) and got.callable is got and got.args[0] is got
+    assert got.class_path == "…" and repr(got) == "Opaque(…)"
+    src = tmp_path / "bad.inert"
+    out = tmp_path / "out.safetensors"
+    with pytest.warns(torchless.OpaqueObjectWarning):
+        TL.convert(src, out, verify=True)
+    again = TL.load(out)
+    assert isinstance(again, Opaque) and again.callable is again and again.args[0] is again
+
+
+def test_class_path_spells_out_a_few_calls_of_results() -> None:
+    inner = Opaque(Global("m", "f"))
+    assert Opaque(Opaque(inner)).class_path == "<result of <result of m.f>>"
+    deep: Opaque = inner
+    for _ in range(50):
+        deep = Opaque(deep)
+    assert deep.class_path == "<result of " * 8 + "…" + ">" * 8
+
+
 # --------------------------------------------------------------------------- malformed trees
 
 MALFORMED: dict[str, str] = {

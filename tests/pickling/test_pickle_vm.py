@@ -833,6 +833,25 @@ def test_getattr_of_a_dunder_on_an_object_is_refused() -> None:
         loads(data)
 
 
+def _getattr_chain(n: int) -> bytes:
+    """getattr(getattr(mymod.f, "a"), "a")… n times, each result through the memo."""
+    step = b"q\x010cbuiltins\ngetattr\nh\x01X\x01\x00\x00\x00a\x86R"
+    return b"\x80\x02cmymod\nf\n" + step * n + b"."
+
+
+def test_a_short_getattr_chain_is_a_dotted_name() -> None:
+    got = loads(_getattr_chain(3))
+    assert isinstance(got, Global) and (got.module, got.name) == ("mymod", "f.a.a.a")
+
+
+def test_a_long_getattr_chain_is_refused() -> None:
+    """Each read built the whole dotted name again (quadratic: 20,000 reads, a 600 KB
+    pickle, took half a minute); past 32 reads the chain is refused."""
+    assert isinstance(loads(_getattr_chain(32)), Global)
+    with pytest.raises(UnsafeGlobalError, match="chain of more than 32"):
+        loads(_getattr_chain(5000))
+
+
 @pytest.mark.parametrize("data", [b"N(\x90.", b"N(e.", b"N(u.", b"K\x01(e.", b"\x8c\x01a(u."])
 def test_an_empty_mark_run_does_nothing_to_any_target(data: bytes) -> None:
     """ADDITEMS/APPENDS/SETITEMS with no items after the MARK: the C unpickler returns before

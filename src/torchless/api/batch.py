@@ -208,7 +208,10 @@ def batch(
         raise ValueError(f"op must be one of {sorted(_OPS)}")
     files = expand(paths, units=op != "scan")
     results: list[BatchResult | None] = [None] * len(files)
-    out = open(report, "a", encoding="utf-8") if report is not None else None
+    # a path that is not UTF-8 holds surrogate escapes: written as \udcXX, which JSON reads
+    # back as the same str
+    out = open(report, "a", encoding="utf-8", errors="backslashreplace") \
+        if report is not None else None
     try:
         for i, result in _run(files, op, options, executor):
             results[i] = result

@@ -63,7 +63,8 @@ def _write_html(args: argparse.Namespace, doc: dict[str, Any], limits: Limits | 
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dst)), prefix=".torchless-",
                                suffix=".html")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
+        # a name may hold a lone surrogate (a pickle's BINUNICODE allows it): escaped
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as out:
             out.write(text)
         os.replace(tmp, dst)
     except BaseException:

@@ -46,8 +46,8 @@ from torchless.write.safetensors import (
 )
 
 __all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "compare", "compare_tree",
-           "default_dst", "prepare", "safetensors_data", "select", "store_tree", "summary",
-           "verify_unpublished", "write_output"]
+           "default_dst", "prepare", "safetensors_data", "select", "source_name", "store_tree",
+           "summary", "verify_unpublished", "write_output"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,12 @@ def default_dst(src: str) -> str:
     URL, that name in the current directory."""
     root, ext = os.path.splitext(src)
     return (root if ext else src) + ".safetensors"
+
+
+def source_name(path: str) -> str:
+    """The file name recorded as ``source``: a name that is not UTF-8 (its bytes are
+    surrogate escapes in ``path``, which JSON text cannot hold) with U+FFFD for them."""
+    return os.fsencode(os.path.basename(path)).decode("utf-8", "replace")
 
 
 def select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Tensor],
@@ -186,7 +192,7 @@ def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
             hint="add --skip-unsupported (skip_unsupported=True) to write the other tensors; "
                  "the report lists what was left out")
     tensors = {n: t for n, t in tensors.items() if n not in bad}
-    metadata = {"format": "pt", "source": os.path.basename(spath)}
+    metadata = {"format": "pt", "source": source_name(spath)}
     aliases = _aliases(tensors, {*metadata, _inert.FORMAT_KEY, _inert.TREE_KEY}
                        ) if dedupe else {}
     for removed, kept in aliases.items():

@@ -53,6 +53,7 @@ from torchless.conversion.common import (
     compare,
     safetensors_data,
     select,
+    source_name,
     verify_unpublished,
     write_output,
 )
@@ -167,7 +168,7 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
         aliases.update(a)
     planned_all: list[tuple[bytes, list[Planned]]] = []
     for shard in shards:
-        names = [os.path.basename(layout.sources[i]) for i in shard.sources]
+        names = [source_name(layout.sources[i]) for i in shard.sources]
         metadata = {"format": "pt", "source": ", ".join(names)}
         for i in shard.sources:
             for removed, kept in parts[i][3].items():

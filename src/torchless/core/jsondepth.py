@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from torchless.errors import LimitError
+from torchless.errors import FormatError, LimitError
 
 __all__ = ["loads", "nesting"]
 
@@ -46,7 +46,9 @@ def nesting(text: str) -> int:
 
 def loads(text: str, *, max_depth: int, what: str, **options: Any) -> Any:
     """``json.loads(text, **options)``, refusing nesting deeper than ``max_depth`` with a
-    :class:`LimitError` before parsing. Invalid JSON raises ``ValueError`` as ``json`` does."""
+    :class:`LimitError` before parsing. Invalid JSON raises ``ValueError`` as ``json`` does;
+    a number of more digits than Python converts (4,300), valid JSON that ``json`` answers
+    with a bare ``ValueError``, raises :class:`FormatError` (a ``ValueError`` too)."""
     depth = nesting(text)
     if depth > max_depth:
         raise LimitError("max_depth", max_depth, depth, f"nesting of {what}")
@@ -56,3 +58,9 @@ def loads(text: str, *, max_depth: int, what: str, **options: Any) -> Any:
         raise LimitError("max_depth", max_depth, depth,
                          f"nesting of {what}, deeper than Python's JSON parser can go"
                          ) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # int(): past sys.get_int_max_str_digits() digits
+        raise FormatError(f"{what} holds a number Python cannot read: {e}",
+                          hint="no writer puts a number of thousands of digits in a header: "
+                               "the file was edited or is damaged; fetch it again") from None

@@ -181,13 +181,17 @@ class _Decoder:
                               ) from None
         return k
 
-    def pairs(self, payload: Any, depth: int) -> Iterator[tuple[Any, Any]]:
+    def pairs(self, payload: Any, depth: int, *, keys: bool = True
+              ) -> Iterator[tuple[Any, Any]]:
+        """``[key, value]`` pairs; ``keys``: a mapping's, so hashable (an opaque record's
+        ``dict_items`` are ``__setitem__`` arguments: any value)."""
         _expect(payload, list, "pairs")
         self._length(payload)
         for pair in payload:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise FormatError("expected [key, value] pairs")
-            yield self.key(pair[0], depth), self.value(pair[1], depth)
+            key = self.key(pair[0], depth) if keys else self.value(pair[0], depth)
+            yield key, self.value(pair[1], depth)
 
     def floatval(self, node: Any) -> float:
         if isinstance(node, (int, float)) and not isinstance(node, bool):
@@ -594,7 +598,7 @@ def _h_tensor(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     f = _fields(p, {"dtype", "shape"}, {"name", "requires_grad", "parameter", "raw", "device",
                                         "skipped", "storage", "attrs"}, "$tensor")
     dtype = _dtypes.by_torch_name(f["dtype"]) if isinstance(f["dtype"], str) else None
-    if dtype is None or dtype.numpy is None:
+    if dtype is None or (dtype.numpy is None and "skipped" not in f):  # a skipped one: any
         raise FormatError(f"torch dtype {f['dtype']!r} is not one an inert file holds")
     shape = _shape(f["shape"], dec.limits)
     flags = {k: f.get(k, False) for k in ("requires_grad", "parameter", "raw", "storage")}
@@ -680,7 +684,7 @@ def _h_opaque(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Opaque:
     _expect(f["items"], list, "$opaque items")
     dec._length(f["items"])
     record.items = [dec.value(v, depth) for v in f["items"]]
-    record.dict_items = list(dec.pairs(f["dict_items"], depth))
+    record.dict_items = list(dec.pairs(f["dict_items"], depth, keys=False))
     if "state" in f:  # last, as the writer puts it: $refs point backwards only
         record.state = dec.value(f["state"], depth)
     return record

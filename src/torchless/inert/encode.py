@@ -291,9 +291,29 @@ class Encoder:
             node = {"$id": node_id, **node}
         return node
 
-    def _pairs(self, items: Any, path: str, d: int) -> list[list[Any]]:
-        return [[self._value(k, path, d), self._value(v, _join(path, k), d)]
-                for k, v in items]
+    def _pairs(self, items: Any, path: str, d: int, *, keys: bool = True) -> list[list[Any]]:
+        """``[key, value]`` pairs; ``keys``: the keys are a mapping's (checked as
+        :meth:`_hashable` says), not an opaque record's ``__setitem__`` arguments."""
+        return [[self._value(self._hashable(k, path) if keys else k, path, d),
+                 self._value(v, _join(path, k), d)] for k, v in items]
+
+    def _hashable(self, key: Any, path: str) -> Any:
+        """``key``, a dict key or set member, if it reads back hashable: a tensor (an array
+        when read), also inside a tuple or frozenset, does not."""
+        if type(key) is str or type(key) is int:
+            return key
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            if self._is_tensor(k) or is_ndarray(k) or isinstance(k, TensorRecord):
+                raise ConversionError(
+                    f"{path or 'the object'}: a dict key or set member holds a tensor, which "
+                    "the inert format cannot hold there (it reads back as an array, which is "
+                    "not hashable)", hint="convert the tensors alone: --weights-only "
+                                          "(tree=False)")
+            if type(k) is tuple or type(k) is frozenset:
+                stack.extend(k)
+        return key
 
     def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
         record = self._record(obj)
@@ -345,8 +365,8 @@ class Encoder:
             return {"$deque": {"items": [self._value(v, _join(path, i), d)
                                          for i, v in enumerate(obj)], "maxlen": obj.maxlen}}
         if kind is set or kind is frozenset:
-            return {"$set" if kind is set else "$frozenset": [self._value(v, path, d)
-                                                              for v in obj]}
+            return {"$set" if kind is set else "$frozenset": [
+                self._value(self._hashable(v, path), path, d) for v in obj]}
         if kind is bytearray:
             return {"$bytearray": _b64(obj)}
         tag = "$namespace" if kind is argparse.Namespace else "$simplenamespace"
@@ -360,7 +380,7 @@ class Encoder:
             "kwargs": None if obj.kwargs is None else self._pairs(obj.kwargs.items(), path, d),
             "newobj": obj.newobj,
             "items": [self._value(v, _join(path, i), d) for i, v in enumerate(obj.items)],
-            "dict_items": self._pairs(obj.dict_items, path, d)}
+            "dict_items": self._pairs(obj.dict_items, path, d, keys=False)}
         if obj.state is not NOTSET:
             body["state"] = self._value(obj.state, path, d)
         return body

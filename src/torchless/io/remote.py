@@ -74,7 +74,8 @@ class _Http:
         self.size = total
 
     def _get(self, start: int, end: int) -> Any:
-        import urllib.error  # loaded for URLs only: local reads start without it
+        import http.client  # loaded for URLs only: local reads start without it
+        import urllib.error
         import urllib.request
 
         req = urllib.request.Request(self.url, headers={
@@ -93,6 +94,8 @@ class _Http:
             reason = e.reason if isinstance(e, urllib.error.URLError) else e
             raise CheckpointError(f"cannot fetch: {reason}", path=self.url,
                                   hint="check the URL and the network connection") from None
+        except http.client.HTTPException as e:  # a header line past 64 KiB, 100 headers …
+            raise _not_http(e, self.url) from None
         if r.status != 206:
             length = r.headers.get("Content-Length")
             r.close()
@@ -110,8 +113,13 @@ class _Http:
         return r
 
     def fetch(self, start: int, end: int) -> bytes:
+        import http.client
+
         with self._get(start, end) as r:
-            data = r.read(end - start)
+            try:
+                data = r.read(end - start)
+            except http.client.HTTPException as e:  # a broken chunked body …
+                raise _not_http(e, self.url) from None
         self.stats.bytes += len(data)
         if len(data) != end - start:
             raise TruncatedInputError(f"the server sent {len(data)} of {end - start} bytes "
@@ -119,10 +127,15 @@ class _Http:
         return bytes(data)
 
     def stream(self, start: int, end: int, chunk: int) -> Iterator[bytes]:
+        import http.client
+
         with self._get(start, end) as r:
             pos = start
             while pos < end:
-                data = r.read(min(chunk, end - pos))
+                try:
+                    data = r.read(min(chunk, end - pos))
+                except http.client.HTTPException as e:
+                    raise _not_http(e, self.url) from None
                 if not data:
                     raise TruncatedInputError(f"the server stopped at offset {pos} of "
                                               f"{start}-{end}", path=self.url)
@@ -131,15 +144,23 @@ class _Http:
                 yield data
 
 
+def _not_http(e: Exception, url: str) -> CheckpointError:
+    return CheckpointError(f"the server's answer is not usable HTTP: {type(e).__name__}: {e}",
+                           path=url, hint="check the URL; or download the file with another "
+                                          "tool and read the local copy")
+
+
+# offsets of at most 19 digits (int64): a longer number is no file's size, and past 4,300
+# digits int() itself refuses
 def _content_range_total(value: str | None, url: str) -> int:
-    m = re.fullmatch(r"bytes \d+-\d+/(\d+)", (value or "").strip())
+    m = re.fullmatch(r"bytes \d{1,19}-\d{1,19}/(\d{1,19})", (value or "").strip())
     if m is None:
         raise FormatError(f"the server sent no usable Content-Range ({value!r})", path=url)
     return int(m.group(1))
 
 
 def _content_range_start(value: str | None, url: str) -> int:
-    m = re.fullmatch(r"bytes (\d+)-\d+/\d+", (value or "").strip())
+    m = re.fullmatch(r"bytes (\d{1,19})-\d{1,19}/\d{1,19}", (value or "").strip())
     if m is None:
         raise FormatError(f"the server sent no usable Content-Range ({value!r})", path=url)
     return int(m.group(1))

@@ -60,9 +60,11 @@ def chunks(t: Tensor, spill_dir: str | None = None) -> Iterator[bytes | memoryvi
             yield from t.storage.iter_bytes(0, t.nbytes, INFLATE_CHUNK_BYTES)
             return
         t.storage.spill(spill_dir)
+    if t.numel == 0:
+        return
     import numpy as np
 
-    view = raw_view(t)
+    view = raw_view(_without_ones(t))
     swap = view.dtype.byteorder == ">"
     for block in _blocks(view):
         if not block.size:
@@ -71,6 +73,17 @@ def chunks(t: Tensor, spill_dir: str | None = None) -> Iterator[bytes | memoryvi
         if swap:
             out = out.astype(out.dtype.newbyteorder("<"))
         yield out.data.cast("B")
+
+
+def _without_ones(t: Tensor) -> Tensor:
+    """The same elements in the same order without the dimensions of size 1, whose strides
+    never move: a 64-dimension tensor (``Limits.max_ndim``) then fits :func:`raw_view`'s
+    extra axis under NumPy's 64, whatever those strides say."""
+    if 1 not in t.shape:
+        return t
+    keep = [i for i, n in enumerate(t.shape) if n != 1]
+    return Tensor(t.storage, t.dtype, tuple(t.shape[i] for i in keep),
+                  tuple(t.stride[i] for i in keep), t.storage_offset)
 
 
 def _blocks(a: np.ndarray[Any, Any]) -> Iterator[np.ndarray[Any, Any]]:

@@ -251,12 +251,19 @@ class Tensor:
                      "(convert --skip-unsupported)")
         itemsize = self.dtype.itemsize
         if self.numel == 0:
-            arr = np.empty(self.shape, dtype=npdt)
+            try:
+                arr = np.empty(self.shape, dtype=npdt)
+            except ValueError as e:  # (0, 2**62, 4): NumPy bounds the other dims' product
+                raise UnsupportedError(f"NumPy cannot hold this empty tensor of shape "
+                                       f"{list(self.shape)}: {e}") from None
             arr.flags.writeable = False
             return arr
         unit = itemsize // 2 if self.dtype.name.startswith("complex") else itemsize
         buf = self.storage.native_buffer(unit)
         strides = tuple(s * itemsize for s in self.stride)
+        if any(s > _INT64_MAX for s in strides):  # only on size-1 dims (make_tensor): unused
+            strides = tuple(0 if n == 1 else s for n, s in zip(self.shape, strides,
+                                                               strict=True))
         offset = self.storage_offset * itemsize
         try:
             view: np.ndarray[Any, Any] = np.ndarray(
@@ -319,9 +326,9 @@ def storage_record(storage_type: Any, key: Any, location: Any,
 
 
 def _plain_dims(value: tuple[Any, ...]) -> bool:
-    """Whether a tuple holds only non-negative ints (what :func:`_dims` makes of it)."""
+    """Whether a tuple holds only ints in [0, 2**63) (what :func:`_dims` makes of it)."""
     for v in value:
-        if type(v) is not int or v < 0:
+        if type(v) is not int or v < 0 or v > _INT64_MAX:
             return False
     return True
 
@@ -335,6 +342,8 @@ def _dims(value: Any, what: str) -> tuple[int, ...]:
             raise TensorGeometryError(f"{what} holds {type_phrase(v)}, not an int")
         if v < 0:
             raise TensorGeometryError(f"{what} holds a negative value {v}")
+        if v > _INT64_MAX:  # torch keeps sizes and strides as int64: no file of it has this
+            raise TensorGeometryError(f"{what} holds {v}, which overflows 64 bits")
         out.append(v)
     return tuple(out)
 
@@ -356,7 +365,7 @@ def make_tensor(
             type(storage_offset) is int and storage_offset >= 0 and limits.max_ndim >= 1:
         # one dimension (most tensors of a file of many): the checks below, when all pass
         n, s = size[0], stride[0]
-        if type(n) is int and type(s) is int and n > 0 and s >= 0:
+        if type(n) is int and type(s) is int and n > 0 and 0 <= s <= _INT64_MAX:
             nbytes = n * dtype.itemsize
             last = storage_offset + (n - 1) * s
             if nbytes <= _INT64_MAX and nbytes <= limits.max_tensor_bytes and \

@@ -36,6 +36,9 @@ class _NotSet:
         return "NOTSET"
 
 
+#: Calls of results an :attr:`Opaque.class_path` spells out.
+_MAX_CALLS_SHOWN = 8
+
 #: Marks an :class:`Opaque` whose ``state`` was never set by ``BUILD``.
 NOTSET: Any = _NotSet()
 
@@ -70,13 +73,20 @@ class Opaque:
 
     @property
     def class_path(self) -> str:
-        """``module.name`` of what the file asked to call, or a short description."""
-        c = self.callable
-        if isinstance(c, Global):
-            return c.path
+        """``module.name`` of what the file asked to call, or a short description.
+
+        A call of a call's result nests (``<result of m.f>``), a few levels at most: an
+        inert file can make a record its own callable (a cycle)."""
+        c, calls = self.callable, 0
+        while isinstance(c, Opaque) and calls < _MAX_CALLS_SHOWN and c is not self:
+            c, calls = c.callable, calls + 1
         if isinstance(c, Opaque):
-            return f"<result of {c.class_path}>"
-        return f"<{type(c).__name__}>"
+            base = "…"
+        elif isinstance(c, Global):
+            base = c.path
+        else:
+            base = f"<{type(c).__name__}>"
+        return "<result of " * calls + base + ">" * calls
 
     def __repr__(self) -> str:
         return f"Opaque({self.class_path})"

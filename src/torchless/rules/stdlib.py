@@ -28,6 +28,9 @@ __all__ = ["METHOD_CALL_HINT", "StdlibRules", "calls_a_method", "method_name", "
 
 _CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
 _SCALAR_TYPES = (int, float, str, bool, complex, type(None))
+#: Attribute reads ``getattr`` may chain on a name (torch pickles one: a class's function;
+#: nested classes add a few); a file's chain of thousands made reading quadratic in it.
+_MAX_ATTR_CHAIN = 32
 _DATETIME_CLASSES: dict[str, Callable[..., Any]] = {
     "datetime": datetime.datetime, "date": datetime.date, "time": datetime.time,
     "timedelta": datetime.timedelta, "timezone": datetime.timezone,
@@ -239,6 +242,11 @@ class StdlibRules(Resolver):
             # hook): kept as a record; calling it is refused (see call)
             return Opaque(f, a)
         target, attr = a[0], a[1]
+        if target.name.count(".") >= _MAX_ATTR_CHAIN:  # each read would copy the whole name
+            raise UnsafeGlobalError(
+                f"refused global builtins.getattr: a chain of more than {_MAX_ATTR_CHAIN} "
+                f"attribute reads from {target.module}", names=("builtins.getattr",),
+                hint=METHOD_CALL_HINT)
         if attr == "__new__":
             return Known(target.module, f"{target.name}.__new__", rule="class_new")
         try:

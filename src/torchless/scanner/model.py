@@ -51,6 +51,18 @@ _ARGS_MAX = 160
 _MAX_LISTED = 1000
 
 
+#: Characters of a maker's name: ``f()()()…`` past this is cut to one name.
+_MAKER_MAX = 120
+
+
+def _called(maker: str) -> str:
+    """The maker's name of what calling an object made by ``maker`` returns, bounded: a file
+    can call each result again (``f()()()…``, two bytes a call), and names growing with the
+    chain would make the report quadratic in it; cut, the names repeat and are counted."""
+    name = f"{maker}()"
+    return name if len(name) <= _MAKER_MAX else f"{name[:_MAKER_MAX - 4]}…()"
+
+
 class Made:
     """What a call or ``__new__`` returned: judged by what made it."""
 
@@ -273,7 +285,7 @@ class Model:
             log.add("call", f"{func.maker}.{func.attr or '__call__'}", "dangerous",
                     f"calls {what}: torch.load would run that code (how gadget chains "
                     "run code)", offset, origin, args)
-            return Made(f"{func.maker}()", "dangerous", origin)
+            return Made(_called(func.maker), "dangerous", origin)
         if func is None or isinstance(func, (str, bytes, int, float, tuple, list, dict)):
             return Made("?", "vetted", None)  # the unpickler fails here: nothing runs
         log.add("call", f"<{type(func).__name__}>", "dangerous",

@@ -61,7 +61,7 @@ from typing import Any
 
 from torchless.core import jsondepth as _json
 from torchless.core.limits import Limits
-from torchless.errors import ConversionError, FormatError, InvalidKeyError
+from torchless.errors import ConversionError, FormatError, InvalidKeyError, UnsupportedError
 from torchless.model.chunks import chunks, is_plain
 from torchless.model.tensor import Tensor
 from torchless.write import atomic as _atomic
@@ -73,6 +73,9 @@ __all__ = ["MAX_HEADER_BYTES", "Planned", "Progress", "SafetensorsHeader", "chec
 
 #: The safetensors package refuses headers larger than this (``MAX_HEADER_SIZE``).
 MAX_HEADER_BYTES = 100_000_000
+#: torch's sizes are int64; NumPy's arrays have at most 64 dimensions (``Limits.max_ndim``).
+_INT64_MAX = (1 << 63) - 1
+_MAX_NDIM = 64
 #: The safetensors ``Dtype`` enum order; data is laid out highest rank first.
 _DTYPE_RANK = {name: i for i, name in enumerate((
     "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
@@ -309,6 +312,12 @@ def _read_header(buf: memoryview | bytes, max_depth: int) -> SafetensorsHeader:
                 type(s) is int and s >= 0 for s in shape) or not isinstance(offs, list) or len(
                 offs) != 2 or not all(type(o) is int for o in offs):
             raise FormatError(f"safetensors entry {name!r} is malformed")
+        if any(x > _INT64_MAX for x in (*shape, *offs)):
+            raise FormatError(f"safetensors entry {name!r}: a size or offset overflows 64 bits")
+        if len(shape) > _MAX_NDIM:
+            raise UnsupportedError(
+                f"safetensors entry {name!r} has {len(shape)} dimensions; NumPy holds at most "
+                f"{_MAX_NDIM}", hint="read this file with the safetensors package and torch")
         begin, end = offs
         if not 0 <= begin <= end or end - begin != math.prod(shape) * _ITEMSIZE[dtype]:
             raise FormatError(f"safetensors entry {name!r}: offsets {offs} do not match "
