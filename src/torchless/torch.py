@@ -134,6 +134,7 @@ class _Loader:
         self.limits = limits
         self.dtypes = torch_dtypes(torch)
         self.storages: dict[int, Any] = {}
+        self.leaves: dict[int, tuple[Any, Any]] = {}  # id -> (tensor, torch value), made once
 
     def load(self, f: Any, strict: bool, allow: tuple[str, ...], verify_crc: bool) -> Any:
         from torchless.errors import CheckpointError
@@ -175,6 +176,16 @@ class _Loader:
         return ust
 
     def leaf(self, t: Any) -> Any:
+        """The torch value of ``t``, one per tensor: a tensor the file holds twice (the
+        pickle's memo) is one object, as ``torch.load`` gives it."""
+        known = self.leaves.get(id(t))
+        if known is not None:
+            return known[1]
+        out = self._leaf(t)
+        self.leaves[id(t)] = (t, out)  # the tensor kept alive: ids stay unique
+        return out
+
+    def _leaf(self, t: Any) -> Any:
         from torchless.model.tensor import Tensor
 
         if not isinstance(t, Tensor):
