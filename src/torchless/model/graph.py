@@ -20,8 +20,8 @@ from torchless.errors import LimitError
 from torchless.model.chunks import detached
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import LEAVES, children, depth_first, is_node
-from torchless.pickle.known import Pending
-from torchless.pickle.values import NOTSET, Opaque
+from torchless.pickle.known import Known, Pending
+from torchless.pickle.values import NOTSET, Global, Opaque
 
 __all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
 
@@ -70,7 +70,9 @@ def finish(
     leaf: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Resolve pending NumPy values, replace saved modules by their state dicts, turn storages
-    held as values into 1-D tensors, and check depth. Mutable containers are updated in place;
+    held as values into 1-D tensors, make the rules' names left as values (``dict``,
+    ``numpy.ndarray`` kept by reference, the callable of a record) plain :class:`Global`
+    values, and check depth. Mutable containers are updated in place;
     cycles are kept (a reference back into a cycle is patched once its target is finished).
 
     With ``leaf``, every tensor leaf is replaced by ``leaf(tensor)``."""
@@ -81,6 +83,8 @@ def finish(
     def new(v: Any) -> Any:
         if is_node(v):
             v = done.get(id(v), v)
+        elif type(v) is Known:  # a rule's name kept as a value (a class by reference)
+            return _plain(v)
         if isinstance(v, (Storage, MissingStorage)):
             known = as_leaf.get(id(v))
             if known is None:
@@ -103,6 +107,12 @@ def finish(
         if target is not child:
             _rebuild(done.get(id(parent), parent), new, None)
     return new(root)
+
+
+def _plain(g: Known) -> Global:
+    """The :class:`Global` a rule's name stands for once the pickle has run: a ``Known``
+    compares unequal to the ``Global`` of the same name, and an inert file stores it as one."""
+    return Global(g.module, g.name, g.offset)
 
 
 def _hashable(new: Callable[[Any], Any], v: Any) -> Any:
@@ -183,7 +193,7 @@ def _rebuild_attrs(attrs: dict[str, Any], new: Callable[[Any], Any]) -> None:
 def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any]) -> None:
     keys_change = False
     for k, v in obj.items():
-        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage))) \
+        if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage, Known))) \
                 and _hashable(new, k) is not k:
             keys_change = True
             break

@@ -1,0 +1,59 @@
+"""Converting a checkpoint torch saved keeps the values ``torchless.load`` reads from it:
+``load(convert(src))`` equals ``load(src)``, type for type; torch.load is the oracle for
+what the source holds."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import torchless
+from torchless import Global
+
+pytestmark = pytest.mark.torch
+
+
+def _convert(src: Path, tmp_path: Path) -> Any:
+    out = tmp_path / "out.safetensors"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torchless.OpaqueObjectWarning)
+        report = torchless.convert(src, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    return torchless.load(out)
+
+
+class Holder:
+    """An object torchless keeps as a record, holding a class in its state."""
+
+    def __init__(self) -> None:
+        self.kind = dict
+
+
+def test_classes_kept_by_reference_are_plain_globals(torch: ModuleType,
+                                                     tmp_path: Path) -> None:
+    obj = {"cls": dict, "od": collections.OrderedDict, "nd": np.ndarray, "list": [int, set],
+           "keyed": {dict: 1}, "holder": Holder()}
+    torch.save(obj, tmp_path / "c.pt")
+    want = torch.load(tmp_path / "c.pt", weights_only=False)
+    got = torchless.load(tmp_path / "c.pt")
+
+    def expected(cls: type) -> Global:
+        return Global(cls.__module__, cls.__qualname__)
+
+    for key in ("cls", "od", "nd"):
+        assert type(got[key]) is Global and got[key] == expected(want[key]), key
+    assert [type(g) for g in got["list"]] == [Global, Global]
+    assert got["list"] == [expected(c) for c in want["list"]]
+    assert list(got["keyed"]) == [expected(dict)] and type(next(iter(got["keyed"]))) is Global
+    assert type(got["holder"].state["kind"]) is Global
+    assert got["holder"].state["kind"] == expected(want["holder"].kind)
+    back = _convert(tmp_path / "c.pt", tmp_path)
+    for key in ("cls", "od", "nd", "list", "keyed"):
+        assert back[key] == got[key], key
+    assert back["holder"].state == got["holder"].state
