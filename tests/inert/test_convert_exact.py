@@ -5,7 +5,9 @@ what the source holds."""
 from __future__ import annotations
 
 import collections
+import datetime
 import warnings
+import zoneinfo
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 import torchless
-from torchless import Global
+from torchless import Global, Opaque
 
 pytestmark = pytest.mark.torch
 
@@ -57,3 +59,29 @@ def test_classes_kept_by_reference_are_plain_globals(torch: ModuleType,
     for key in ("cls", "od", "nd", "list", "keyed"):
         assert back[key] == got[key], key
     assert back["holder"].state == got["holder"].state
+
+
+def _utc() -> zoneinfo.ZoneInfo:
+    try:
+        return zoneinfo.ZoneInfo("UTC")
+    except zoneinfo.ZoneInfoNotFoundError:  # pragma: no cover - a machine without tzdata
+        pytest.skip("no time zone database")
+
+
+def test_a_zone_held_alone_converts_as_a_record(torch: ModuleType, tmp_path: Path) -> None:
+    zone = _utc()
+    when = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=zone)
+    torch.save({"zone": zone, "when": when}, tmp_path / "z.pt")
+    assert torch.load(tmp_path / "z.pt", weights_only=False)["zone"] is zone
+    src = torchless.load(tmp_path / "z.pt")
+    assert src["zone"] is zone and src["when"] == when
+    out = tmp_path / "z.safetensors"
+    with pytest.warns(torchless.OpaqueObjectWarning, match="ZoneInfo"):
+        torchless.convert(tmp_path / "z.pt", out)
+    back = torchless.load(out)
+    assert back["when"] == when and back["when"].tzinfo is zone
+    record = back["zone"]  # the format has no tag for a zone alone: what pickle would call
+    assert isinstance(record, Opaque)
+    func, args = zone.__reduce__()  # the oracle: how the zone pickles itself
+    assert record.callable == Global(func.__self__.__module__, func.__qualname__)
+    assert record.args == args

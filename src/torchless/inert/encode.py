@@ -552,6 +552,9 @@ def _attr(obj: Any, which: str) -> Any:
 
 def _global_name(obj: Any, where: str) -> tuple[str, str]:
     module = _attr(obj, "module")
+    owner = getattr(obj, "__self__", None)
+    if module is None and isinstance(owner, type):  # a C class's method: ZoneInfo._unpickle
+        module = owner.__module__
     qual = _attr(obj, "qualname") or _attr(obj, "name")
     if not isinstance(module, str) or not isinstance(qual, str) or "<" in qual:
         raise ConversionError(f"{where}: cannot store {obj!r}: it has no importable name "
