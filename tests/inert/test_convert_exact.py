@@ -85,3 +85,27 @@ def test_a_zone_held_alone_converts_as_a_record(torch: ModuleType, tmp_path: Pat
     func, args = zone.__reduce__()  # the oracle: how the zone pickles itself
     assert record.callable == Global(func.__self__.__module__, func.__qualname__)
     assert record.args == args
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: {"k": {t: "v"}},
+    lambda t: {"s": {(1, (t,))}},
+    lambda t: [collections.OrderedDict([(t, 1)])],
+], ids=["dict key", "set member in a tuple", "ordered dict key"])
+def test_a_tensor_key_is_refused_not_written_unloadable(torch: ModuleType, tmp_path: Path,
+                                                        make: Any) -> None:
+    """A tensor key loads as a NumPy array, which cannot be a key (section 2.2: readers
+    refuse it), so the writer refuses it instead of writing a file no one can load."""
+    t = torch.ones(2)
+    obj = make(t)
+    torch.save(obj, tmp_path / "k.pt")
+    assert torch.load(tmp_path / "k.pt", weights_only=False) is not None  # torch reads it
+    out = tmp_path / "k.safetensors"
+    with pytest.raises(torchless.ConversionError, match="dict key or set member"):
+        torchless.convert(tmp_path / "k.pt", out, verify=True)
+    assert not out.exists()
+    with pytest.raises(torchless.ConversionError, match="dict key or set member"):
+        torchless.save(obj, out)
+    assert not out.exists()
+    torchless.convert(tmp_path / "k.pt", out, tree=False)  # the tensors alone still convert
+    assert [v.tolist() for v in torchless.load(out).values()] == [[1.0, 1.0]]

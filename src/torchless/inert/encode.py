@@ -286,8 +286,26 @@ class Encoder:
         return node
 
     def _pairs(self, items: Any, path: str, d: int) -> list[list[Any]]:
-        return [[self._value(k, path, d), self._value(v, _join(path, k), d)]
+        return [[self._key(k, path, d), self._value(v, _join(path, k), d)]
                 for k, v in items]
+
+    def _key(self, k: Any, path: str, d: int) -> Any:
+        """A dict key or set member, which must load hashable (section 2.2): a tensor, a
+        NumPy array as it loads, is refused here rather than written into a file that
+        readers must refuse."""
+        if type(k) is not str:
+            stack = [k]
+            while stack:
+                x = stack.pop()
+                if self._is_tensor(x) or is_ndarray(x):
+                    raise ConversionError(
+                        f"{path or 'the object'}: cannot store a tensor or array used as a dict "
+                        "key or set member (it loads as a NumPy array, which is unhashable)",
+                        hint="key the dict by names or indices instead; `convert "
+                             "--weights-only` (tree=False) writes the tensors alone")
+                if type(x) in (tuple, frozenset):
+                    stack.extend(x)
+        return self._value(k, path, d)
 
     def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
         record = self._record(obj)
@@ -339,7 +357,7 @@ class Encoder:
             return {"$deque": {"items": [self._value(v, _join(path, i), d)
                                          for i, v in enumerate(obj)], "maxlen": obj.maxlen}}
         if kind is set or kind is frozenset:
-            return {"$set" if kind is set else "$frozenset": [self._value(v, path, d)
+            return {"$set" if kind is set else "$frozenset": [self._key(v, path, d)
                                                               for v in obj]}
         if kind is bytearray:
             return {"$bytearray": _b64(obj)}
