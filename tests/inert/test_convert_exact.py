@@ -4,6 +4,7 @@ what the source holds."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import datetime
 import warnings
@@ -109,3 +110,17 @@ def test_a_tensor_key_is_refused_not_written_unloadable(torch: ModuleType, tmp_p
     assert not out.exists()
     torchless.convert(tmp_path / "k.pt", out, tree=False)  # the tensors alone still convert
     assert [v.tolist() for v in torchless.load(out).values()] == [[1.0, 1.0]]
+
+
+def test_a_lone_surrogate_in_a_string_converts(torch: ModuleType, tmp_path: Path) -> None:
+    """A path a program decoded with surrogateescape (a non-UTF-8 byte in ``sys.argv``) is
+    a ``str`` no UTF-8 text holds; JSON's escapes do."""
+    arg = b"/data/caf\xe9".decode("utf-8", "surrogateescape")
+    obj = {"args": argparse.Namespace(data=arg), "names": {arg: 1}, "w": torch.ones(2)}
+    torch.save(obj, tmp_path / "s.pt")
+    want = torch.load(tmp_path / "s.pt", weights_only=False)
+    assert want["args"].data == arg  # the oracle: pickle keeps the surrogate
+    back = _convert(tmp_path / "s.pt", tmp_path)
+    assert back["args"] == want["args"] and back["names"] == want["names"]
+    assert back["w"].tolist() == [1.0, 1.0]
+    assert torchless.load(tmp_path / "s.pt")["names"] == back["names"]

@@ -104,10 +104,18 @@ class Encoder:
         self._torch = _torch()
 
     def encode(self, root: Any) -> str:
-        """The tree as JSON text."""
+        """The tree as JSON text. A ``str`` holding a lone surrogate (bytes a program decoded
+        with ``surrogateescape``, a path from ``sys.argv``) cannot be UTF-8: the text then
+        escapes every non-ASCII character, which JSON reads back as the same ``str``."""
         self._count(root)
         tree = self._value(root, "", 0)
-        return json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                text = json.dumps(tree, separators=(",", ":"), allow_nan=False)
+        return text
 
     # -- what a value is ------------------------------------------------------------------
 
