@@ -7,6 +7,10 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import enum
+import os
+import subprocess
+import sys
 import warnings
 import zoneinfo
 from pathlib import Path
@@ -124,3 +128,45 @@ def test_a_lone_surrogate_in_a_string_converts(torch: ModuleType, tmp_path: Path
     assert back["args"] == want["args"] and back["names"] == want["names"]
     assert back["w"].tolist() == [1.0, 1.0]
     assert torchless.load(tmp_path / "s.pt")["names"] == back["names"]
+
+
+def _inserted(order: tuple[Any, ...]) -> set[Any]:
+    out: set[Any] = set()
+    for v in order:  # members whose hashes collide iterate in the order they came
+        out.add(v)
+    return out
+
+
+def test_a_set_is_written_the_same_whatever_its_iteration_order(tmp_path: Path) -> None:
+    a, b = _inserted((1, 9, 17, "x")), _inserted(("x", 17, 9, 1))
+    assert a == b and list(a) != list(b)  # one set, two iteration orders
+    torchless.save({"s": a, "f": frozenset(a)}, tmp_path / "a.safetensors")
+    torchless.save({"s": b, "f": frozenset(b)}, tmp_path / "b.safetensors")
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    assert torchless.load(tmp_path / "a.safetensors") == {"s": a, "f": frozenset(a)}
+
+
+class Stage(enum.Enum):
+    TRAIN = 1
+    VAL = 2
+    TEST = 3
+
+
+def test_sets_verify_in_every_process(torch: ModuleType, tmp_path: Path) -> None:
+    """Records (an Enum member torchless does not rebuild) hash by identity and ``str`` by a
+    per-process salt: read again, a set iterates in another order. verify, which encodes the
+    source again, must still find the converted tree identical."""
+    obj = {"w": torch.ones(2), "stages": {Stage.TRAIN, Stage.VAL, Stage.TEST},
+           "nans": {float("nan"), float("nan"), 1.0},
+           "tags": frozenset({"alpha", "beta", "gamma", "delta", "epsilon", "zeta"})}
+    torch.save(obj, tmp_path / "s.pt")
+    back = _convert(tmp_path / "s.pt", tmp_path)  # converts, then verifies in this process
+    assert {o.args for o in back["stages"]} == {(s.value,) for s in Stage}
+    assert back["tags"] == obj["tags"]
+    out = tmp_path / "out.safetensors"
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-m", "torchless", "verify", "-q",
+                               str(tmp_path / "s.pt"), str(out)], capture_output=True,
+                              text=True, timeout=120,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stdout + done.stderr

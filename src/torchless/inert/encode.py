@@ -35,6 +35,7 @@ from torchless.inert.schema import (
     _torch,
     default_types,
 )
+from torchless.inert.setorder import member_key
 from torchless.model.graph import ModuleDict
 from torchless.model.interop import torch_to_record
 from torchless.model.kinds import TensorRecord
@@ -365,8 +366,8 @@ class Encoder:
             return {"$deque": {"items": [self._value(v, _join(path, i), d)
                                          for i, v in enumerate(obj)], "maxlen": obj.maxlen}}
         if kind is set or kind is frozenset:
-            return {"$set" if kind is set else "$frozenset": [self._key(v, path, d)
-                                                              for v in obj]}
+            return {"$set" if kind is set else "$frozenset": [
+                self._key(v, path, d) for v in sorted(obj, key=member_key)]}
         if kind is bytearray:
             return {"$bytearray": _b64(obj)}
         tag = "$namespace" if kind is argparse.Namespace else "$simplenamespace"
