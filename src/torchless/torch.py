@@ -134,7 +134,7 @@ class _Loader:
         self.limits = limits
         self.dtypes = torch_dtypes(torch)
         self.storages: dict[int, Any] = {}
-        self.records: dict[int, tuple[Any, Any]] = {}
+        self.leaves: dict[int, tuple[Any, Any]] = {}  # id -> (tensor, torch value), made once
 
     def load(self, f: Any, strict: bool, allow: tuple[str, ...], verify_crc: bool) -> Any:
         from torchless.errors import CheckpointError
@@ -180,6 +180,16 @@ class _Loader:
         return ust
 
     def leaf(self, t: Any) -> Any:
+        """The torch value of ``t``, one per tensor: a tensor the file holds twice (the
+        pickle's memo) is one object, as ``torch.load`` gives it."""
+        known = self.leaves.get(id(t))
+        if known is not None:
+            return known[1]
+        out = self._leaf(t)
+        self.leaves[id(t)] = (t, out)  # the tensor kept alive: ids stay unique
+        return out
+
+    def _leaf(self, t: Any) -> Any:
         from torchless.model.kinds import TensorRecord
         from torchless.model.tensor import Tensor
         from torchless.pickle.values import Global
@@ -191,10 +201,7 @@ class _Loader:
             return vars(self.torch).get(t.name, t) if t.module == "torch" and \
                 t.name in TORCH_CONSTANTS else t
         if isinstance(t, TensorRecord):  # sparse, quantized, nested, meta: as torch.load
-            known = self.records.get(id(t))
-            if known is None:
-                known = self.records[id(t)] = (t, record_to_torch(t, self.torch))
-            return known[1]
+            return record_to_torch(t, self.torch)
         if not isinstance(t, Tensor):
             return t
         torch = self.torch

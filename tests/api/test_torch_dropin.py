@@ -5,6 +5,7 @@ map_location forms; and the patched() block."""
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import io
 import json
@@ -200,3 +201,40 @@ def test_inert_files(torch: ModuleType, tmp_path: Path) -> None:
     assert got["epoch"] == 4 and got["dtype"] is torch.bfloat16
     with pytest.raises(torchless.UnsupportedError, match="map_location"):
         tt.load(tmp_path / "c.safetensors", map_location="meta")
+
+
+def _identities(obj: Any, torch: ModuleType) -> list[int]:
+    """For each tensor (by walk position), the position of the first tensor that is the same
+    Python object: the memo's identity structure, which torch.load keeps."""
+    seen: dict[int, int] = {}
+    out: list[int] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            out.append(seen.setdefault(id(v), len(out)))
+        elif isinstance(v, dict):
+            for c in v.values():
+                walk(c)
+        elif isinstance(v, (list, tuple)):
+            for c in v:
+                walk(c)
+
+    walk(obj)
+    return out
+
+
+def test_a_tensor_saved_twice_is_one_object(torch: ModuleType, tmp_path: Path) -> None:
+    t = torch.arange(6.0)
+    lin = torch.nn.Linear(2, 2)
+    sd = lin.state_dict()
+    storage = torch.arange(3, dtype=torch.uint8).untyped_storage()
+    obj = {"a": t, "b": t, "view": t[1:3], "pair": (t, [t]), "sd": sd,
+           "again": collections.OrderedDict(sd), "p": [lin.weight, lin.weight],
+           "s": [storage, storage]}
+    torch.save(obj, tmp_path / "m.pt")
+    want = torch.load(tmp_path / "m.pt")
+    assert want["a"] is want["b"] and want["s"][0] is want["s"][1]  # the oracle's identities
+    got = tt.load(tmp_path / "m.pt")
+    _same(got, want, torch)
+    assert _identities(got, torch) == _identities(want, torch)
+    assert got["s"][0] is got["s"][1]

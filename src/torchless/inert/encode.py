@@ -35,6 +35,7 @@ from torchless.inert.schema import (
     _torch,
     default_types,
 )
+from torchless.inert.setorder import member_key
 from torchless.model.graph import ModuleDict
 from torchless.model.interop import torch_to_record
 from torchless.model.kinds import TensorRecord
@@ -104,10 +105,18 @@ class Encoder:
         self._torch = _torch()
 
     def encode(self, root: Any) -> str:
-        """The tree as JSON text."""
+        """The tree as JSON text. A ``str`` holding a lone surrogate (bytes a program decoded
+        with ``surrogateescape``, a path from ``sys.argv``) cannot be UTF-8: the text then
+        escapes every non-ASCII character, which JSON reads back as the same ``str``."""
         self._count(root)
         tree = self._value(root, "", 0)
-        return json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                text = json.dumps(tree, separators=(",", ":"), allow_nan=False)
+        return text
 
     # -- what a value is ------------------------------------------------------------------
 
@@ -315,6 +324,7 @@ class Encoder:
                 stack.extend(k)
         return key
 
+
     def _node(self, obj: Any, path: str, d: int, shared: bool) -> Any:
         record = self._record(obj)
         if record is not None:
@@ -366,7 +376,8 @@ class Encoder:
                                          for i, v in enumerate(obj)], "maxlen": obj.maxlen}}
         if kind is set or kind is frozenset:
             return {"$set" if kind is set else "$frozenset": [
-                self._value(self._hashable(v, path), path, d) for v in obj]}
+                self._value(self._hashable(v, path), path, d)
+                for v in sorted(obj, key=member_key)]}
         if kind is bytearray:
             return {"$bytearray": _b64(obj)}
         tag = "$namespace" if kind is argparse.Namespace else "$simplenamespace"

@@ -22,7 +22,7 @@ from torchless.model.chunks import detached
 from torchless.model.qmodules import quantized_conv, quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import LEAVES, children, depth_first, is_node
-from torchless.pickle.known import Pending
+from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import NOTSET, Global, Opaque
 
 __all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
@@ -80,7 +80,9 @@ def finish(
     leaf_types: tuple[type, ...] = LEAVES,
 ) -> Any:
     """Resolve pending NumPy values, replace saved modules by their state dicts, turn storages
-    held as values into 1-D tensors, and check depth. Mutable containers are updated in place;
+    held as values into 1-D tensors, make the rules' names left as values (``dict``,
+    ``numpy.ndarray`` kept by reference, the callable of a record) plain :class:`Global`
+    values, and check depth. Mutable containers are updated in place;
     cycles are kept (a reference back into a cycle is patched once its target is finished).
 
     With ``leaf``, every tensor leaf (every value of ``leaf_types``) is replaced by
@@ -92,6 +94,8 @@ def finish(
     def new(v: Any) -> Any:
         if is_node(v):
             v = done.get(id(v), v)
+        elif type(v) is Known:  # a rule's name kept as a value (a class by reference)
+            return _plain(v)
         if isinstance(v, (Storage, MissingStorage)):
             known = as_leaf.get(id(v))
             if known is None:
@@ -114,6 +118,12 @@ def finish(
         if target is not child:
             _rebuild(done.get(id(parent), parent), new, None)
     return new(root)
+
+
+def _plain(g: Known) -> Global:
+    """The :class:`Global` a rule's name stands for once the pickle has run: a ``Known``
+    compares unequal to the ``Global`` of the same name, and an inert file stores it as one."""
+    return Global(g.module, g.name, g.offset)
 
 
 def _hashable(new: Callable[[Any], Any], v: Any) -> Any:

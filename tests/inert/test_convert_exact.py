@@ -1,0 +1,172 @@
+"""Converting a checkpoint torch saved keeps the values ``torchless.load`` reads from it:
+``load(convert(src))`` equals ``load(src)``, type for type; torch.load is the oracle for
+what the source holds."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import enum
+import os
+import subprocess
+import sys
+import warnings
+import zoneinfo
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import torchless
+from torchless import Global, Opaque
+
+pytestmark = pytest.mark.torch
+
+
+def _convert(src: Path, tmp_path: Path) -> Any:
+    out = tmp_path / "out.safetensors"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torchless.OpaqueObjectWarning)
+        report = torchless.convert(src, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    return torchless.load(out)
+
+
+class Holder:
+    """An object torchless keeps as a record, holding a class in its state."""
+
+    def __init__(self) -> None:
+        self.kind = dict
+
+
+def test_classes_kept_by_reference_are_plain_globals(torch: ModuleType,
+                                                     tmp_path: Path) -> None:
+    obj = {"cls": dict, "od": collections.OrderedDict, "nd": np.ndarray, "list": [int, set],
+           "keyed": {dict: 1}, "holder": Holder()}
+    torch.save(obj, tmp_path / "c.pt")
+    want = torch.load(tmp_path / "c.pt", weights_only=False)
+    got = torchless.load(tmp_path / "c.pt")
+
+    def expected(cls: type) -> Global:
+        return Global(cls.__module__, cls.__qualname__)
+
+    for key in ("cls", "od", "nd"):
+        assert type(got[key]) is Global and got[key] == expected(want[key]), key
+    assert [type(g) for g in got["list"]] == [Global, Global]
+    assert got["list"] == [expected(c) for c in want["list"]]
+    assert list(got["keyed"]) == [expected(dict)] and type(next(iter(got["keyed"]))) is Global
+    assert type(got["holder"].state["kind"]) is Global
+    assert got["holder"].state["kind"] == expected(want["holder"].kind)
+    back = _convert(tmp_path / "c.pt", tmp_path)
+    for key in ("cls", "od", "nd", "list", "keyed"):
+        assert back[key] == got[key], key
+    assert back["holder"].state == got["holder"].state
+
+
+def _utc() -> zoneinfo.ZoneInfo:
+    try:
+        return zoneinfo.ZoneInfo("UTC")
+    except zoneinfo.ZoneInfoNotFoundError:  # pragma: no cover - a machine without tzdata
+        pytest.skip("no time zone database")
+
+
+def test_a_zone_held_alone_converts_as_a_record(torch: ModuleType, tmp_path: Path) -> None:
+    zone = _utc()
+    when = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=zone)
+    torch.save({"zone": zone, "when": when}, tmp_path / "z.pt")
+    assert torch.load(tmp_path / "z.pt", weights_only=False)["zone"] is zone
+    src = torchless.load(tmp_path / "z.pt")
+    assert src["zone"] is zone and src["when"] == when
+    out = tmp_path / "z.safetensors"
+    with pytest.warns(torchless.OpaqueObjectWarning, match="ZoneInfo"):
+        torchless.convert(tmp_path / "z.pt", out)
+    back = torchless.load(out)
+    assert back["when"] == when and back["when"].tzinfo is zone
+    record = back["zone"]  # the format has no tag for a zone alone: what pickle would call
+    assert isinstance(record, Opaque)
+    func, args = zone.__reduce__()  # the oracle: how the zone pickles itself
+    assert record.callable == Global(func.__self__.__module__, func.__qualname__)
+    assert record.args == args
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: {"k": {t: "v"}},
+    lambda t: {"s": {(1, (t,))}},
+    lambda t: [collections.OrderedDict([(t, 1)])],
+], ids=["dict key", "set member in a tuple", "ordered dict key"])
+def test_a_tensor_key_is_refused_not_written_unloadable(torch: ModuleType, tmp_path: Path,
+                                                        make: Any) -> None:
+    """A tensor key loads as a NumPy array, which cannot be a key (section 2.2: readers
+    refuse it), so the writer refuses it instead of writing a file no one can load."""
+    t = torch.ones(2)
+    obj = make(t)
+    torch.save(obj, tmp_path / "k.pt")
+    assert torch.load(tmp_path / "k.pt", weights_only=False) is not None  # torch reads it
+    out = tmp_path / "k.safetensors"
+    with pytest.raises(torchless.ConversionError, match="dict key or set member"):
+        torchless.convert(tmp_path / "k.pt", out, verify=True)
+    assert not out.exists()
+    with pytest.raises(torchless.ConversionError, match="dict key or set member"):
+        torchless.save(obj, out)
+    assert not out.exists()
+    torchless.convert(tmp_path / "k.pt", out, tree=False)  # the tensors alone still convert
+    assert [v.tolist() for v in torchless.load(out).values()] == [[1.0, 1.0]]
+
+
+def test_a_lone_surrogate_in_a_string_converts(torch: ModuleType, tmp_path: Path) -> None:
+    """A path a program decoded with surrogateescape (a non-UTF-8 byte in ``sys.argv``) is
+    a ``str`` no UTF-8 text holds; JSON's escapes do."""
+    arg = b"/data/caf\xe9".decode("utf-8", "surrogateescape")
+    obj = {"args": argparse.Namespace(data=arg), "names": {arg: 1}, "w": torch.ones(2)}
+    torch.save(obj, tmp_path / "s.pt")
+    want = torch.load(tmp_path / "s.pt", weights_only=False)
+    assert want["args"].data == arg  # the oracle: pickle keeps the surrogate
+    back = _convert(tmp_path / "s.pt", tmp_path)
+    assert back["args"] == want["args"] and back["names"] == want["names"]
+    assert back["w"].tolist() == [1.0, 1.0]
+    assert torchless.load(tmp_path / "s.pt")["names"] == back["names"]
+
+
+def _inserted(order: tuple[Any, ...]) -> set[Any]:
+    out: set[Any] = set()
+    for v in order:  # members whose hashes collide iterate in the order they came
+        out.add(v)
+    return out
+
+
+def test_a_set_is_written_the_same_whatever_its_iteration_order(tmp_path: Path) -> None:
+    a, b = _inserted((1, 9, 17, "x")), _inserted(("x", 17, 9, 1))
+    assert a == b and list(a) != list(b)  # one set, two iteration orders
+    torchless.save({"s": a, "f": frozenset(a)}, tmp_path / "a.safetensors")
+    torchless.save({"s": b, "f": frozenset(b)}, tmp_path / "b.safetensors")
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    assert torchless.load(tmp_path / "a.safetensors") == {"s": a, "f": frozenset(a)}
+
+
+class Stage(enum.Enum):
+    TRAIN = 1
+    VAL = 2
+    TEST = 3
+
+
+def test_sets_verify_in_every_process(torch: ModuleType, tmp_path: Path) -> None:
+    """Records (an Enum member torchless does not rebuild) hash by identity and ``str`` by a
+    per-process salt: read again, a set iterates in another order. verify, which encodes the
+    source again, must still find the converted tree identical."""
+    obj = {"w": torch.ones(2), "stages": {Stage.TRAIN, Stage.VAL, Stage.TEST},
+           "nans": {float("nan"), float("nan"), 1.0},
+           "tags": frozenset({"alpha", "beta", "gamma", "delta", "epsilon", "zeta"})}
+    torch.save(obj, tmp_path / "s.pt")
+    back = _convert(tmp_path / "s.pt", tmp_path)  # converts, then verifies in this process
+    assert {o.args for o in back["stages"]} == {(s.value,) for s in Stage}
+    assert back["tags"] == obj["tags"]
+    out = tmp_path / "out.safetensors"
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-m", "torchless", "verify", "-q",
+                               str(tmp_path / "s.pt"), str(out)], capture_output=True,
+                              text=True, timeout=120,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stdout + done.stderr
