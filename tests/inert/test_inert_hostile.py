@@ -100,6 +100,7 @@ VALID: dict[str, tuple[str, Any]] = {
     "nan": ('{"$float": "nan:7ff0000000000001"}', None),
     "bytes": (json.dumps({"$bytes": B64}), b"abc"),
     "global": ('{"$global": ["os", "system"]}', Global("os", "system")),
+    "const": ('[{"$const": "Ellipsis"}, {"$const": "NotImplemented"}]', [..., NotImplemented]),
     "dict": ('{"$dict": [[1, "a"], [{"$tuple": [1, 2]}, "b"]]}', {1: "a", (1, 2): "b"}),
 }
 
@@ -290,6 +291,10 @@ MALFORMED: dict[str, str] = {
     "$device number": '{"$device": 5}',
     "$size text": '{"$size": [1, "a"]}',
     "$size object": '{"$size": {"a": 1}}',
+    "$const other name": '{"$const": "True"}',
+    "$const module name": '{"$const": "builtins.Ellipsis"}',
+    "$const list": '{"$const": ["builtins", "Ellipsis"]}',
+    "$const null": '{"$const": null}',
     "$global one": '{"$global": ["os"]}',
     "$global three": '{"$global": ["os", "system", "x"]}',
     "$global number": '{"$global": ["os", 1]}',

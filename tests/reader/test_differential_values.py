@@ -255,3 +255,33 @@ def test_a_bare_time_zone_converts_as_an_inert_record(torch: ModuleType,
     assert (stored.callable.module, stored.callable.name) == (func.__self__.__module__,
                                                               func.__qualname__)
     assert stored.args == args
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [1, 2, 5])
+def test_ellipsis_and_not_implemented(torch: ModuleType, tmp_path: Path, fmt: str,
+                                      protocol: int) -> None:
+    """``...`` and ``NotImplemented`` have no opcode: pickle writes them as globals of
+    ``builtins`` (``__builtin__`` at protocols below 3), a module whose other names are
+    refused. They are constants, not code: torchless reads them as torch.load does, the scan
+    calls the file clean, and ``convert`` keeps them (``$const``)."""
+    obj = {"index": (slice(None), ...), "rest": ..., "missing": NotImplemented,
+           "nested": [1, {"k": ...}], "w": torch.arange(3.0)}
+    path = tmp_path / "consts.pt"
+    torch.save(obj, path, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=fmt == "zip")
+    expected = _torch_load(torch, path)
+    loaded = torchless.load(path)
+    assert loaded["index"] == expected["index"] and loaded["index"][1] is Ellipsis
+    assert loaded["rest"] is Ellipsis and loaded["missing"] is NotImplemented
+    assert loaded["nested"] == [1, {"k": ...}] == expected["nested"]
+    assert torchless.scan(path).exit_code == 0
+
+    out = tmp_path / "consts.safetensors"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no inert record: the constants themselves
+        report = torchless.convert(path, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    again = torchless.load(out)
+    assert again["index"] == (slice(None), ...) and again["rest"] is Ellipsis
+    assert again["missing"] is NotImplemented and again["nested"] == [1, {"k": ...}]

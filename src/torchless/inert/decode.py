@@ -45,6 +45,7 @@ from torchless.model.interop import record_to_torch, to_torch, torch_dtypes
 from torchless.model.kinds import KINDS, TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor, with_attrs
 from torchless.pickle.values import Global, Opaque
+from torchless.rules.policy import PYTHON_CONSTANTS
 from torchless.rules.stdlib import system_zone
 
 __all__ = ["decode", "parse_tree", "plain"]
@@ -664,6 +665,12 @@ def _h_size(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     return dec.torch.Size(p) if dec.torch is not None else tuple(p)
 
 
+def _h_const(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
+    if type(p) is not str or p not in PYTHON_CONSTANTS:
+        raise FormatError(f"$const takes one of {', '.join(map(repr, PYTHON_CONSTANTS))}")
+    return PYTHON_CONSTANTS[p]
+
+
 def _h_global(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Global:
     if not isinstance(p, list) or len(p) != 2 or not all(type(x) is str for x in p):
         raise FormatError("$global takes [module, name]")
@@ -739,7 +746,7 @@ _HANDLERS: dict[str, Callable[[_Decoder, Any, int, int | None], Any]] = {
     "$simplenamespace": _h_simplenamespace, "$path": _h_path, "$tensor": _h_tensor,
     "$ndarray": _h_ndarray, "$objarray": _h_objarray, "$npscalar": _h_npscalar,
     "$npdtype": _h_npdtype, "$dtype": _h_dtype, "$device": _h_device, "$size": _h_size,
-    "$global": _h_global, "$opaque": _h_opaque, "$obj": _h_obj,
+    "$const": _h_const, "$global": _h_global, "$opaque": _h_opaque, "$obj": _h_obj,
     "$unsupported": _h_unsupported, "$record": _h_record,
 }
 

@@ -143,6 +143,8 @@ class Encoder:
             return {"$complex": [_float(obj.real), _float(obj.imag)]}
         if isinstance(obj, DType):
             return {"$dtype": obj.name}
+        if obj is Ellipsis or obj is NotImplemented:
+            return {"$const": "Ellipsis" if obj is Ellipsis else "NotImplemented"}
         if isinstance(obj, StorageType):
             return {"$global": ["torch", obj.name]}
         if isinstance(obj, Global):

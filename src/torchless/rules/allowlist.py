@@ -39,7 +39,7 @@ import sys
 from typing import Literal
 
 from torchless.pickle.values import Global
-from torchless.rules.policy import DENIED_MODULE_FAMILIES, torch_constant
+from torchless.rules.policy import DENIED_MODULE_FAMILIES, PYTHON_CONSTANTS, torch_constant
 
 __all__ = ["CALLS", "DANGEROUS", "FORWARDS", "IMPORT_PACKAGES", "NEW_ONLY", "Severity",
            "call_verdict", "import_verdict", "package_of"]
@@ -296,6 +296,8 @@ def import_verdict(module: str, name: str, *, called: bool = False) -> tuple[Sev
         return "dangerous", "reaches a dunder attribute"
     if path in CALLS or path in NEW_ONLY or path in FORWARDS:
         return "vetted", (CALLS.get(path) or NEW_ONLY.get(path) or FORWARDS[path])
+    if module in ("builtins", "__builtin__") and name in PYTHON_CONSTANTS:
+        return "vetted", "a constant of the language (... or NotImplemented), not code"
     if "." in name and torch_constant(module, name) is not None:
         return "vetted", ("a torch constant (a memory format) as pickle protocols 4 and 5 name "
                           "it: importing torch is vetted, the walk ends at an inert value")

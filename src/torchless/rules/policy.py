@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DENIED_MODULE_FAMILIES", "TORCH_CONSTANTS", "judge", "torch_constant"]
+__all__ = ["DENIED_MODULE_FAMILIES", "PYTHON_CONSTANTS", "TORCH_CONSTANTS", "judge",
+           "torch_constant"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
@@ -41,6 +42,11 @@ TORCH_CONSTANTS: frozenset[str] = frozenset({
     "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric", "per_channel_symmetric",
     "per_channel_affine_float_qparams",
 })
+
+
+#: The language's own constants that pickle writes as a global of ``builtins`` (``...`` and
+#: ``NotImplemented`` have no opcode of their own): values, not code.
+PYTHON_CONSTANTS: dict[str, object] = {"Ellipsis": Ellipsis, "NotImplemented": NotImplemented}
 
 
 def torch_constant(module: str, name: str) -> str | None:

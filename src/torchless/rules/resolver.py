@@ -34,7 +34,7 @@ from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.allowlist import FORWARDS, import_verdict
 from torchless.rules.arrays import NumpyRules
-from torchless.rules.policy import judge, torch_constant
+from torchless.rules.policy import PYTHON_CONSTANTS, judge, torch_constant
 from torchless.rules.stdlib import METHOD_CALL_HINT, StdlibRules, calls_a_method, method_name
 from torchless.rules.torch import UNSUPPORTED_ELSEWHERE, UNSUPPORTED_TENSORS, TorchRules
 from torchless.rules.vetting import call_refusal, describe
@@ -202,6 +202,8 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         constant = torch_constant(module, name)
         if constant is not None:
             return Global("torch", constant)
+        if module == "builtins" and name in PYTHON_CONSTANTS:
+            return PYTHON_CONSTANTS[name]  # ... and NotImplemented: the constants themselves
         return None
 
     def extension(self, code: int, offset: int) -> Any:
