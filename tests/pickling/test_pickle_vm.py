@@ -858,3 +858,28 @@ def test_an_empty_mark_run_does_nothing_to_any_target(data: bytes) -> None:
     it looks at the target (``if (len == x) return 0`` in _pickle.c), so None, an int or a
     str below the mark is read back unchanged (found by the program differential)."""
     assert run_pickle(data)[0] == _pickle.loads(data)
+
+
+def test_a_long_name_named_again_is_judged_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """STACK_GLOBAL of one memoised 100 KB name, 2,000 times in 12 KB of opcodes: judging
+    scans the whole name, so each repeat cost its length (reading was quadratic in the
+    file); the verdict is kept per name, and each use is still recorded."""
+    from torchless.rules import resolver as resolver_module
+
+    calls: list[str] = []
+    real = resolver_module.judge
+
+    def counting(module: str, name: str, **kw: Any) -> str | None:
+        calls.append(name)
+        return real(module, name, **kw)
+
+    monkeypatch.setattr(resolver_module, "judge", counting)
+    name = "a" * 100_000
+    data = (b"\x80\x04\x8c\x05mymod\x940X" + struct.pack("<I", len(name)) + name.encode()
+            + b"\x940](" + b"h\x00h\x01\x93" * 2000 + b"e.")
+    lim = Limits()
+    res = TorchResolver(lim)
+    value, _ = run_pickle(data, res, lim)
+    assert len(value) == 2000 and all(g == Global("mymod", name) for g in value)
+    assert len(calls) == 1
+    assert len(res.globals) == 2000

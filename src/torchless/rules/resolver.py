@@ -141,6 +141,9 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         #: id -> the rule callables (kept alive: ids stay theirs) whose calls are never
         #: refused (:meth:`_vet_call`)
         self._unforwarding: dict[int, Known] = {}
+        #: (module, name) as mapped -> the refusal reason (None: it may stand); judging
+        #: scans the whole name, and a file can name one long name again in a few bytes
+        self._verdicts: dict[tuple[str, str], str | None] = {}
 
     # ---- names ----------------------------------------------------------------------
 
@@ -153,13 +156,18 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             module = _compat_pickle.IMPORT_MAPPING[module]
         module = _MODULE_RENAMES.get(module, module)
         value = self._known(module, name, offset)
-        reason = judge(module, name, known=value is not None, strict=self.strict,
-                       allow=self.allow)
-        if reason is None and value is None and f"{module}.{name}" not in self.allow:
-            severity, why = import_verdict(module, name)
-            if severity == "dangerous":
-                reason = why if why.startswith(("is ", "reaches", "walks", "belongs")) \
-                    else f"is known to be dangerous: {why}"
+        key = (module, name)
+        if key in self._verdicts:
+            reason = self._verdicts[key]
+        else:
+            reason = judge(module, name, known=value is not None, strict=self.strict,
+                           allow=self.allow)
+            if reason is None and value is None and f"{module}.{name}" not in self.allow:
+                severity, why = import_verdict(module, name)
+                if severity == "dangerous":
+                    reason = why if why.startswith(("is ", "reaches", "walks", "belongs")) \
+                        else f"is known to be dangerous: {why}"
+            self._verdicts[key] = reason
         if reason is not None:
             raise UnsafeGlobalError(f"refused global {module}.{name}: it {reason}",
                                     names=(f"{module}.{name}",), offset=offset,
