@@ -1,6 +1,7 @@
 """Converting a checkpoint torch saved keeps the values ``torchless.load`` reads from it:
 ``load(convert(src))`` equals ``load(src)``, type for type; torch.load is the oracle for
-what the source holds."""
+what the source holds (and, for ``torchless.save`` of live objects, what torch's own round
+trip keeps)."""
 
 from __future__ import annotations
 
@@ -170,3 +171,28 @@ def test_sets_verify_in_every_process(torch: ModuleType, tmp_path: Path) -> None
                               text=True, timeout=120,
                               env={**os.environ, "PYTHONHASHSEED": seed})
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_attributes_of_live_torch_tensors_are_saved(torch: ModuleType, tmp_path: Path) -> None:
+    """``torch.save`` keeps what a program set on a tensor (transformers marks parameters
+    ``_is_hf_initialized``); so does ``torchless.save``, shared values staying shared."""
+    shared = {"k": [1]}
+    t = torch.ones(2)
+    t.note, t.shared = "x", shared
+    p = torch.nn.Parameter(torch.zeros(2))
+    p._is_hf_initialized = True
+    p.peer = t
+    obj = {"t": t, "p": p, "shared": shared}
+    torch.save(obj, tmp_path / "ref.pt")
+    want = torch.load(tmp_path / "ref.pt", weights_only=False)
+    torchless.save(obj, tmp_path / "a.safetensors")
+    got = torchless.load(tmp_path / "a.safetensors", tensors="torch")
+    for key in ("t", "p"):
+        assert type(got[key]) is type(want[key]), key
+        assert sorted(vars(got[key])) == sorted(vars(want[key])), key
+    assert got["t"].note == want["t"].note and got["p"]._is_hf_initialized is True
+    assert got["t"].shared is got["shared"] and got["p"].peer is got["t"]
+    assert want["t"].shared is want["shared"] and want["p"].peer is want["t"]
+    setattr(t, "not-a-name", 1)
+    with pytest.raises(torchless.ConversionError, match="not-a-name"):
+        torchless.save(obj, tmp_path / "b.safetensors")

@@ -253,6 +253,9 @@ class Encoder:
                 stack.append((record.fields, path))
             elif self._structural(obj):
                 stack.extend((c, path) for _, c in children(obj))
+                if self._is_tensor(obj) and not isinstance(obj, Tensor):
+                    stack.extend((c, path) for c in (getattr(obj, "__dict__", None) or {}
+                                                     ).values())
             elif self.types.by_type(type(obj)) is not None:
                 stack.append((self._lower(obj, path), path))
             elif not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
@@ -428,7 +431,7 @@ class Encoder:
 
     def _tensor(self, obj: Any, path: str, d: int) -> dict[str, Any]:
         if not isinstance(obj, Tensor):
-            return self._torch_tensor(obj, path)
+            return self._torch_tensor(obj, path, d)
         name = self.names.get(id(obj))
         # named already (the usual case): the node is built with its name first, in one dict
         body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)} \
@@ -461,7 +464,7 @@ class Encoder:
             self.tensors[name] = obj
         return {"name": name, **body}
 
-    def _torch_tensor(self, obj: Any, path: str) -> dict[str, Any]:
+    def _torch_tensor(self, obj: Any, path: str, d: int) -> dict[str, Any]:
         torch = self._torch
         dtype = _dtypes.by_torch_name(str(obj.dtype).removeprefix("torch."))
         where = path or "the object"
@@ -478,6 +481,9 @@ class Encoder:
             body["parameter"] = True
         if obj.device.type != "cpu":
             body["device"] = str(obj.device)
+        attrs = _torch_attrs(obj, where)
+        if attrs:
+            body["attrs"] = {k: self._value(v, _join(path, k), d) for k, v in attrs.items()}
         import numpy as np
 
         flat = obj.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
@@ -535,6 +541,17 @@ def _memory_tensor(name: str, raw: np.ndarray[Any, Any], dtype: DType,
     storage = Storage(name, dtype, len(buf), lambda: buf)
     stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
     return Tensor(storage, dtype, shape, stride, 0)
+
+
+def _torch_attrs(t: Any, where: str) -> dict[str, Any]:
+    """The Python attributes set on a torch tensor (``p._is_hf_initialized = True``), which
+    ``torch.save`` keeps; their names as the format requires (section 2.5)."""
+    attrs: dict[str, Any] = getattr(t, "__dict__", None) or {}
+    for k in attrs:
+        if not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
+            raise ConversionError(f"{where or 'the object'}: cannot store the tensor "
+                                  f"attribute {k!r} (not an identifier, or starts with '__')")
+    return attrs
 
 
 def _join(path: str, key: Any) -> str:
