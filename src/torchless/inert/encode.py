@@ -100,6 +100,7 @@ class Encoder:
         self._active: set[int] = set()
         self._lowered: dict[int, Any] = {}      # registered state / Opaque record, by id
         self._records: dict[int, TensorRecord | None] = {}  # of torch tensors, by id
+        self._parts: set[int] = set()           # torch tensors that are a record's parts
         self._next_id = 0
         self._keep: list[Any] = []              # objects made while encoding, kept alive
         self._torch = _torch()
@@ -202,7 +203,15 @@ class Encoder:
             return None
         k = id(obj)
         if k not in self._records:
-            self._records[k] = torch_to_record(obj, t)
+            record = self._records[k] = torch_to_record(obj, t)
+            if record is not None:  # its parts: torch.save keeps no attributes of theirs
+                stack: list[Any] = [record.fields]
+                while stack:
+                    v = stack.pop()
+                    if isinstance(v, t.Tensor):
+                        self._parts.add(id(v))
+                    elif isinstance(v, (dict, list, tuple)):
+                        stack.extend(v.values() if isinstance(v, dict) else v)
         return self._records[k]
 
     def _is_tensor(self, obj: Any) -> bool:
@@ -253,7 +262,8 @@ class Encoder:
                 stack.append((record.fields, path))
             elif self._structural(obj):
                 stack.extend((c, path) for _, c in children(obj))
-                if self._is_tensor(obj) and not isinstance(obj, Tensor):
+                if self._is_tensor(obj) and not isinstance(obj, Tensor) and (
+                        id(obj) not in self._parts):
                     stack.extend((c, path) for c in (getattr(obj, "__dict__", None) or {}
                                                      ).values())
             elif self.types.by_type(type(obj)) is not None:
@@ -481,7 +491,7 @@ class Encoder:
             body["parameter"] = True
         if obj.device.type != "cpu":
             body["device"] = str(obj.device)
-        attrs = _torch_attrs(obj, where)
+        attrs = {} if id(obj) in self._parts else _torch_attrs(obj, where)
         if attrs:
             body["attrs"] = {k: self._value(v, _join(path, k), d) for k, v in attrs.items()}
         import numpy as np
