@@ -264,8 +264,7 @@ class Encoder:
                 stack.extend((c, path) for _, c in children(obj))
                 if self._is_tensor(obj) and not isinstance(obj, Tensor) and (
                         id(obj) not in self._parts):
-                    stack.extend((c, path) for c in (getattr(obj, "__dict__", None) or {}
-                                                     ).values())
+                    stack.extend((c, path) for c in (_attr(obj, "dict") or {}).values())
             elif self.types.by_type(type(obj)) is not None:
                 stack.append((self._lower(obj, path), path))
             elif not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
@@ -556,7 +555,7 @@ def _memory_tensor(name: str, raw: np.ndarray[Any, Any], dtype: DType,
 def _torch_attrs(t: Any, where: str) -> dict[str, Any]:
     """The Python attributes set on a torch tensor (``p._is_hf_initialized = True``), which
     ``torch.save`` keeps; their names as the format requires (section 2.5)."""
-    attrs: dict[str, Any] = getattr(t, "__dict__", None) or {}
+    attrs: dict[str, Any] = _attr(t, "dict") or {}
     for k in attrs:
         if not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
             raise ConversionError(f"{where or 'the object'}: cannot store the tensor "
@@ -595,10 +594,15 @@ def _digits(value: int, limit: int, path: str) -> str:
 
 
 def _attr(obj: Any, which: str) -> Any:
-    """``obj.__module__`` / ``__qualname__`` / ``__name__`` of a live object, or None."""
+    """``obj.__module__`` / ``__qualname__`` / ``__name__`` / ``__self__`` / ``__dict__``
+    of a live object, or None."""
     try:
         if which == "module":
             return obj.__module__
+        if which == "self":
+            return obj.__self__
+        if which == "dict":
+            return obj.__dict__
         return obj.__qualname__ if which == "qualname" else obj.__name__
     except AttributeError:
         return None
@@ -606,9 +610,9 @@ def _attr(obj: Any, which: str) -> Any:
 
 def _global_name(obj: Any, where: str) -> tuple[str, str]:
     module = _attr(obj, "module")
-    owner = getattr(obj, "__self__", None)
-    if module is None and isinstance(owner, type):  # a C class's method: ZoneInfo._unpickle
-        module = owner.__module__
+    if module is None:  # a C class's method (ZoneInfo._unpickle): its class's module
+        owner = _attr(obj, "self")
+        module = owner.__module__ if isinstance(owner, type) else None
     qual = _attr(obj, "qualname") or _attr(obj, "name")
     if not isinstance(module, str) or not isinstance(qual, str) or "<" in qual:
         raise ConversionError(f"{where}: cannot store {obj!r}: it has no importable name "
