@@ -16,7 +16,25 @@ from torchless.pickle.values import Opaque
 
 __all__ = ["NumpyRules"]
 
-_NP_DTYPE_CODE = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|\?|[SUV][0-9]+|O[48])\Z")
+_NP_DTYPE_CODE = re.compile(r"(?:b1|[iu][1248]|f(?:2|4|8|16)|c(?:8|16|32)|\?|[SUV][0-9]+|O[48]"
+                            r"|[mM]8\[[1-9][0-9]{0,5}(?:[YMWDhms]|[munpfa]s)\])\Z")
+_DATETIME_UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as"})
+
+
+def _datetime_code(code: str, meta: Any) -> str:
+    """``M8[10s]`` from a datetime64 / timedelta64 dtype's pickled unit, ``(metadata,
+    (b"s", 10, 1, 1))``; the bare code (not rebuilt) for any other form, and for the generic
+    unit (NaT of no unit, which an inert file cannot name)."""
+    if not (isinstance(meta, tuple) and len(meta) == 2 and isinstance(meta[1], tuple)
+            and len(meta[1]) == 4):
+        return code
+    unit, num, den, events = meta[1]
+    if isinstance(unit, bytes):
+        unit = unit.decode("ascii", "replace")
+    if unit not in _DATETIME_UNITS or type(num) is not int or not 0 < num < 10**6 \
+            or den != 1 or events != 1:
+        return code
+    return f"{code}[{num}{unit}]"
 
 
 class NumpyRules(Resolver):
@@ -79,6 +97,8 @@ class NumpyRules(Resolver):
             order = state[1] if isinstance(state, tuple) and len(state) > 1 else "|"
             fields_none = isinstance(state, tuple) and len(state) >= 5 and \
                 all(x is None for x in state[2:5])
+            if code in ("M8", "m8") and fields_none and len(state) == 9:
+                code = _datetime_code(code, state[8])
             if _NP_DTYPE_CODE.match(code) and order in ("<", ">", "|", "=") and fields_none:
                 dt = np.dtype(code)
                 p.value = dt.newbyteorder(order) if order in "<>" else dt
