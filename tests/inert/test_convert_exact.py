@@ -1,6 +1,7 @@
 """Converting a checkpoint torch saved keeps the values ``torchless.load`` reads from it:
 ``load(convert(src))`` equals ``load(src)``, type for type; torch.load is the oracle for
-what the source holds."""
+what the source holds (and, for ``torchless.save`` of live objects, what torch's own round
+trip keeps)."""
 
 from __future__ import annotations
 
@@ -170,3 +171,55 @@ def test_sets_verify_in_every_process(torch: ModuleType, tmp_path: Path) -> None
                               text=True, timeout=120,
                               env={**os.environ, "PYTHONHASHSEED": seed})
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_attributes_of_live_torch_tensors_are_saved(torch: ModuleType, tmp_path: Path) -> None:
+    """``torch.save`` keeps what a program set on a tensor (transformers marks parameters
+    ``_is_hf_initialized``); so does ``torchless.save``, shared values staying shared."""
+    shared = {"k": [1]}
+    t = torch.ones(2)
+    t.note, t.shared = "x", shared
+    p = torch.nn.Parameter(torch.zeros(2))
+    p._is_hf_initialized = True
+    p.peer = t
+    obj = {"t": t, "p": p, "shared": shared}
+    torch.save(obj, tmp_path / "ref.pt")
+    want = torch.load(tmp_path / "ref.pt", weights_only=False)
+    torchless.save(obj, tmp_path / "a.safetensors")
+    got = torchless.load(tmp_path / "a.safetensors", tensors="torch")
+    for key in ("t", "p"):
+        assert type(got[key]) is type(want[key]), key
+        assert sorted(vars(got[key])) == sorted(vars(want[key])), key
+    assert got["t"].note == want["t"].note and got["p"]._is_hf_initialized is True
+    assert got["t"].shared is got["shared"] and got["p"].peer is got["t"]
+    assert want["t"].shared is want["shared"] and want["p"].peer is want["t"]
+    setattr(t, "not-a-name", 1)
+    with pytest.raises(torchless.ConversionError, match="not-a-name"):
+        torchless.save(obj, tmp_path / "b.safetensors")
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_datetime64_arrays_read_and_convert_as_arrays(torch: ModuleType, tmp_path: Path,
+                                                      protocol: int) -> None:
+    """NumPy datetime64 / timedelta64 values read as torch.load gives them (arrays, scalars
+    and dtypes with their unit), and convert as arrays of that descr (section 2.6)."""
+    obj = {"days": np.array(["2020-01-01", "NaT"], dtype="M8[D]"),
+           "big_endian": np.arange(3).astype(">m8[ms]"),
+           "ten_s": np.array([0, 10], dtype="M8[10s]"),
+           "fortran": np.array([[1, 2], [3, 4]], dtype="m8[us]").T,
+           "scalar": np.datetime64("2020-01-01T00:00:00", "s"), "delta": np.timedelta64(5, "ms"),
+           "dtype": np.dtype(">M8[ns]")}
+    torch.save(obj, tmp_path / "t.pt", pickle_protocol=protocol)
+    want = torch.load(tmp_path / "t.pt", weights_only=False)
+    got = torchless.load(tmp_path / "t.pt")
+    for key, value in want.items():
+        assert type(got[key]) is type(value), key
+        assert got[key] == value if key == "dtype" else got[key].dtype == value.dtype, key
+        if key != "dtype":  # by value (NaT is not equal to itself), in the native order
+            assert np.asarray(got[key]).view("i8").tolist() == np.asarray(value).view(
+                "i8").tolist(), key
+    back = _convert(tmp_path / "t.pt", tmp_path)
+    for key, value in got.items():
+        assert type(back[key]) is type(value), key
+        assert back[key] == value if key == "dtype" else back[key].dtype == value.dtype, key
+    assert back["days"].tobytes() == got["days"].tobytes()

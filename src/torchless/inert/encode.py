@@ -100,6 +100,7 @@ class Encoder:
         self._active: set[int] = set()
         self._lowered: dict[int, Any] = {}      # registered state / Opaque record, by id
         self._records: dict[int, TensorRecord | None] = {}  # of torch tensors, by id
+        self._parts: set[int] = set()           # torch tensors that are a record's parts
         self._next_id = 0
         self._keep: list[Any] = []              # objects made while encoding, kept alive
         self._torch = _torch()
@@ -210,7 +211,15 @@ class Encoder:
             return None
         k = id(obj)
         if k not in self._records:
-            self._records[k] = torch_to_record(obj, t)
+            record = self._records[k] = torch_to_record(obj, t)
+            if record is not None:  # its parts: torch.save keeps no attributes of theirs
+                stack: list[Any] = [record.fields]
+                while stack:
+                    v = stack.pop()
+                    if isinstance(v, t.Tensor):
+                        self._parts.add(id(v))
+                    elif isinstance(v, (dict, list, tuple)):
+                        stack.extend(v.values() if isinstance(v, dict) else v)
         return self._records[k]
 
     def _is_tensor(self, obj: Any) -> bool:
@@ -261,6 +270,9 @@ class Encoder:
                 stack.append((record.fields, path))
             elif self._structural(obj):
                 stack.extend((c, path) for _, c in children(obj))
+                if self._is_tensor(obj) and not isinstance(obj, Tensor) and (
+                        id(obj) not in self._parts):
+                    stack.extend((c, path) for c in (_attr(obj, "dict") or {}).values())
             elif self.types.by_type(type(obj)) is not None:
                 stack.append((self._lower(obj, path), path))
             elif not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
@@ -440,7 +452,7 @@ class Encoder:
 
     def _tensor(self, obj: Any, path: str, d: int) -> dict[str, Any]:
         if not isinstance(obj, Tensor):
-            return self._torch_tensor(obj, path)
+            return self._torch_tensor(obj, path, d)
         name = self.names.get(id(obj))
         # named already (the usual case): the node is built with its name first, in one dict
         body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)} \
@@ -473,7 +485,7 @@ class Encoder:
             self.tensors[name] = obj
         return {"name": name, **body}
 
-    def _torch_tensor(self, obj: Any, path: str) -> dict[str, Any]:
+    def _torch_tensor(self, obj: Any, path: str, d: int) -> dict[str, Any]:
         torch = self._torch
         dtype = _dtypes.by_torch_name(str(obj.dtype).removeprefix("torch."))
         where = path or "the object"
@@ -490,6 +502,9 @@ class Encoder:
             body["parameter"] = True
         if obj.device.type != "cpu":
             body["device"] = str(obj.device)
+        attrs = {} if id(obj) in self._parts else _torch_attrs(obj, where)
+        if attrs:
+            body["attrs"] = {k: self._value(v, _join(path, k), d) for k, v in attrs.items()}
         import numpy as np
 
         flat = obj.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
@@ -549,6 +564,17 @@ def _memory_tensor(name: str, raw: np.ndarray[Any, Any], dtype: DType,
     return Tensor(storage, dtype, shape, stride, 0)
 
 
+def _torch_attrs(t: Any, where: str) -> dict[str, Any]:
+    """The Python attributes set on a torch tensor (``p._is_hf_initialized = True``), which
+    ``torch.save`` keeps; their names as the format requires (section 2.5)."""
+    attrs: dict[str, Any] = _attr(t, "dict") or {}
+    for k in attrs:
+        if not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
+            raise ConversionError(f"{where or 'the object'}: cannot store the tensor "
+                                  f"attribute {k!r} (not an identifier, or starts with '__')")
+    return attrs
+
+
 def _join(path: str, key: Any) -> str:
     k = key if type(key) is str else str(key) if type(key) in (int, bool) or key is None else (
         repr(key))
@@ -580,13 +606,15 @@ def _digits(value: int, limit: int, path: str) -> str:
 
 
 def _attr(obj: Any, which: str) -> Any:
-    """``obj.__module__`` / ``__qualname__`` / ``__name__`` / ``__self__`` of a live object,
-    or None."""
+    """``obj.__module__`` / ``__qualname__`` / ``__name__`` / ``__self__`` / ``__dict__``
+    of a live object, or None."""
     try:
         if which == "module":
             return obj.__module__
         if which == "self":
             return obj.__self__
+        if which == "dict":
+            return obj.__dict__
         return obj.__qualname__ if which == "qualname" else obj.__name__
     except AttributeError:
         return None
