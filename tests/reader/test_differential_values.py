@@ -7,6 +7,7 @@ Torch is only imported through the ``torch`` fixture, so without torch these tes
 
 from __future__ import annotations
 
+import collections
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -285,3 +286,29 @@ def test_ellipsis_and_not_implemented(torch: ModuleType, tmp_path: Path, fmt: st
     again = torchless.load(out)
     assert again["index"] == (slice(None), ...) and again["rest"] is Ellipsis
     assert again["missing"] is NotImplemented and again["nested"] == [1, {"k": ...}]
+
+
+#: A namedtuple pickle can find again (module level).
+Pair = collections.namedtuple("Pair", "first second")
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [1, 2])
+def test_namedtuples_named_by_index_at_every_protocol(torch: ModuleType, tmp_path: Path,
+                                                      fmt: str, protocol: int) -> None:
+    """Protocols 0 and 1 pickle a namedtuple (and ``PackedSequence``, one) as
+    ``copyreg._reconstructor(cls, tuple, fields)``, protocol 2 as ``cls.__new__(cls,
+    *fields)``: the same object, so the same names, by index (``p.0``), as the naming rule's
+    oracle gives them; they were ``p.args.2.0`` at protocols 0 and 1."""
+    from tests import _expected_names as en
+
+    obj = {"pair": Pair(torch.ones(2), torch.arange(3)),
+           "packed": torch.nn.utils.rnn.pack_sequence([torch.ones(3), torch.ones(2)]),
+           "nested": [Pair(torch.zeros(1), Pair(torch.ones(1), 5))]}
+    path = tmp_path / "tuples.pt"
+    torch.save(obj, path, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=fmt == "zip")
+    expected = en.expected_names(_torch_load(torch, path))
+    with torchless.open(path) as ckpt:
+        assert sorted(ckpt.tensors) == sorted(name for name, _ in expected.leaves)
+        assert "pair.0" in ckpt.tensors and "nested.0.1.0" in ckpt.tensors

@@ -16,7 +16,8 @@ Flat names join the segments :func:`children` gives with ``"."`` (``docs/formats
   not depend on hash order.
 - argparse.Namespace, types.SimpleNamespace, a tensor's Python attributes: the attribute.
 - an :class:`Opaque` record, as pickle described the object: a tuple subclass made by
-  ``NEWOBJ`` with no state (a namedtuple, ``PackedSequence``) and a ``torch.return_types``
+  ``NEWOBJ`` with no state (a namedtuple, ``PackedSequence``; at protocols 0 and 1
+  ``copyreg._reconstructor(cls, tuple, fields)``) and a ``torch.return_types``
   struct sequence are sequences (``p.0``); otherwise the keys of a dict state, of both dicts
   of a ``(dict, slots)`` state, the indices of a list or tuple state, ``state`` for any other
   state, ``args.i`` for constructor arguments, ``kwargs.k`` for keyword arguments,
@@ -160,6 +161,18 @@ def _is_sequence_record(obj: Opaque) -> bool:
             and not obj.kwargs)
 
 
+def _is_reconstructed_tuple(obj: Opaque) -> bool:
+    """``copyreg._reconstructor(cls, tuple, fields)``: how pickle protocols 0 and 1 write
+    what protocol 2 writes as ``cls.__new__(cls, *fields)`` (a namedtuple,
+    ``PackedSequence``), named the same way."""
+    c, args = obj.callable, obj.args
+    return (isinstance(c, Global) and c.module == "copyreg" and c.name == "_reconstructor"
+            and len(args) == 3 and type(args[2]) is tuple and isinstance(args[1], Global)
+            and args[1].module == "builtins" and args[1].name == "tuple"
+            and obj.state is NOTSET and not obj.items and not obj.dict_items
+            and not obj.kwargs)
+
+
 def _opaque(obj: Opaque) -> Iterator[tuple[str | None, Any]]:
     c = obj.callable
     yield ("callable" if isinstance(c, Opaque) else None), c
@@ -169,6 +182,10 @@ def _opaque(obj: Opaque) -> Iterator[tuple[str | None, Any]]:
         yield "", args[0]
         for i, v in enumerate(args[1:], 1):
             yield f"args.{i}", v
+    elif _is_reconstructed_tuple(obj):
+        yield None, args[0]
+        yield None, args[1]
+        yield "", args[2]  # the fields, named by their index
     elif _is_sequence_record(obj):
         for i, v in enumerate(args):
             yield str(i), v
