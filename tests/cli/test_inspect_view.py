@@ -166,3 +166,25 @@ def test_odd_shapes_never_break_the_summary() -> None:
     assert compact(tree["a"]) is None and compact(tree["b"]) is None
     assert compact(("MT19937", np.zeros(624, np.uint32), 0, 0, 0.0)) == \
         "numpy MT19937 state (625 ints)"
+
+
+def test_tree_clips_long_names_from_the_file(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """One memoised 100 KB name as 2,000 globals, and a 100 KB dict key: each tree line
+    shows at most 80 characters of them (the tree printed 200 MB here)."""
+    import struct
+
+    from tests._fuzz_inputs import zip_checkpoint
+
+    name = b"a" * 100_000
+    data = (b"\x80\x04}\x94(\x8c\x01g]\x8c\x05mymod\x940X" + struct.pack("<I", len(name)) + name
+            + b"\x940(" + b"h\x01h\x02\x93" * 2000 + b"eX" + struct.pack("<I", len(name))
+            + name + b"K\x07u.")
+    src = tmp_path / "n.pt"
+    src.write_bytes(zip_checkpoint(data))
+    out = _run(["inspect", str(src), "--tree"], capsys)
+    lines = out.splitlines()
+    assert len(lines) == 2003 and max(len(line) for line in lines) < 100
+    assert lines[1] == "  g: list (2000)"
+    assert lines[2] == "    0: <global mymod." + "a" * 62 + "...>"
+    assert lines[-1] == "  " + "a" * 77 + "...: 7"

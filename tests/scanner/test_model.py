@@ -161,6 +161,21 @@ def test_a_chain_of_calls_on_results_stays_linear(tmp_path: Path) -> None:
     assert len(scan(tmp_path / "x.pkl").to_json()) < 2_000_000
 
 
+def test_a_long_name_named_again_keeps_the_report_small(tmp_path: Path) -> None:
+    """One memoised 100 KB name, 2,000 STACK_GLOBALs (12 KB of opcodes) and a call of it:
+    each global is listed, its name cut to 256 characters and its length; the report
+    repeated the whole name each time (200 MB of JSON here, 2.6 GB for 20,000)."""
+    name = "a" * 100_000
+    body = (b"\x8c\x05mymod\x940X" + struct.pack("<I", len(name)) + name.encode()
+            + b"\x940](" + b"h\x00h\x01\x93" * 2000 + b"e0h\x00h\x01\x93)R")
+    f = _scan(tmp_path, body)
+    shown = "a" * 256 + "…(100000 characters)"
+    assert len(f.globals) == 2001 and {g.name for g in f.globals} == {shown}
+    calls = [a for a in f.actions if a.kind == "call"]
+    assert [a.target for a in calls] == ["mymod." + "a" * 250 + "…(100006 characters)"]
+    assert len(scan(tmp_path / "x.pkl").to_json()) < 2_000_000
+
+
 def test_codecs_encode_is_vetted_for_text_codecs_only(tmp_path: Path) -> None:
     text = _g("_codecs", "encode") + b"(" + _s("abc") + _s("latin1") + b"tR"
     assert _scan(tmp_path, text).status == "clean"

@@ -44,10 +44,9 @@ def _label(obj: Any) -> str:
     bulk = compact(obj)
     if bulk is not None:
         return bulk
-    if isinstance(obj, Opaque):
-        return f"<{obj.class_path}>"
-    if isinstance(obj, Global):
-        return f"<global {obj.path}>"
+    if isinstance(obj, (Opaque, Global)):  # a name from the file: any length
+        text = f"<{obj.class_path}>" if isinstance(obj, Opaque) else f"<global {obj.path}>"
+        return text if len(text) <= 80 else text[:76] + "...>"
     if isinstance(obj, _BRANCHES):
         n = len(obj) if hasattr(obj, "__len__") else len(vars(obj))
         return f"{type(obj).__name__} ({n})"
@@ -65,7 +64,8 @@ def tree_lines(tree: Any, pattern: Any = None) -> Iterator[str]:
         depth, key, flat, obj = stack.pop()
         if pattern is not None and not _wanted(obj, flat, pattern, set()):
             continue
-        head = f"{'  ' * depth}{key + ': ' if key else ''}"
+        shown = key if len(key) <= 80 else key[:77] + "..."
+        head = f"{'  ' * depth}{shown + ': ' if key else ''}"
         if isinstance(obj, _BRANCHES) and compact(obj) is None and not _inline(obj):
             if id(obj) in seen:
                 yield f"{head}<the {type(obj).__name__} shown above>"
@@ -74,8 +74,9 @@ def tree_lines(tree: Any, pattern: Any = None) -> Iterator[str]:
             yield f"{head}{_label(obj)}"
             kids = [(n, c) for n, c in children(obj) if n is not None]
             for n, c in reversed(kids):
-                stack.append((depth + 1, n or "''", f"{flat}.{n}" if flat and n else flat or n,
-                              c))
+                # flat names only for the pattern: a long key down a deep chain repeats
+                inner = (f"{flat}.{n}" if flat and n else flat or n) if pattern else ""
+                stack.append((depth + 1, n or "''", inner, c))
         else:
             yield f"{head}{_label(obj)}"
 

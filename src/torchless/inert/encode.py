@@ -43,6 +43,7 @@ from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import children
 from torchless.pickle.values import NOTSET, Global, Opaque
 from torchless.rules.stdlib import system_zone
+from torchless.write.safetensors import MAX_HEADER_BYTES
 
 __all__ = ["Encoder"]
 
@@ -102,6 +103,10 @@ class Encoder:
         self._records: dict[int, TensorRecord | None] = {}  # of torch tensors, by id
         self._parts: set[int] = set()           # torch tensors that are a record's parts
         self._next_id = 0
+        #: Characters of text (strings, names, numbers as text) the tree may still take: a
+        #: safetensors header holds at most MAX_HEADER_BYTES, and one string a file holds
+        #: once may be referenced thousands of times (written each time).
+        self._text_left = MAX_HEADER_BYTES
         self._keep: list[Any] = []              # objects made while encoding, kept alive
         self._torch = _torch()
 
@@ -126,7 +131,10 @@ class Encoder:
         kind = type(obj)
         if kind is Tensor or kind is dict or kind is list:  # most nodes: no test below holds
             return _NOT_ATOM
-        if obj is None or obj is True or obj is False or type(obj) is str:
+        if obj is None or obj is True or obj is False:
+            return obj
+        if type(obj) is str:
+            self._spend(len(obj), path)
             return obj
         if type(obj) is int:
             if -_SAFE_INT <= obj <= _SAFE_INT:
@@ -135,10 +143,12 @@ class Encoder:
                 text = _digits(obj, self.limits.max_int_digits, path)
             else:
                 text = str(obj)
+            self._spend(len(text), path)
             return {"$int": text}
         if type(obj) is float:
             return _float(obj)
         if type(obj) is bytes:
+            self._spend(len(obj) * 4 // 3, path)
             return {"$bytes": _b64(obj)}
         if type(obj) is complex:
             return {"$complex": [_float(obj.real), _float(obj.imag)]}
@@ -149,6 +159,7 @@ class Encoder:
         if isinstance(obj, StorageType):
             return {"$global": ["torch", obj.name]}
         if isinstance(obj, Global):
+            self._spend(len(obj.module) + len(obj.name), path)
             return {"$global": [obj.module, obj.name]}
         if isinstance(obj, UnsupportedTensor) and not (
                 self.records and isinstance(obj, TensorRecord)):
@@ -200,6 +211,15 @@ class Encoder:
         if type(obj) in (tuple, frozenset) and not obj:
             return {"$tuple" if type(obj) is tuple else "$frozenset": []}
         return _NOT_ATOM
+
+    def _spend(self, chars: int, path: str) -> None:
+        self._text_left -= chars
+        if self._text_left < 0:
+            raise ConversionError(
+                f"{path or 'the object'}: the object tree would hold more than "
+                f"{MAX_HEADER_BYTES} characters of text, more than a safetensors header "
+                "holds (a file can reference one long string thousands of times)",
+                hint="convert the tensors alone: --weights-only (tree=False)")
 
     def _record(self, obj: Any) -> TensorRecord | None:
         """A record, or the record of a torch tensor that is not one strided array (made
@@ -284,6 +304,9 @@ class Encoder:
         if depth > self.limits.max_depth:
             raise LimitError("max_depth", self.limits.max_depth, depth,
                              "nested values in the object to save")
+        if len(path) > self.limits.max_name_bytes:  # long keys down a deep chain
+            raise LimitError("max_name_bytes", self.limits.max_name_bytes, len(path),
+                             "the path of a value in the object to save")
         k = id(obj)
         if type(obj) is Tensor and not obj.attrs and self._counts.get(k, 0) <= 1:
             return {"$tensor": self._tensor(obj, path, depth + 1)}  # a leaf seen once
@@ -368,6 +391,7 @@ class Encoder:
             return {"$tuple": [self._value(v, _join(path, i), d) for i, v in enumerate(obj)]}
         if kind is dict:
             if not shared and all(type(k) is str and not k.startswith("$") for k in obj):
+                self._spend(sum(len(k) for k in obj), path)
                 return {k: self._value(v, _join(path, k), d) for k, v in obj.items()}
             return {"$dict": self._pairs(obj.items(), path, d)}
         if kind is collections.OrderedDict or kind is ModuleDict:

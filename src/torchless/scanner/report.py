@@ -138,6 +138,19 @@ _new = object.__new__
 # of a small checkpoint. The scanner's hot paths make them here; the objects are the same
 # (equal, hashed and frozen alike: tests/scanner/test_scan_records.py).
 
+#: Characters of a name a report shows: a file can name one long name (a memoised string)
+#: thousands of times in a few bytes each, and a report repeating it in full grew with the
+#: product (a 220 KB file, a 2.6 GB JSON report).
+_NAME_SHOWN = 256
+
+
+def _shown(text: str) -> str:
+    """``text``, or its start and its length when longer than a report shows."""
+    if len(text) <= _NAME_SHOWN:
+        return text
+    return f"{text[:_NAME_SHOWN]}…({len(text)} characters)"
+
+
 def new_action(kind: ActionKind, target: str, severity: Severity, reason: str, offset: int,
                opcode: str, args: str | None, origin: int | None,
                member: str | None) -> Action:
@@ -145,9 +158,9 @@ def new_action(kind: ActionKind, target: str, severity: Severity, reason: str, o
     a = _new(Action)
     d = a.__dict__
     d["kind"] = kind
-    d["target"] = target
+    d["target"] = target if len(target) <= _NAME_SHOWN else _shown(target)
     d["severity"] = severity
-    d["reason"] = reason
+    d["reason"] = reason if len(reason) <= 4 * _NAME_SHOWN else _shown(reason)
     d["offset"] = offset
     d["opcode"] = opcode
     d["args"] = args
@@ -162,8 +175,8 @@ def new_global_ref(module: str, name: str, offset: int, opcode: str, verdict: Ve
     """``GlobalRef(module, name, offset, opcode, verdict, member, reason)``."""
     g = _new(GlobalRef)
     d = g.__dict__
-    d["module"] = module
-    d["name"] = name
+    d["module"] = module if len(module) <= _NAME_SHOWN else _shown(module)
+    d["name"] = name if len(name) <= _NAME_SHOWN else _shown(name)
     d["offset"] = offset
     d["opcode"] = opcode
     d["verdict"] = verdict
