@@ -223,3 +223,39 @@ def test_datetime64_arrays_read_and_convert_as_arrays(torch: ModuleType, tmp_pat
         assert type(back[key]) is type(value), key
         assert back[key] == value if key == "dtype" else back[key].dtype == value.dtype, key
     assert back["days"].tobytes() == got["days"].tobytes()
+
+
+class FixedZone(datetime.tzinfo):
+    """A time zone class of the program's own (as pytz's and dateutil's are)."""
+
+    def utcoffset(self, dt: datetime.datetime | None) -> datetime.timedelta:
+        return datetime.timedelta(hours=2)
+
+    def dst(self, dt: datetime.datetime | None) -> datetime.timedelta:
+        return datetime.timedelta(0)
+
+    def tzname(self, dt: datetime.datetime | None) -> str:
+        return "FZ"
+
+
+def test_a_datetime_in_a_zone_of_an_unknown_class_is_a_record(torch: ModuleType,
+                                                                tmp_path: Path) -> None:
+    """An ordinary object is never a reason to refuse a file: the datetime is kept as the
+    record of its pickled call, its zone a record too."""
+    when = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=FixedZone())
+    at = datetime.time(7, 8, tzinfo=FixedZone())
+    torch.save({"when": when, "at": at, "w": torch.ones(1)}, tmp_path / "z.pt")
+    want = torch.load(tmp_path / "z.pt", weights_only=False)
+    assert want["when"] == when and want["at"].tzname() == "FZ"
+    got = torchless.load(tmp_path / "z.pt")
+    for key, cls in (("when", "datetime.datetime"), ("at", "datetime.time")):
+        record = got[key]
+        assert isinstance(record, Opaque) and record.class_path == cls, key
+        _func, args = want[key].__reduce__()  # the oracle: what the value pickles as
+        assert record.args[0] == args[0], key
+        assert isinstance(record.args[1], Opaque)
+        assert record.args[1].class_path.endswith("FixedZone")
+    with pytest.warns(torchless.OpaqueObjectWarning, match="datetime.datetime"):
+        torchless.convert(tmp_path / "z.pt", tmp_path / "z.safetensors", verify=True)
+    back = torchless.load(tmp_path / "z.safetensors")
+    assert back["when"].args[0] == got["when"].args[0]

@@ -207,6 +207,9 @@ class StdlibRules(Resolver):
         return a[0].encode(a[1])
 
     def _r_datetime(self, f: Known, a: tuple[Any, ...]) -> Any:
+        if f.name in ("datetime", "time") and len(a) == 2 and type(a[0]) is bytes \
+                and isinstance(a[1], Opaque):
+            return Opaque(f, a)  # in a time zone this machine's database lacks: a record
         if not all(isinstance(x, (int, float, str, bytes, datetime.tzinfo, datetime.timedelta))
                    or x is None for x in a):
             raise PickleError(f"datetime.{f.name} called with non-data arguments")
