@@ -218,9 +218,9 @@ def test_values_stop_where_their_names_pass_64_mib(tmp_path: Path,
     """100 nested dicts under one 200-character key (each name repeats it 100 times: 20 KB),
     then a dict of 4,000 values: their names would take 80 MB; the listing stops with a
     note."""
-    from tests._fuzz_inputs import zip_checkpoint
-
     import struct
+
+    from tests._fuzz_inputs import zip_checkpoint
 
     key = b"k" * 200
     items = b"".join(b"M" + struct.pack("<H", i) + b"K\x07" for i in range(4000))
