@@ -188,3 +188,46 @@ def test_tree_clips_long_names_from_the_file(tmp_path: Path,
     assert lines[1] == "  g: list (2000)"
     assert lines[2] == "    0: <global mymod." + "a" * 62 + "...>"
     assert lines[-1] == "  " + "a" * 77 + "...: 7"
+
+
+def _memo_key_pickle(key: bytes, body: bytes) -> bytes:
+    import struct
+
+    return (b"\x80\x04}\x94(\x8c\x01xX" + struct.pack("<I", len(key)) + key + b"\x940" + body
+            + b"u.")
+
+
+def test_values_clip_long_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2,000 dicts each keyed by one memoised 1 MiB key (20 KB of opcodes): each value's
+    name shows the key's start and length (the names took 2 GB, and inspect 20 GB of
+    memory for 20,000)."""
+    from tests._fuzz_inputs import zip_checkpoint
+
+    src = tmp_path / "k.pt"
+    src.write_bytes(zip_checkpoint(_memo_key_pickle(
+        b"k" * (1 << 20), b"](" + b"}h\x01K\x07s" * 2000 + b"e")))
+    doc = json.loads(_run(["inspect", str(src), "--json"], capsys))
+    clipped = "k" * 100 + "…(1048576 characters)"
+    assert len(doc["values"]) == 2000
+    assert doc["values"][f"x.0.{clipped}"] == "7"
+    assert doc["values"][f"x.1999.{clipped}"] == "7"
+
+
+def test_values_stop_where_their_names_pass_64_mib(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """100 nested dicts under one 200-character key (each name repeats it 100 times: 20 KB),
+    then a dict of 4,000 values: their names would take 80 MB; the listing stops with a
+    note."""
+    import struct
+
+    from tests._fuzz_inputs import zip_checkpoint
+
+    key = b"k" * 200
+    items = b"".join(b"M" + struct.pack("<H", i) + b"K\x07" for i in range(4000))
+    chain = b"}h\x01" * 100 + b"}(" + items + b"u" + b"s" * 100
+    src = tmp_path / "d.pt"
+    src.write_bytes(zip_checkpoint(_memo_key_pickle(key, chain)))
+    doc = json.loads(_run(["inspect", str(src), "--json"], capsys))
+    values = doc["values"]
+    assert 3000 < len(values) < 4000
+    assert values["…"].endswith("more values not listed: their names pass 67108864 characters")

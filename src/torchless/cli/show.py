@@ -170,8 +170,14 @@ def values(tree: Any, limit: int | None = None) -> Iterator[tuple[str, Any]]:
     seen: set[int] = set()
     stack: list[tuple[str, Any]] = [("", tree)]
     count = 0
+    left = _NAMES_SHOWN
     while stack and (limit is None or count < limit):
         name, obj = stack.pop()
+        left -= len(name)
+        if left < 0:  # a name repeats every key on its path: long keys down a deep chain
+            yield "…", Described(f"{len(stack) + 1} more values not listed: their names "
+                                 f"pass {_NAMES_SHOWN} characters")
+            return
         if isinstance(obj, (Tensor, UnsupportedTensor, ModuleDict)):
             continue
         bulk = compact(obj)
@@ -190,7 +196,7 @@ def values(tree: Any, limit: int | None = None) -> Iterator[tuple[str, Any]]:
                 count += 1
                 continue
             seen.add(id(obj))
-            kids = [(f"{name}.{n}" if name and n else name or n, c)
+            kids = [(f"{name}.{_clip(n)}" if name and n else name or _clip(n), c)
                     for n, c in children(obj) if n is not None]
             if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
                 yield name, f"{type(obj).__name__}({len(vars(obj))} fields)"
@@ -206,6 +212,16 @@ def values(tree: Any, limit: int | None = None) -> Iterator[tuple[str, Any]]:
             continue
         yield name or "<root>", obj
         count += 1
+
+
+#: Characters of all the names :func:`values` lists (``Limits.max_name_bytes``' default).
+_NAMES_SHOWN = 64 << 20
+
+
+def _clip(key: str) -> str:
+    """A key in a value's name: a key of a file can be megabytes long, and each value under
+    it repeats it."""
+    return key if len(key) <= 200 else f"{key[:100]}…({len(key)} characters)"
 
 
 class Described(str):
