@@ -31,7 +31,8 @@ class Limits:
     #: Nesting of containers and of MARKs. Real checkpoints nest a dozen levels; deep
     #: nesting exists only to break recursive code that walks the result.
     max_depth: int = 256
-    #: Items in one list, dict, tuple or set.
+    #: Items in one list, dict, tuple or set; also the values a nested tuple holds when
+    #: expanded, and those hashed for all the tuple keys of one pickle (pickle.keycost).
     max_container_len: int = 50_000_000
     #: Bytes of one str or bytes value inside a pickle.
     max_str_bytes: int = 256 * MiB

@@ -72,12 +72,23 @@ def is_node(obj: Any) -> bool:
     return isinstance(obj, NODES)
 
 
+#: The most values a plain key may hold: a longer one (a tuple reached through many paths
+#: holds 3**20 values in a hundred bytes) names its entry by position, not by a repr of that
+#: size.
+MAX_KEY_VALUES = 4096
+
+
 def plain_key(key: Any) -> bool:
-    """Whether a dict key is plain data (scalars, and tuples or frozensets of them), which
-    names its value; any other key names its entry by position."""
+    """Whether a dict key is plain data (scalars, and tuples or frozensets of them, of at
+    most :data:`MAX_KEY_VALUES` values in all), which names its value; any other key names
+    its entry by position."""
     stack = [key]
+    seen = 0
     while stack:
         k = stack.pop()
+        seen += 1
+        if seen > MAX_KEY_VALUES:
+            return False
         if isinstance(k, (tuple, frozenset)):
             stack.extend(k)
         elif not isinstance(k, _SCALARS) or isinstance(k, Global):

@@ -55,6 +55,7 @@ from torchless.pickle.arguments import (
     unpack_uint8,
     utf8_text,
 )
+from torchless.pickle.keycost import KeyCost
 from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES
 from torchless.pickle.tensorargs import tensor_args
 from torchless.pickle.values import Global, Opaque
@@ -131,6 +132,14 @@ class Resolver:
     """
 
     python2_strings = False
+    #: The run's count of hashing work (:mod:`.keycost`), set by the :class:`Machine` that
+    #: runs with this resolver: rules that build sets and dicts charge their keys to it.
+    keycost: KeyCost | None = None
+
+    def charge_keys(self, keys: Any, offset: int | None = None) -> None:
+        """Count the hashing of ``keys`` (an iterable) against the run's limit."""
+        if self.keycost is not None:
+            self.keycost.charge(keys, offset)
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
         return Global(module, name, offset)
@@ -227,6 +236,8 @@ class Machine:
         self.proto = 0
         # id(tuple or frozenset) -> (object, nesting depth); immutables only, so exact.
         self.depths: dict[int, tuple[Any, int]] = {}
+        self.keycost = KeyCost(self.limits)
+        self.resolver.keycost = self.keycost
         table = _TABLES.get(type(self))
         if table is None:  # once per class: 68 bound-method lookups were a third of a short run
             table = [None] * 256
@@ -261,6 +272,7 @@ class Machine:
             self.memo = {}
             self.memo_dense = []
             self.depths = {}
+            self.keycost.sizes = {}
             self.metastack = []
 
     def _run(self, start: int) -> tuple[Any, int]:
@@ -703,6 +715,7 @@ class Machine:
                              offset=self.op_start)
         if depth > 1:
             self.depths[id(value)] = (value, depth)
+            self.keycost.record(value, self.op_start)
         return value
 
     def _made(self, value: Any) -> Any:
@@ -918,6 +931,7 @@ class Machine:
 
     def op_FROZENSET(self) -> None:
         items = self.pop_mark()
+        self.keycost.charge(items, self.op_start)
         try:
             value = frozenset(items)
         except TypeError as e:
@@ -958,6 +972,7 @@ class Machine:
     def _setitems(self, target: Any, items: list[Any]) -> None:
         if isinstance(target, dict):
             self._check_len(len(target) + len(items) // 2)
+            self.keycost.charge(items[::2], self.op_start)
             try:
                 for i in range(0, len(items), 2):
                     target[items[i]] = items[i + 1]
@@ -974,6 +989,7 @@ class Machine:
             return
         if type(target) is set:
             self._check_len(len(target) + len(items))
+            self.keycost.charge(items, self.op_start)
             try:
                 target.update(items)
             except TypeError as e:

@@ -176,6 +176,7 @@ def tensor_args(m: Machine, pos: int, guard: int) -> int:
         args = immutable(args)
     else:  # m._immutable(args), whose only tuples are the size and stride (of ints: depth
         m.depths[id(args)] = (args, 2)  # 1); max_depth >= 2 (checked above)
+        m.keycost.sizes[id(args)] = (args, 7 + len(size) + len(stride))  # its expanded size
     outer = m.stack
     op = regs[21][0] - 1  # REDUCE
     if not outer:

@@ -120,6 +120,8 @@ class StdlibRules(Resolver):
         for pair in pairs:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise PickleError("OrderedDict item is not a (key, value) pair")
+        self.charge_keys(pair[0] for pair in pairs)
+        for pair in pairs:
             od[pair[0]] = pair[1]
         return od
 
@@ -142,6 +144,8 @@ class StdlibRules(Resolver):
     def _r_counter(self, f: Known, a: tuple[Any, ...]) -> Any:
         if a and not isinstance(a[0], dict):
             raise PickleError("Counter takes a dict")
+        if a:
+            self.charge_keys(a[0])
         return collections.Counter(a[0] if a else {})
 
     def _r_builtin(self, f: Known, a: tuple[Any, ...]) -> Any:
@@ -153,6 +157,10 @@ class StdlibRules(Resolver):
                 raise PickleError(f"builtins.{name} takes one container")
             ctor: Any = {"set": set, "frozenset": frozenset, "list": list, "tuple": tuple,
                          "dict": dict}[name]
+            if a and name in ("set", "frozenset"):
+                self.charge_keys(a[0])
+            elif a and name == "dict" and isinstance(a[0], (list, tuple)):
+                self.charge_keys(p[0] for p in a[0] if isinstance(p, (tuple, list)) and p)
             return ctor(*a)
         if name in ("bytes", "bytearray"):
             ctor = bytes if name == "bytes" else bytearray

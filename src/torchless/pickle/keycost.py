@@ -1,0 +1,84 @@
+"""What hashing the tuples a pickle builds costs, counted as the interpreter builds them.
+
+Python does not cache a tuple's hash: hashing one hashes every tuple inside it, once per path
+to it. A pickle can build a tuple once and put it three times in the next one through the
+memo, and so on: a hundred bytes then make a tuple of 3**20 paths, and using it as a dict key
+or set member (``SETITEM``, ``ADDITEMS``, ``FROZENSET``, or a rule building a set or dict)
+takes minutes, and the same again for each use. ``torch.load`` hangs on such a file.
+
+:class:`KeyCost` keeps, for each tuple or frozenset the run built that holds another one,
+how many values hashing or walking it visits (its expanded size; a flat one visits its own
+length plus one, kept nowhere). A tuple whose expanded size passes ``max_container_len`` is
+refused as it is built, and the expanded sizes of all the keys a run hashes may add up to
+``max_container_len`` at most: either is a :class:`~torchless.errors.LimitError`. A checkpoint's
+keys are strings, ints and small flat tuples, which cost nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torchless.core.limits import Limits
+from torchless.errors import LimitError
+
+__all__ = ["KeyCost"]
+
+
+class KeyCost:
+    """The expanded sizes of one run's nested tuples and the hashing work spent on them."""
+
+    __slots__ = ("limit", "sizes", "spent")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limit = limits.max_container_len
+        #: id -> (the tuple or frozenset, kept alive so the id stays its own; expanded size)
+        self.sizes: dict[int, tuple[Any, int]] = {}
+        self.spent = 0
+
+    def size(self, value: Any) -> int:
+        """How many values hashing ``value`` visits (1 for anything but a tuple or
+        frozenset)."""
+        if not isinstance(value, (tuple, frozenset)):
+            return 1
+        entry = self.sizes.get(id(value))
+        if entry is not None and entry[0] is value:
+            return entry[1]
+        return 1 + len(value)
+
+    def record(self, value: tuple[Any, ...] | frozenset[Any], offset: int | None) -> None:
+        """Note a new tuple or frozenset that holds another one; refuse it past the limit."""
+        total = 1
+        nested = False
+        sizes = self.sizes
+        for item in value:
+            if isinstance(item, (tuple, frozenset)):
+                nested = True
+                entry = sizes.get(id(item))
+                total += entry[1] if entry is not None and entry[0] is item else 1 + len(item)
+            else:
+                total += 1
+        if total > self.limit:
+            raise LimitError("max_container_len", self.limit, total,
+                             "values inside nested tuples (the same tuple reached through "
+                             "many paths)", offset=offset)
+        if nested:
+            sizes[id(value)] = (value, total)
+
+    def charge(self, keys: Iterable[Any], offset: int | None) -> None:
+        """Count the work of hashing ``keys`` (dict keys or set members about to be
+        inserted); refuse the run once it passes the limit. Only tuples are counted:
+        anything else hashes in one step (a frozenset caches its hash once computed, and its
+        members were charged when it was built)."""
+        sizes = self.sizes
+        spent = self.spent
+        for k in keys:
+            if type(k) is tuple:
+                entry = sizes.get(id(k))
+                if entry is not None and entry[0] is k:
+                    spent += entry[1]
+        if spent > self.limit:
+            raise LimitError("max_container_len", self.limit, spent,
+                             "values hashed for dict keys and set members (tuples reached "
+                             "through many paths)", offset=offset)
+        self.spent = spent
