@@ -315,9 +315,12 @@ class Encoder:
         NumPy array as it loads, is refused here rather than written into a file that
         readers must refuse."""
         if type(k) is not str:
-            stack = [k]
+            stack, seen = [k], set()
             while stack:
                 x = stack.pop()
+                if id(x) in seen:  # a key shares its parts freely: each is looked at once
+                    continue
+                seen.add(id(x))
                 if self._is_tensor(x) or is_ndarray(x):
                     raise ConversionError(
                         f"{path or 'the object'}: cannot store a tensor or array used as a dict "
