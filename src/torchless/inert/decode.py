@@ -25,6 +25,7 @@ import numpy as np
 from torchless.core import dtypes as _dtypes
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, FormatError, LimitError, UnsupportedError, type_phrase
+from torchless.inert.keycost import hash_work
 from torchless.inert.schema import (
     _DESCR,
     _FACTORY_BY_NAME,
@@ -91,6 +92,8 @@ class _Decoder:
         self.on_tensor = on_tensor
         self.ids: dict[int, Any] = {}
         self.building: set[int] = set()
+        self.hashed = 0                         # the work of hashing keys (keycost)
+        self.tuple_sizes: dict[int, int] = {}
         self.torch = _torch() if mode == "torch" else None
         if mode == "torch" and self.torch is None:
             raise UnsupportedError("tensors='torch' needs torch imported by your program "
@@ -175,6 +178,12 @@ class _Decoder:
 
     def key(self, node: Any, depth: int) -> Any:
         k = self.value(node, depth)
+        if type(k) is tuple:
+            self.hashed += hash_work(k, self.tuple_sizes)
+            if self.hashed > self.limits.max_container_len:
+                raise LimitError("max_container_len", self.limits.max_container_len,
+                                 self.hashed, "values hashed as dict keys and set members "
+                                 "(tuples that repeat their parts)")
         try:
             hash(k)
         except TypeError:

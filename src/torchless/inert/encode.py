@@ -348,9 +348,12 @@ class Encoder:
         when read), also inside a tuple or frozenset, does not."""
         if type(key) is str or type(key) is int:
             return key
-        stack = [key]
+        stack, seen = [key], set()
         while stack:
             k = stack.pop()
+            if id(k) in seen:  # a key shares its parts freely: each is looked at once
+                continue
+            seen.add(id(k))
             if self._is_tensor(k) or is_ndarray(k) or isinstance(k, TensorRecord):
                 raise ConversionError(
                     f"{path or 'the object'}: a dict key or set member holds a tensor, which "

@@ -17,37 +17,73 @@ from torchless.pickle.values import NOTSET, Opaque
 
 __all__ = ["member_key"]
 
-#: How deep the key looks into nested members; below it, members of one type tie (and a
-#: tie changes the text only between members whose own trees differ that deeply).
+#: How deep and how many values the key of one member looks at: bounded work for a member
+#: that is a large or widely shared structure (a file could make one whose expansion is
+#: exponential in its size). Members that differ only beyond that tie.
 _DEPTH = 6
+_VALUES = 256
 
 
-def member_key(value: Any, depth: int = 0) -> str:
+def member_key(value: Any) -> str:
     """A text that orders ``value`` among other set members, independent of hashes and
     addresses: equal for members the tree writes alike (deterministic ``repr`` for atoms,
     the contents for tuples, frozensets and records)."""
+    parts: list[str] = []
+    budget = [_VALUES]
+    _key(value, 0, parts, budget)
+    return "".join(parts)
+
+
+def _key(value: Any, depth: int, out: list[str], budget: list[int]) -> None:
+    budget[0] -= 1
     kind = type(value)
     if isinstance(value, str) and kind is str:
-        return "s" + value
+        out.append("s" + value + "\0")
+        return
     if kind is float:
-        return "f" + struct.pack(">d", value).hex()  # NaN payloads, -0.0: by their bits
-    if depth < _DEPTH:
+        out.append("f" + struct.pack(">d", value).hex())  # NaN payloads, -0.0: by their bits
+        return
+    if depth < _DEPTH and budget[0] > 0:
         if kind is tuple or kind is list:
-            return "t(" + ",".join(member_key(v, depth + 1) for v in value) + ")"
+            out.append("t(")
+            for v in value:
+                _key(v, depth + 1, out, budget)
+            out.append(")")
+            return
         if kind is frozenset or kind is set:
-            return "f(" + ",".join(sorted(member_key(v, depth + 1) for v in value)) + ")"
+            keys = []
+            for v in value:
+                sub: list[str] = []
+                _key(v, depth + 1, sub, budget)
+                keys.append("".join(sub))
+            out.append("f(" + "".join(sorted(keys)) + ")")
+            return
         if kind is dict:
-            return "d(" + ",".join(f"{member_key(k, depth + 1)}:{member_key(v, depth + 1)}"
-                                   for k, v in value.items()) + ")"
+            out.append("d(")
+            for k, v in value.items():
+                _key(k, depth + 1, out, budget)
+                _key(v, depth + 1, out, budget)
+            out.append(")")
+            return
         if isinstance(value, Opaque):
-            state = "" if value.state is NOTSET else member_key(value.state, depth + 1)
-            return f"o{value.class_path}({member_key(value.args, depth + 1)};{state})"
-    return f"{kind.__module__}.{kind.__qualname__}:{_repr(value)}"
+            out.append(f"o{value.class_path}(")
+            _key(value.args, depth + 1, out, budget)
+            if value.state is not NOTSET:
+                _key(value.state, depth + 1, out, budget)
+            out.append(")")
+            return
+    out.append(f"{kind.__module__}.{kind.__qualname__}:{_repr(value)}\0")
+
+
+_CONTAINERS = (tuple, list, dict, set, frozenset, Opaque)
 
 
 def _repr(value: Any) -> str:
-    """``repr(value)``, or nothing for an object whose ``repr`` names its address (which
-    would order it by where it was allocated)."""
+    """``repr(value)``; nothing for a container past the bounds (its ``repr`` would expand
+    it whole) or an object whose ``repr`` names its address (which would order it by
+    where it was allocated)."""
+    if isinstance(value, _CONTAINERS):
+        return ""
     try:
         text = repr(value)
     except Exception:
