@@ -8,6 +8,7 @@ no other exception escaping, and loading must never import or call anything a fi
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import sys
 import time
@@ -101,6 +102,9 @@ VALID: dict[str, tuple[str, Any]] = {
     "bytes": (json.dumps({"$bytes": B64}), b"abc"),
     "global": ('{"$global": ["os", "system"]}', Global("os", "system")),
     "const": ('[{"$const": "Ellipsis"}, {"$const": "NotImplemented"}]', [..., NotImplemented]),
+    "tzname": ('{"$time": "01:02:03-05:30;tzname=EST;x"}',
+               datetime.time(1, 2, 3, tzinfo=datetime.timezone(
+                   -datetime.timedelta(hours=5, minutes=30), "EST;x"))),
     "dict": ('{"$dict": [[1, "a"], [{"$tuple": [1, 2]}, "b"]]}', {1: "a", (1, 2): "b"}),
 }
 
@@ -255,6 +259,12 @@ MALFORMED: dict[str, str] = {
     "$datetime month 13": '{"$datetime": "2020-13-01T00:00:00"}',
     "$datetime offset 25h": '{"$datetime": "2020-01-01T00:00:00+25:00"}',
     "$datetime fold 2": '{"$datetime": "2020-01-01T00:00:00;fold=2"}',
+    "$datetime tzname without offset": '{"$datetime": "2020-01-01T00:00:00;tzname=EST"}',
+    "$datetime zone and tzname": '{"$datetime": "2020-01-01T00:00:00+01:00;zone=Europe/Paris'
+                                 ';tzname=CET"}',
+    "$datetime tzname too long": json.dumps({"$datetime": "2020-01-01T00:00:00+01:00;tzname="
+                                                          + "x" * 256}),
+    "$time tzname without offset": '{"$time": "01:02:03;tzname=EST"}',
     "$datetime number": '{"$datetime": 1577836800}',
     "$date garbage": '{"$date": "yesterday"}',
     "$time garbage": '{"$time": "25:00"}',

@@ -312,3 +312,29 @@ def test_namedtuples_named_by_index_at_every_protocol(torch: ModuleType, tmp_pat
     with torchless.open(path) as ckpt:
         assert sorted(ckpt.tensors) == sorted(name for name, _ in expected.leaves)
         assert "pair.0" in ckpt.tensors and "nested.0.1.0" in ckpt.tensors
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+def test_named_fixed_offset_time_zones_survive_convert(torch: ModuleType, tmp_path: Path,
+                                                       fmt: str) -> None:
+    """``timezone(offset, name)`` keeps its name through ``convert`` (``;tzname=`` in the
+    inert tree), where the name was dropped silently and only the offset came back."""
+    import datetime
+
+    named = datetime.timezone(-datetime.timedelta(hours=5, minutes=30), "EST;tzname=x")
+    obj = {"at": datetime.datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=named),
+           "clock": datetime.time(1, 2, 3, tzinfo=named),
+           "utc": datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc),
+           "plain": datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone(
+               datetime.timedelta(hours=2))), "w": torch.ones(1)}
+    path = tmp_path / "zones.pt"
+    torch.save(obj, path, _use_new_zipfile_serialization=fmt == "zip")
+    expected = _torch_load(torch, path)
+    out = tmp_path / "zones.safetensors"
+    report = torchless.convert(path, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    again = torchless.load(out)
+    for key in ("at", "clock", "utc", "plain"):
+        assert again[key] == expected[key]
+        assert again[key].tzinfo.tzname(None) == expected[key].tzinfo.tzname(None), key
+    assert again["at"].tzinfo.tzname(None) == "EST;tzname=x"

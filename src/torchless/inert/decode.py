@@ -412,19 +412,23 @@ def _h_range(dec: _Decoder, p: Any, depth: int, nid: int | None) -> range:
     return range(*p)
 
 
-def _split_fold(p: Any, what: str) -> tuple[str, int, str | None]:
-    """ISO text, its fold, and the IANA zone named after it (``$datetime`` only)."""
+def _split_fold(p: Any, what: str) -> tuple[str, int, str | None, str | None]:
+    """ISO text, its fold, the IANA zone named after it (``$datetime`` only) and the name
+    of its fixed offset (``timezone(offset, name)``), which comes last."""
     _expect(p, str, what)
-    if len(p) > 64 + 6 + 255:
+    if len(p) > 64 + 9 + 255:
         raise FormatError(f"{what}: too long")
+    tzname = None
+    if ";tzname=" in p:
+        p, tzname = p.split(";tzname=", 1)
     zone = None
     if what == "$datetime" and ";zone=" in p:
         p, zone = p.split(";zone=", 1)
-    if len(p) > 64:
-        raise FormatError(f"{what}: too long")
+    if len(p) > 64 or (tzname is not None and (len(tzname) > 255 or zone is not None)):
+        raise FormatError(f"{what}: too long, or both a zone and a time zone name")
     if p.endswith(";fold=1"):
-        return p[:-7], 1, zone
-    return p, 0, zone
+        return p[:-7], 1, zone, tzname
+    return p, 0, zone, tzname
 
 
 _OFFSET = re.compile(r"(.*?)(?:([+-])(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{6}))?)?|(Z))")
@@ -447,11 +451,17 @@ def _split_offset(text: str) -> tuple[str, datetime.timezone | None]:
 
 def _clock(p: Any, tag: str, cls: type[datetime.datetime] | type[datetime.time]) -> Any:
     """A $datetime or $time: ISO text, our own parse of its UTC offset, and its fold."""
-    text, fold, zone = _split_fold(p, tag)
+    text, fold, zone, tzname = _split_fold(p, tag)
     naive, tz = _split_offset(text)
     value = cls.fromisoformat(naive)
     if value.tzinfo is not None:
         raise FormatError(f"bad {tag} {p!r}")
+    if tzname is not None:
+        if tz is None:
+            raise FormatError(f"{tag} {p!r} names its time zone but has no UTC offset")
+        offset = tz.utcoffset(None)
+        assert offset is not None
+        tz = datetime.timezone(offset, tzname)
     if zone is not None:
         if tz is None:
             raise FormatError(f"{tag} {p!r} names a zone but has no UTC offset")

@@ -608,6 +608,10 @@ def _join(path: str, key: Any) -> str:
     return f"{path}.{k}" if path else k
 
 
+#: The longest name of a fixed-offset time zone (``timezone(offset, name)``) stored.
+_MAX_TZNAME = 255
+
+
 def _iso(obj: datetime.datetime | datetime.time) -> str:
     zone = ""
     tz = obj.tzinfo
@@ -617,6 +621,14 @@ def _iso(obj: datetime.datetime | datetime.time) -> str:
     elif tz is not None and type(tz) is not datetime.timezone:
         raise ConversionError(f"cannot store a time zone of type {type(tz).__name__} "
                               "(only fixed UTC offsets and IANA zones by name)")
+    elif tz is not None:
+        name = tz.tzname(None)
+        offset = tz.utcoffset(None)
+        if name != datetime.timezone(offset).tzname(None):  # timezone(offset, name)
+            if len(name) > _MAX_TZNAME:
+                raise ConversionError(f"cannot store a time zone name of {len(name)} "
+                                      f"characters (at most {_MAX_TZNAME})")
+            zone = f";tzname={name}"
     text = obj.isoformat()
     return text + (";fold=1" if obj.fold else "") + zone
 
