@@ -53,13 +53,13 @@ def _same(got: Any, want: Any, torch: ModuleType, where: str = "") -> None:
         assert got == want or (got != got and want != want), where
 
 
-def _sharing(obj: Any, torch: ModuleType) -> list[list[int]]:
-    """Which tensors (by walk position) share a storage: the partition torch.load makes."""
-    ptrs: list[int] = []
+def _tensors(obj: Any, torch: ModuleType) -> list[Any]:
+    """The tensors of ``obj`` in walk order (dict values, list and tuple items)."""
+    out: list[Any] = []
 
     def walk(v: Any) -> None:
         if isinstance(v, torch.Tensor):
-            ptrs.append(v.untyped_storage().data_ptr() if v.untyped_storage().nbytes() else -1)
+            out.append(v)
         elif isinstance(v, dict):
             for c in v.values():
                 walk(c)
@@ -68,6 +68,13 @@ def _sharing(obj: Any, torch: ModuleType) -> list[list[int]]:
                 walk(c)
 
     walk(obj)
+    return out
+
+
+def _sharing(obj: Any, torch: ModuleType) -> list[list[int]]:
+    """Which tensors (by walk position) share a storage: the partition torch.load makes."""
+    ptrs = [v.untyped_storage().data_ptr() if v.untyped_storage().nbytes() else -1
+            for v in _tensors(obj, torch)]
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(ptrs):
         if p != -1:
@@ -207,20 +214,7 @@ def _identities(obj: Any, torch: ModuleType) -> list[int]:
     """For each tensor (by walk position), the position of the first tensor that is the same
     Python object: the memo's identity structure, which torch.load keeps."""
     seen: dict[int, int] = {}
-    out: list[int] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, torch.Tensor):
-            out.append(seen.setdefault(id(v), len(out)))
-        elif isinstance(v, dict):
-            for c in v.values():
-                walk(c)
-        elif isinstance(v, (list, tuple)):
-            for c in v:
-                walk(c)
-
-    walk(obj)
-    return out
+    return [seen.setdefault(id(v), i) for i, v in enumerate(_tensors(obj, torch))]
 
 
 def test_a_tensor_saved_twice_is_one_object(torch: ModuleType, tmp_path: Path) -> None:
