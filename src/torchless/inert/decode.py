@@ -25,7 +25,6 @@ import numpy as np
 from torchless.core import dtypes as _dtypes
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, FormatError, LimitError, UnsupportedError, type_phrase
-from torchless.inert.keycost import hash_work
 from torchless.inert.schema import (
     _DESCR,
     _FACTORY_BY_NAME,
@@ -45,6 +44,7 @@ from torchless.model.graph import ModuleDict
 from torchless.model.interop import record_to_torch, to_torch, torch_dtypes
 from torchless.model.kinds import KINDS, TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor, with_attrs
+from torchless.pickle.keycost import KeyCost
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.policy import PYTHON_CONSTANTS
 from torchless.rules.stdlib import system_zone
@@ -92,8 +92,7 @@ class _Decoder:
         self.on_tensor = on_tensor
         self.ids: dict[int, Any] = {}
         self.building: set[int] = set()
-        self.hashed = 0                         # the work of hashing keys (keycost)
-        self.tuple_sizes: dict[int, int] = {}
+        self.keycost = KeyCost(limits)          # the work of hashing keys
         self.torch = _torch() if mode == "torch" else None
         if mode == "torch" and self.torch is None:
             raise UnsupportedError("tensors='torch' needs torch imported by your program "
@@ -179,11 +178,7 @@ class _Decoder:
     def key(self, node: Any, depth: int) -> Any:
         k = self.value(node, depth)
         if type(k) is tuple:
-            self.hashed += hash_work(k, self.tuple_sizes)
-            if self.hashed > self.limits.max_container_len:
-                raise LimitError("max_container_len", self.limits.max_container_len,
-                                 self.hashed, "values hashed as dict keys and set members "
-                                 "(tuples that repeat their parts)")
+            self.keycost.spend(self.keycost.measure(k))
         try:
             hash(k)
         except TypeError:

@@ -12,6 +12,10 @@ length plus one, kept nowhere). A tuple whose expanded size passes ``max_contain
 refused as it is built, and the expanded sizes of all the keys a run hashes may add up to
 ``max_container_len`` at most: either is a :class:`~torchless.errors.LimitError`. A checkpoint's
 keys are strings, ints and small flat tuples, which cost nothing here.
+
+The inert decoder builds its tuples from JSON, not through this count: it measures each key
+it reads with :meth:`KeyCost.measure` (every tuple inside measured once) and spends that,
+flat tuples included.
 """
 
 from __future__ import annotations
@@ -65,18 +69,44 @@ class KeyCost:
         if nested:
             sizes[id(value)] = (value, total)
 
+    def measure(self, key: Any) -> int:
+        """How many values hashing ``key`` visits (1 for anything but a tuple, whose hash is
+        cached or does not descend), for a value built outside the interpreter: each tuple
+        inside is measured once and kept in :attr:`sizes`, flat ones too."""
+        if type(key) is not tuple:
+            return 1
+        sizes = self.sizes
+        stack: list[tuple[tuple[Any, ...], bool]] = [(key, False)]
+        while stack:
+            t, expanded = stack.pop()
+            entry = sizes.get(id(t))
+            if entry is not None and entry[0] is t:
+                continue
+            if expanded:
+                sizes[id(t)] = (t, 1 + sum(sizes[id(v)][1] if type(v) is tuple else 1
+                                           for v in t))
+                continue
+            stack.append((t, True))
+            stack.extend((v, False) for v in t if type(v) is tuple)
+        return sizes[id(key)][1]
+
     def charge(self, keys: Iterable[Any], offset: int | None) -> None:
         """Count the work of hashing ``keys`` (dict keys or set members about to be
         inserted); refuse the run once it passes the limit. Only tuples are counted:
         anything else hashes in one step (a frozenset caches its hash once computed, and its
         members were charged when it was built)."""
         sizes = self.sizes
-        spent = self.spent
+        work = 0
         for k in keys:
             if type(k) is tuple:
                 entry = sizes.get(id(k))
                 if entry is not None and entry[0] is k:
-                    spent += entry[1]
+                    work += entry[1]
+        self.spend(work, offset)
+
+    def spend(self, work: int, offset: int | None = None) -> None:
+        """Add ``work`` values hashed; refuse once the total passes the limit."""
+        spent = self.spent + work
         if spent > self.limit:
             raise LimitError("max_container_len", self.limit, spent,
                              "values hashed for dict keys and set members (tuples reached "
