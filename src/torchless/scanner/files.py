@@ -43,14 +43,16 @@ from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.rules.resolver import TorchResolver
 from torchless.scanner.dcpwalk import scan_dcp
-from torchless.scanner.layouts import (
+from torchless.scanner.layouts import LayoutScans
+from torchless.scanner.pickles import (
     MAX_CHAINED,
     PICKLE_START,
     RUNS_OUT,
-    LayoutScans,
+    FoundGlobal,
+    StreamScan,
     plausible,
+    scan_stream,
 )
-from torchless.scanner.pickles import FoundGlobal, StreamScan, scan_stream
 from torchless.scanner.plain import HEADERS
 from torchless.scanner.report import (
     SEVERITY_ORDER,
@@ -273,7 +275,7 @@ class _File(LayoutScans):
                tentative: bool = False, want_value: bool = False) -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
-        :func:`.layouts.plausible`. None if the bytes were not walked at all."""
+        :func:`.pickles.plausible`. None if the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,

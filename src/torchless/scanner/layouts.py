@@ -4,7 +4,6 @@ included, handed to the scanner's pickle pass (:meth:`LayoutScans.pickle`)."""
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -28,13 +27,19 @@ from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
 from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
-from torchless.scanner.pickles import DOTTED_NAME, StreamScan, scan_stream
+from torchless.scanner.pickles import (
+    MAX_CHAINED,
+    PICKLE_START,
+    RUNS_OUT,
+    StreamScan,
+    looks_like_pickle,
+    scan_stream,
+)
 from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
 from torchless.scanner.torcharchives import archive_kind, nested_archives, package_code, unpickled
 
-__all__ = ["MAX_CHAINED", "PICKLE_START", "RUNS_OUT", "LayoutScans", "looks_like_pickle",
-           "plausible"]
+__all__ = ["LayoutScans"]
 
 #: Bytes of the start of a member or region walked to decide whether it holds a pickle.
 _SNIFF = 64 << 10
@@ -42,11 +47,6 @@ _SNIFF = 64 << 10
 _CRC_BLOCK = 64 << 20
 #: Members larger than this are not inflated just to check their CRC.
 _CRC_INFLATE_CAP = 64 << 20
-#: Pickles followed one after another in a plain file or after a legacy stream.
-MAX_CHAINED = 1000
-PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
-#: How the pickle walk says that the bytes ran out (a stream cut short by the data's end).
-RUNS_OUT = re.compile(r"cut short|remain$|ends without a STOP|has no end of line")
 
 
 class LayoutScans:
@@ -405,30 +405,3 @@ class LayoutScans:
                 walk_tensors(self.source, m, read, self.limits, f)
             else:
                 self.chain_region(m.offset, m.offset + m.size)
-
-
-def looks_like_pickle(head: Any, limits: Limits) -> bool:
-    """Whether bytes that need not be a pickle (a member not named .pkl, data around an
-    archive) are one: walked and run, they end at a STOP without a fault; or they open with
-    PROTO and name a well-formed global before breaking (a payload in a broken stream).
-    Tensor bytes pass neither test by chance, so real checkpoints raise no false alarm."""
-    if not head or head[0] not in PICKLE_START:
-        return False
-    probe = scan_stream(head, 0, len(head), limits, tentative=True)
-    if not probe.stopped and probe.end >= len(head) and probe.globals:
-        return True  # the sniffed window ends inside a stream that names globals
-    return plausible(probe, head)
-
-
-def plausible(result: StreamScan, data: Any) -> bool:
-    """A stream worth reporting among bytes that need not be a pickle: it names a global,
-    every name it reads inline is a well-formed dotted name (bytes that merely decode as a
-    GLOBAL cannot be imported) and it is whole, or opens with PROTO and breaks after them."""
-    if not result.globals or not all(
-            g.unresolved or (DOTTED_NAME.match(g.module) and DOTTED_NAME.match(g.name))
-            for g in result.globals):
-        return False
-    if result.stopped and not result.problems:
-        return True
-    start = result.start
-    return data[start] == 0x80 and len(data) > start + 1 and 2 <= data[start + 1] <= 5

@@ -39,7 +39,8 @@ from torchless.scanner.modelrun import FoundGlobal, ModelMachine, ModelRecorder
 from torchless.scanner.plain import PlainStreams
 from torchless.scanner.walk import MAX_LINE, StreamScan, static_walk
 
-__all__ = ["DOTTED_NAME", "FAST_NAMES", "FoundGlobal", "StreamScan", "scan_stream"]
+__all__ = ["DOTTED_NAME", "FAST_NAMES", "MAX_CHAINED", "PICKLE_START", "RUNS_OUT", "FoundGlobal",
+           "StreamScan", "looks_like_pickle", "plausible", "scan_stream"]
 
 #: Names vetted to be called with any data whose results are not callable and not
 #: forwarding: a stream naming only these (and storage types) takes only vetted actions.
@@ -168,3 +169,37 @@ def _ran(scan: StreamScan, view: Any, start: int, lim: Limits, member: str | Non
 def _finish(scan: StreamScan, log: ActionLog, start: int) -> None:
     scan.actions = log.finished()
     scan.worst = log.worst
+
+
+#: Pickles followed one after another in a plain file or after a legacy stream.
+MAX_CHAINED = 1000
+PICKLE_START = frozenset(b"(cNIJKLMFSTUVXG]})\x8a\x8c\x95\x80")
+#: How the pickle walk says that the bytes ran out (a stream cut short by the data's end).
+RUNS_OUT = re.compile(r"cut short|remain$|ends without a STOP|has no end of line")
+
+
+def looks_like_pickle(head: Any, limits: Limits) -> bool:
+    """Whether bytes that need not be a pickle (a member not named .pkl, data around an
+    archive) are one: walked and run, they end at a STOP without a fault; or they open with
+    PROTO and name a well-formed global before breaking (a payload in a broken stream).
+    Tensor bytes pass neither test by chance, so real checkpoints raise no false alarm."""
+    if not head or head[0] not in PICKLE_START:
+        return False
+    probe = scan_stream(head, 0, len(head), limits, tentative=True)
+    if not probe.stopped and probe.end >= len(head) and probe.globals:
+        return True  # the sniffed window ends inside a stream that names globals
+    return plausible(probe, head)
+
+
+def plausible(result: StreamScan, data: Any) -> bool:
+    """A stream worth reporting among bytes that need not be a pickle: it names a global,
+    every name it reads inline is a well-formed dotted name (bytes that merely decode as a
+    GLOBAL cannot be imported) and it is whole, or opens with PROTO and breaks after them."""
+    if not result.globals or not all(
+            g.unresolved or (DOTTED_NAME.match(g.module) and DOTTED_NAME.match(g.name))
+            for g in result.globals):
+        return False
+    if result.stopped and not result.problems:
+        return True
+    start = result.start
+    return data[start] == 0x80 and len(data) > start + 1 and 2 <= data[start + 1] <= 5
