@@ -310,7 +310,10 @@ def import_verdict(module: str, name: str, *, called: bool = False) -> tuple[Sev
     top = package_of(module)
     if top in IMPORT_PACKAGES:
         return "vetted", f"a reference; importing {top} is vetted: {IMPORT_PACKAGES[top]}"
-    if top in _STDLIB or top == "__main__":
+    if top == "__main__":
+        return "vetted", ("a reference to the running program's own name (__main__ is the "
+                          "program that calls torch.load, already imported: nothing new runs)")
+    if top in _STDLIB:
         return "vetted", (f"a reference; importing the standard library's {top} runs no "
                           "unvetted code")
     return "unvetted", f"importing {module} runs the code of the {top} package, not vetted"
@@ -347,8 +350,11 @@ def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity
         return "unvetted", (f"calling {path} runs its __init__, which is not vetted (only "
                             "__new__ + BUILD is)")
     top = package_of(module)
-    where = "the standard library's" if top in _STDLIB else "the"
     verb = "creating" if new else "calling"
+    if top == "__main__":
+        return "unvetted", (f"{verb} {path} runs code of the running program (__main__: "
+                            "whatever script calls torch.load), which is not vetted")
+    where = "the standard library's" if top in _STDLIB else "the"
     return "unvetted", f"{verb} {path} runs code of {where} {top} package that is not vetted"
 
 

@@ -10,8 +10,8 @@ from typing import Any, Literal
 from torchless.core.findings import Anomaly
 from torchless.core.text import printable
 
-__all__ = ["Action", "ActionKind", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
-           "format_table"]
+__all__ = ["Action", "ActionGroup", "ActionKind", "FileScan", "FileStatus", "GlobalRef",
+           "ScanReport", "Verdict", "action_groups", "format_table"]
 
 #: What the scanner makes of one global: vetted names are ``rebuilt`` (the reader has a rule
 #: for them) or ``opaque`` (kept as an inert record), the others ``unvetted`` or ``dangerous``.
@@ -122,7 +122,9 @@ class ScanReport:
     def to_dict(self) -> dict[str, Any]:
         return {"format": "torchless-scan", "version": 1, "exit_code": self.exit_code,
                 "summary": self.counts(),
-                "files": [{**asdict(f), "dangerous": len(f.dangerous)} for f in self.files]}
+                "files": [{**asdict(f), "dangerous": len(f.dangerous),
+                           "groups": [{**asdict(g), "text": g.describe()}
+                                      for g in action_groups(f)]} for f in self.files]}
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -185,6 +187,108 @@ def new_global_ref(module: str, name: str, offset: int, opcode: str, verdict: Ve
     return g
 
 
+@dataclass(frozen=True)
+class ActionGroup:
+    """Actions of one severity and kind on the names of one module, as a person reads them:
+    "imports 12 classes of ultralytics.nn", not a line for each of 174 actions."""
+
+    severity: Severity
+    kind: ActionKind
+    module: str
+    #: The distinct names of the module the actions are on, in the order first met.
+    names: tuple[str, ...]
+    #: How many actions (each with its count).
+    count: int
+    #: The first action's reason, opcode and place.
+    reason: str
+    opcode: str
+    member: str | None
+    offset: int
+    #: Whether the actions create objects with ``__new__`` (NEWOBJ), rather than call.
+    new: bool = False
+
+    def describe(self) -> str:
+        """The group in words: what is done, to how many names of which module."""
+        names = _names(self.names)
+        n = len(self.names)
+        if self.kind == "import":
+            return f"imports {_plural(n, 'name')} of {self.module}: {names}"
+        if self.kind == "call" and self.new:
+            return (f"creates {_plural(self.count, 'object')} of {_plural(n, 'class', 'es')} "
+                    f"of {self.module} with __new__: {names}")
+        if self.kind == "call":
+            return (f"calls {_plural(n, 'callable')} of {self.module} "
+                    f"{_plural(self.count, 'time')}: {names}")
+        verb = "builds" if self.kind == "build" else "updates"
+        how = "__setstate__ or __setattr__" if self.kind == "build" else "item methods"
+        return (f"{verb} {_plural(self.count, 'object')} of {_plural(n, 'class', 'es')} of "
+                f"{self.module} ({how}): {names}")
+
+
+#: Names a group line shows before it says how many more there are.
+_GROUP_NAMES = 8
+
+
+def _plural(n: int, word: str, suffix: str = "s") -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}{suffix}"
+
+
+def _names(names: tuple[str, ...]) -> str:
+    shown = ", ".join(names[:_GROUP_NAMES])
+    more = len(names) - _GROUP_NAMES
+    return f"{shown}, … ({more} more)" if more > 0 else shown
+
+
+def action_groups(f: FileScan, severities: tuple[Severity, ...] = ("unvetted",)
+                  ) -> list[ActionGroup]:
+    """The actions of ``f`` of the given severities, grouped by severity, kind and top-level
+    package (of the module of the global that named the target, else of the target's dotted
+    prefix), in the order each group is first met. A group's ``module`` is the longest
+    dotted prefix its modules share (``ultralytics.nn`` for ``ultralytics.nn.tasks`` and
+    ``ultralytics.nn.modules.conv``), its names are relative to it."""
+    modules = {(g.member, g.offset): g.module for g in f.globals}
+    groups: dict[tuple[str, str, bool, str], list[Any]] = {}
+    for a in f.actions:
+        if a.severity not in severities:
+            continue
+        new = a.kind == "call" and a.target.endswith(".__new__")
+        target = a.target.removesuffix(".__new__") if new else a.target
+        module = modules.get((a.member, a.origin)) if a.origin is not None else None
+        if module is None or not target.startswith(module + "."):
+            module = target.rpartition(".")[0] or target
+        key = (a.severity, a.kind, new, module.partition(".")[0])
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [a, {(module, target): None}, a.count]
+        else:
+            group[1][module, target] = None
+            group[2] += a.count
+    out = []
+    for key, (first, targets, count) in groups.items():
+        prefix = _common_prefix([m for m, _ in targets])
+        names = tuple(dict.fromkeys(t[len(prefix) + 1:] if t != prefix else t
+                                    for _, t in targets))
+        out.append(ActionGroup(first.severity, first.kind, prefix, names, count, first.reason,
+                               first.opcode, first.member, first.offset, new=key[2]))
+    return out
+
+
+def _common_prefix(modules: list[str]) -> str:
+    """The longest dotted prefix every module of ``modules`` starts with (whole segments)."""
+    parts = modules[0].split(".")
+    for m in modules[1:]:
+        other = m.split(".")
+        n = 0
+        while n < min(len(parts), len(other)) and parts[n] == other[n]:
+            n += 1
+        parts = parts[:n]
+    return ".".join(parts) or modules[0].partition(".")[0]
+
+
+#: Dangerous actions a table lists one by one per file before it says how many more there are.
+_LISTED_DANGEROUS = 25
+
+
 _MARK = {"clean": "ok", "dangerous": "DANGER", "anomalous": "ANOMALY", "unvetted": "UNVETTED",
          "unreadable": "ERROR", "skipped": "skip", "error": "BUG"}
 
@@ -202,14 +306,27 @@ def format_table(report: ScanReport, *, verbose: bool = False) -> str:
             lines.append(f"    error: {f.error}")
             if f.hint and f.status in ("unreadable", "error"):
                 lines.append(f"    hint: {f.hint}")
+        listed = 0
         for act in f.actions:
-            if not verbose and act.severity == "vetted":
+            if not verbose and act.severity != "dangerous":
+                continue  # unvetted ones are grouped below
+            listed += 1
+            if not verbose and listed > _LISTED_DANGEROUS:
                 continue
             where = f"{act.member}@{act.offset}" if act.member else f"@{act.offset}"
             args = f"{act.args}" if act.args is not None and act.kind == "call" else ""
             times = f" x{act.count}" if act.count > 1 else ""
             lines.append(f"    {act.severity:<9} {act.kind} {act.target}{args} ({act.opcode} "
                          f"{where}){times}: {act.reason}")
+        if not verbose and listed > _LISTED_DANGEROUS:
+            lines.append(f"    dangerous … and {listed - _LISTED_DANGEROUS} more dangerous "
+                         "actions (-v or --json lists every one)")
+        if not verbose:
+            for g in action_groups(f):
+                where = f"{g.member}@{g.offset}" if g.member else f"@{g.offset}"
+                first = "first " if g.count > 1 else ""
+                lines.append(f"    {g.severity:<9} {g.describe()} ({first}{g.opcode} {where}): "
+                             f"{g.reason}")
         for a in f.anomalies:
             where = f" [{a.member}]" if a.member else ""
             at = f" @{a.offset}" if a.offset is not None else ""
