@@ -263,13 +263,13 @@ def action_groups(f: FileScan, severities: tuple[Severity, ...] = ("unvetted",)
         else:
             group[1][module, target] = None
             group[2] += a.count
-    out = []
-    for key, (first, targets, count) in groups.items():
+    out: list[ActionGroup] = []
+    for (_, _, new, _), (first, targets, count) in groups.items():
         prefix = _common_prefix([m for m, _ in targets])
         names = tuple(dict.fromkeys(t[len(prefix) + 1:] if t != prefix else t
                                     for _, t in targets))
         out.append(ActionGroup(first.severity, first.kind, prefix, names, count, first.reason,
-                               first.opcode, first.member, first.offset, new=key[2]))
+                               first.opcode, first.member, first.offset, new=new))
     return out
 
 
