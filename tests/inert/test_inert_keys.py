@@ -59,3 +59,26 @@ def test_converted_pickle_with_a_list_setitem_on_a_record_loads(tmp_path: Path) 
         torchless.convert(src, out, verify=True)
     got = torchless.load(out)["x"]
     assert isinstance(got, Opaque) and got.dict_items == [([1], 7)]
+
+
+def test_save_names_tensors_as_open_names_them(torch: ModuleType, tmp_path: Path) -> None:
+    """One naming function: the names ``torchless.save`` gives the tensors of a live object
+    are the names ``torchless.open`` gives them in ``torch.save`` of the same object. By hand
+    (docs/formats.md): a bytes key is its UTF-8 text (``b"k"`` is ``k``), an int key its
+    digits, a tuple key its repr, a PackedSequence (a namedtuple) its field indices."""
+    from safetensors import safe_open
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    packed = pack_padded_sequence(torch.ones(3, 2, 4), [3, 2])
+    obj = {b"k": torch.ones(2), (1, b"x"): torch.zeros(1), "n": {3: torch.ones(1)},
+           "p": packed, "l": [torch.ones(1), {b"\xff": torch.ones(1)}]}
+    torch.save(obj, tmp_path / "o.pt")
+    with torchless.open(tmp_path / "o.pt") as ckpt:
+        opened = sorted(ckpt.tensors)
+    with pytest.warns(torchless.OpaqueObjectWarning):
+        torchless.save(obj, tmp_path / "o.safetensors")
+    with safe_open(str(tmp_path / "o.safetensors"), "np") as f:
+        saved = sorted(f.keys())
+    expected = sorted(["k", "(1, b'x')", "n.3", "p.0", "p.1", "l.0", "l.1.\\xff"])
+    assert opened == expected
+    assert saved == expected

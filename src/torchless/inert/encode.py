@@ -40,7 +40,7 @@ from torchless.model.graph import ModuleDict
 from torchless.model.interop import torch_to_record
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
-from torchless.model.walk import children
+from torchless.model.walk import arg_names, children, entry_name, key_text
 from torchless.pickle.values import NOTSET, Global, Opaque
 from torchless.rules.stdlib import system_zone
 from torchless.write.safetensors import MAX_HEADER_BYTES
@@ -341,7 +341,8 @@ class Encoder:
         """``[key, value]`` pairs; ``keys``: the keys are a mapping's (checked as
         :meth:`_hashable` says), not an opaque record's ``__setitem__`` arguments."""
         return [[self._value(self._hashable(k, path) if keys else k, path, d),
-                 self._value(v, _join(path, k), d)] for k, v in items]
+                 self._value(v, _segment(path, entry_name(i, k)), d)]
+                for i, (k, v) in enumerate(items)]
 
     def _hashable(self, key: Any, path: str) -> Any:
         """``key``, a dict key or set member, if it reads back hashable: a tensor (an array
@@ -428,8 +429,10 @@ class Encoder:
         self.opaque[obj.class_path] = self.opaque.get(obj.class_path, 0) + 1
         body: dict[str, Any] = {
             "callable": self._value(obj.callable, path, d),
-            "args": [self._value(v, path, d) for v in obj.args],
-            "kwargs": None if obj.kwargs is None else self._pairs(obj.kwargs.items(), path, d),
+            "args": [self._value(v, _segment(path, n) if n else path, d)
+                     for n, v in zip(arg_names(obj), obj.args, strict=True)],
+            "kwargs": None if obj.kwargs is None else self._pairs(
+                obj.kwargs.items(), _segment(path, "kwargs"), d),
             "newobj": obj.newobj,
             "items": [self._value(v, _join(path, i), d) for i, v in enumerate(obj.items)],
             "dict_items": self._pairs(obj.dict_items, path, d, keys=False)}
@@ -602,10 +605,14 @@ def _torch_attrs(t: Any, where: str) -> dict[str, Any]:
     return attrs
 
 
-def _join(path: str, key: Any) -> str:
-    k = key if type(key) is str else str(key) if type(key) in (int, bool) or key is None else (
-        repr(key))
-    return f"{path}.{k}" if path else k
+def _join(path: str, key: str | int) -> str:
+    """The name of the value under ``key`` (an attribute name or an index) of the value at
+    ``path``, as :func:`torchless.model.walk.children` names it."""
+    return _segment(path, key if type(key) is str else key_text(key))
+
+
+def _segment(path: str, segment: str) -> str:
+    return f"{path}.{segment}" if path else segment
 
 
 #: The longest name of a fixed-offset time zone (``timezone(offset, name)``) stored.

@@ -45,7 +45,8 @@ from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.pickle.known import Pending
 from torchless.pickle.values import NOTSET, Global, Opaque
 
-__all__ = ["LEAVES", "NODES", "children", "depth_first", "is_node", "key_text", "plain_key"]
+__all__ = ["LEAVES", "NODES", "arg_names", "children", "depth_first", "entry_name", "is_node",
+           "key_text", "plain_key"]
 
 #: Values that hold other values (and an object ndarray: :func:`is_node`).
 NODES: tuple[type, ...] = (dict, list, tuple, set, frozenset, collections.deque,
@@ -110,6 +111,15 @@ def key_text(key: Any) -> str:
         return f"<int of {key.bit_length()} bits>"
 
 
+def entry_name(index: int, key: Any) -> str:
+    """The name segment of the value of a mapping's entry number ``index``: the text of its
+    key when the key is plain data, else its position (``i.1``; the key is ``i.0``). Every
+    writer that names a value of a mapping (the inert encoder too) asks this."""
+    if type(key) is str:
+        return key
+    return key_text(key) if plain_key(key) else f"{index}.1"
+
+
 def _items(pairs: Any) -> Iterator[tuple[str | None, Any]]:
     for i, (k, v) in enumerate(pairs):
         if type(k) is str:  # nearly every key: no node to walk, the name is the key
@@ -119,7 +129,7 @@ def _items(pairs: Any) -> Iterator[tuple[str | None, Any]]:
             yield key_text(k), v
         else:
             yield f"{i}.0", k
-            yield f"{i}.1", v
+            yield entry_name(i, k), v
 
 
 def _attrs(obj: Any) -> Iterator[tuple[str | None, Any]]:
@@ -184,25 +194,24 @@ def _is_reconstructed_tuple(obj: Opaque) -> bool:
             and not obj.kwargs)
 
 
+def arg_names(obj: Opaque) -> list[str | None]:
+    """The name segment of each of an :class:`Opaque` record's constructor arguments (see
+    the module docstring): what :func:`children` gives them, for the inert encoder too."""
+    c, args = obj.callable, obj.args
+    if (isinstance(c, Global) and c.module == "torch.return_types" and args
+            and isinstance(args[0], (tuple, list))):
+        return ["", *(f"args.{i}" for i in range(1, len(args)))]
+    if _is_reconstructed_tuple(obj):
+        return [None, None, ""]  # the fields, named by their index
+    if _is_sequence_record(obj):
+        return [str(i) for i in range(len(args))]
+    return [f"args.{i}" for i in range(len(args))]
+
+
 def _opaque(obj: Opaque) -> Iterator[tuple[str | None, Any]]:
     c = obj.callable
     yield ("callable" if isinstance(c, Opaque) else None), c
-    args = obj.args
-    if (isinstance(c, Global) and c.module == "torch.return_types" and args
-            and isinstance(args[0], (tuple, list))):
-        yield "", args[0]
-        for i, v in enumerate(args[1:], 1):
-            yield f"args.{i}", v
-    elif _is_reconstructed_tuple(obj):
-        yield None, args[0]
-        yield None, args[1]
-        yield "", args[2]  # the fields, named by their index
-    elif _is_sequence_record(obj):
-        for i, v in enumerate(args):
-            yield str(i), v
-    else:
-        for i, v in enumerate(args):
-            yield f"args.{i}", v
+    yield from zip(arg_names(obj), obj.args, strict=True)
     if obj.kwargs:
         for k, v in obj.kwargs.items():
             yield None, k
