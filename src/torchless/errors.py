@@ -41,9 +41,10 @@ the message; the command line prints the hint on a second line, JSON outputs car
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import CodeType, FrameType, FunctionType
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -66,6 +67,8 @@ __all__ = [
     "UnsafePathError",
     "UnsupportedError",
     "UnsupportedOpcodeError",
+    "error_boundary",
+    "reports_bugs",
 ]
 
 
@@ -343,32 +346,66 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def reports_bugs(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-    """A public entry point that lets its own errors through and raises anything else as
-    :class:`InternalError` (naming the file of its first argument).
+@contextlib.contextmanager
+def error_boundary(doing: str, path: str | None = None, *, max_depth: int = -1,
+                   lets_through: Callable[[BaseException], bool] | None = None
+                   ) -> Iterator[None]:
+    """The one place where what leaves a public entry point becomes one of our errors.
 
-    Let through too: ``ValueError``/``TypeError`` raised by the entry point itself, not by
-    what it calls (its argument checks, a call with wrong arguments), and
-    ``KeyboardInterrupt``. ``MemoryError`` becomes a :class:`LimitError`."""
+    Every entry point (``open``, ``load``, ``convert``, ``verify``, ``scan`` of one file, a
+    command) runs inside it, so each failure reaches the caller the same way:
+
+    * our own errors pass, with ``path`` filled in where they did not know it;
+    * ``RecursionError`` is the ``max_depth`` limit (``max_depth``: its value, if known) and
+      ``MemoryError`` the ``memory`` limit: :class:`LimitError`;
+    * ``OSError`` is the system failing us (an I/O error, a file gone), not the file's
+      content: a :class:`CheckpointError` saying so;
+    * anything else is a bug of ours: :class:`InternalError`, the original as its cause.
+
+    ``lets_through(e)``: an exception the entry point raises on purpose (its own argument
+    checks), passed on untouched. ``KeyboardInterrupt`` and ``SystemExit`` always pass."""
+    try:
+        yield
+    except CheckpointError as e:
+        e.add_context(path=path)
+        raise  # as it is: its cause (an InternalError's original error) stays
+    except Exception as e:
+        if lets_through is not None and lets_through(e):
+            raise
+        if isinstance(e, RecursionError):
+            raise LimitError("max_depth", max_depth, -1, f"recursion while {doing}",
+                             path=path) from e
+        if isinstance(e, MemoryError):
+            raise LimitError("memory", 0, 0, f"out of memory while {doing}", path=path,
+                             hint="close other programs, or work on a machine with more "
+                                  "memory") from e
+        if isinstance(e, OSError):
+            verb = doing.split()[0] if doing.endswith("ing") or " " in doing else doing
+            raise CheckpointError(f"{_SYSTEM_VERBS.get(verb, 'failed while ' + doing)}: "
+                                  f"{e.strerror or e}", path=path) from e
+        raise InternalError.wrap(e, doing, path) from e
+
+
+#: What a system error stopped, by the entry point's verb ("cannot read: Input/output error").
+_SYSTEM_VERBS = {"reading": "cannot read", "loading": "cannot read", "scanning": "cannot read",
+                 "converting": "cannot convert", "verifying": "cannot verify"}
+
+
+def reports_bugs(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """A public entry point run inside :func:`error_boundary` (naming the file of its first
+    argument), which lets through the ``ValueError``/``TypeError`` the entry point raises
+    itself, not those of what it calls (its argument checks, a call with wrong arguments)."""
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         own = cast(FunctionType, fn).__code__
 
+        def own_check(e: BaseException) -> bool:
+            return isinstance(e, (ValueError, TypeError)) and _raised_by(e, own)
+
         @functools.wraps(fn)
         def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            try:
+            with error_boundary(doing, _label(args), lets_through=own_check):
                 return fn(*args, **kwargs)
-            except CheckpointError:
-                raise
-            except MemoryError as e:
-                raise LimitError("memory", 0, 0, f"out of memory while {doing}",
-                                 path=_label(args)) from e
-            except (ValueError, TypeError) as e:
-                if _raised_by(e, own):
-                    raise
-                raise InternalError.wrap(e, doing, _label(args)) from e
-            except Exception as e:
-                raise InternalError.wrap(e, doing, _label(args)) from e
 
         return wrapper
 
@@ -381,9 +418,10 @@ def _raised_by(error: BaseException, code: CodeType) -> bool:
     frames: list[FrameType] = []  # traceback.walk_tb, without importing traceback at start-up
     tb = error.__traceback__
     while tb is not None:
-        frames.append(tb.tb_frame)
+        if tb.tb_frame.f_code.co_filename != __file__:  # not the wrapper's or the boundary's
+            frames.append(tb.tb_frame)
         tb = tb.tb_next
-    if len(frames) < 2:  # the first frame is the wrapper's
+    if not frames:  # raised in calling it: bad arguments
         return True
     return frames[-1].f_code is code
 

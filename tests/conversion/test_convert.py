@@ -456,7 +456,10 @@ def test_small_tensors_are_gathered(torch: ModuleType, tg: ModuleType,  # noqa: 
 
 def test_collector_paused_while_converting(tmp_path: Path) -> None:
     """The cyclic garbage collector is off during a conversion and on again after it, also
-    when the conversion fails."""
+    when the conversion fails (the one policy, core/collector: paused only where this is the
+    process's only thread)."""
+    if threading.active_count() != 1:
+        pytest.skip(f"another thread is alive in this test process: {threading.enumerate()}")
     assert gc.isenabled()
     seen: list[bool] = []
     torchless.convert(REPO / "examples" / "tiny.pt", tmp_path / "o.st",

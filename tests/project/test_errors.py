@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -473,3 +474,44 @@ def test_storage_shorter_than_declared_is_refused() -> None:
     storage = Storage("0", float32, 16, lambda: b"\x00" * 8)
     with pytest.raises(torchless.StorageError, match="holds 8 bytes, 16 declared"):
         storage.buffer()
+
+
+# ---- one error boundary -----------------------------------------------------------------
+
+_INJECTED = [
+    (MemoryError(), "LimitError", "out of memory while"),
+    (RecursionError("deep"), "LimitError", "recursion while"),
+    (OSError(5, "Input/output error"), "CheckpointError", "Input/output error"),
+    (KeyError("x"), "InternalError", "internal error while"),
+]
+
+
+@pytest.mark.parametrize(("error", "kind", "text"), _INJECTED,
+                         ids=[type(e).__name__ for e, _, _ in _INJECTED])
+def test_entry_points_translate_alike(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                      error: BaseException, kind: str, text: str) -> None:
+    """open, convert and scan meet the same failure below them the same way (errors'
+    error_boundary): a MemoryError or RecursionError is a LimitError, an OSError the system's
+    failure (a CheckpointError, no bug), anything else an InternalError with its cause."""
+    import torchless.conversion.api as conversion_api
+    import torchless.reader.checkpoint as checkpoint
+    import torchless.scanner.files as scan_files
+
+    def boom(*args: object, **kwargs: object) -> NoReturn:
+        raise error
+
+    src = Path(__file__).parents[2] / "examples" / "tiny.pt"
+    monkeypatch.setattr(checkpoint, "_open", boom)
+    monkeypatch.setattr(conversion_api, "_convert_any", boom)
+    monkeypatch.setattr(scan_files, "_scan_one", boom)
+    for call in (lambda: torchless.open(src), lambda: torchless.convert(src, tmp_path / "o.st")):
+        with pytest.raises(CheckpointError) as info:
+            call()
+        assert type(info.value).__name__ == kind, repr(info.value)
+        assert text in info.value.message
+        assert info.value.path == str(src)
+        assert info.value.__cause__ is error
+    assert not (tmp_path / "o.st").exists()
+    (f,) = torchless.scan(src).files
+    assert f.status == ("error" if kind == "InternalError" else "unreadable")
+    assert f.error is not None and text in f.error

@@ -4,11 +4,10 @@ whole object, or a flat weights file), or a model directory through :mod:`.hf`."
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -28,11 +27,12 @@ from torchless.conversion.common import (
     write_output,
 )
 from torchless.conversion.hflayout import is_checkpoint_dir
+from torchless.core.collector import collector_paused
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
     ConversionError,
-    InternalError,
+    error_boundary,
     reports_bugs,
 )
 from torchless.inert import schema as _inert
@@ -47,21 +47,6 @@ if TYPE_CHECKING:
     from torchless.conversion import hfdir as _hfdir
 
 __all__ = ["convert", "verify"]
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while converting: a checkpoint of 10^4-10^5 tensors
-    makes hundreds of thousands of objects, almost none in cycles, and the collector's
-    passes over them were a fifth of the time of converting 20,000 small tensors. It is
-    turned back on (if it was on) when the block ends, whatever happens."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def convert(
@@ -136,18 +121,10 @@ def convert(
             dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
     spath = os.fspath(src)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
-    try:
-        with gc_paused():
-            return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
-                                progress, max_shard_size, tree, read, link_files)
-    except CheckpointError:
-        raise
-    except MemoryError as e:
-        raise ConversionError("out of memory while converting", path=spath,
-                              hint="close other programs or convert on a machine with more "
-                                   "memory") from e
-    except Exception as e:  # a bug of ours: reported as one, never as a refusal
-        raise InternalError.wrap(e, "converting", spath) from e
+    with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
+            collector_paused():
+        return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
+                            progress, max_shard_size, tree, read, link_files)
 
 
 def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, dedupe: bool,

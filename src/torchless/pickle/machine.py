@@ -20,16 +20,15 @@ Only our own errors leave :meth:`Machine.run`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import math
 import mmap
 import struct
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+from torchless.core.collector import pause_collector
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
@@ -60,7 +59,7 @@ from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES
 from torchless.pickle.tensorargs import tensor_args
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["Machine", "Resolver", "collector_paused", "run_pickle"]
+__all__ = ["Machine", "Resolver", "run_pickle"]
 
 _LOG2_10 = math.log2(10)
 _LOG10_2 = math.log10(2)
@@ -83,37 +82,6 @@ _float_text = float_text
 _string_text = string_text
 _unicode_text = unicode_text
 _utf8_text = utf8_text
-
-
-def _pause_collector() -> bool:
-    """Pause the cyclic garbage collector for one run, only where no one else can see it.
-
-    A run keeps every object it builds, so the collector's full passes (each over the whole
-    process heap) find nothing to free; with them, opening a checkpoint of 30,000 small
-    tensors costs 17-30 % more CPU. But ``gc.disable`` is process-wide: it is paused only
-    when this is the process's only Python thread (no other thread can allocate, or toggle
-    the collector, while the run holds it) and the collector is on; the caller re-enables it
-    after, so a nested run, which finds it off, leaves it to the outer one. With other
-    threads the collector is left alone. Returns whether it was paused.
-    """
-    if threading.active_count() != 1 or not gc.isenabled():
-        return False
-    gc.disable()
-    return True
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused for a block, as for one run
-    (:func:`_pause_collector`): opening a checkpoint keeps what it builds, around the run too
-    (the archive's directory, the tree's walks), and the collector's passes over 30,000
-    tensors' objects were 8 % of an open."""
-    paused = _pause_collector()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 _IMMUTABLE = (tuple, frozenset)
@@ -250,7 +218,7 @@ class Machine:
 
     def run(self, start: int = 0) -> tuple[Any, int]:
         """Interpret one pickle starting at ``start``; return (value, offset after STOP)."""
-        paused = _pause_collector()
+        paused = pause_collector()
         try:
             return self._run(start)
         except CheckpointError:

@@ -15,12 +15,12 @@ if TYPE_CHECKING:
 
 from torchless.containers import registry
 from torchless.containers.base import Container
+from torchless.core.collector import collector_paused
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
-    InternalError,
-    LimitError,
     UnsupportedError,
+    error_boundary,
     reports_bugs,
 )
 from torchless.inert.schema import TensorMode, TypeRegistry
@@ -31,7 +31,6 @@ from torchless.model.graph import finish, flatten
 from torchless.model.interop import record_to_torch, to_torch
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Tensor, UnsupportedTensor, with_attrs
-from torchless.pickle.machine import collector_paused
 from torchless.reader import formats
 from torchless.rules.resolver import GlobalRecord, TorchResolver
 
@@ -156,18 +155,8 @@ def open(
     remote = is_remote(path)
     spath = path if remote else os.fspath(path)
     label = spath if isinstance(spath, str) else "<file object>"
-    try:
+    with error_boundary("reading", label, max_depth=lim.max_depth):
         return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc)
-    except CheckpointError as e:
-        raise e.add_context(path=label) from None
-    except RecursionError as e:
-        raise LimitError("max_depth", lim.max_depth, -1, "recursion", path=label) from e
-    except MemoryError as e:
-        raise LimitError("memory", 0, 0, "out of memory", path=label) from e
-    except OSError as e:  # the system failed us (an I/O error …), not the file's content
-        raise CheckpointError(f"cannot read: {e.strerror or e}", path=label) from e
-    except Exception as e:  # a bug of ours: reported as one, never as a refusal
-        raise InternalError.wrap(e, "reading", label) from e
 
 
 def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,

@@ -38,7 +38,7 @@ from torchless.containers import registry
 from torchless.containers.base import ARCHIVE_OF_FILES
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, InternalError, TruncatedInputError
+from torchless.errors import CheckpointError, InternalError, TruncatedInputError, error_boundary
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.rules.resolver import TorchResolver
@@ -158,11 +158,13 @@ def _walk(root: str) -> Iterator[tuple[str, bool]]:
 def _scan_file(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
                explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
     try:
-        return _scan_one(path, strict, limits, allow, explicit=explicit,
-                         verify_crc=verify_crc, unit=unit)
-    except Exception as e:  # a bug of ours: no verdict on the file, and not "unreadable"
-        bug = InternalError.wrap(e, "scanning")
+        with error_boundary("scanning", max_depth=limits.max_depth):
+            return _scan_one(path, strict, limits, allow, explicit=explicit,
+                             verify_crc=verify_crc, unit=unit)
+    except InternalError as bug:  # a bug of ours: no verdict on the file, not "unreadable"
         return FileScan(path, "error", error=bug.message, hint=bug.hint)
+    except CheckpointError as e:  # out of memory, or the system failed us
+        return FileScan(path, "unreadable", error=e.message, hint=e.hint)
 
 
 def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
