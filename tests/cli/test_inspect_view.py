@@ -231,3 +231,15 @@ def test_values_stop_where_their_names_pass_64_mib(tmp_path: Path,
     values = doc["values"]
     assert 3000 < len(values) < 4000
     assert values["…"].endswith("more values not listed: their names pass 67108864 characters")
+
+
+def test_summary_names_places_as_tensor_names_do() -> None:
+    """A summary's label names the place as ``.tensors`` names it (model/walk.entry_name):
+    a bytes key by its text, a non-plain key by its position."""
+    from torchless.cli.summary import structures
+
+    opt = {"state": {}, "param_groups": [{"params": [0, 1]}]}
+    found = dict(structures({"run": {b"opt": opt}}, ""))
+    assert found["optimizer"] == "optimizer (run.opt): 2 params in 1 group"
+    found = dict(structures({"run": {(1, object()): opt}}, ""))
+    assert found["optimizer"] == "optimizer (run.0.1): 2 params in 1 group"

@@ -15,6 +15,7 @@ from torchless.core import jsondepth
 from torchless.core.limits import Limits
 from torchless.core.ndarrays import is_ndarray
 from torchless.model.tensor import Tensor
+from torchless.model.walk import entry_name
 from torchless.pickle.values import Opaque
 
 __all__ = ["as_json", "clipped_repr", "compact", "structures", "trainer_state"]
@@ -126,7 +127,7 @@ def _found(tree: Any, depth: int = 3, prefix: str = "") -> Iterator[tuple[str, A
     """(name, value) for dict entries down to ``depth`` levels (lists of dicts included)."""
     items: list[tuple[str, Any]] = []
     if isinstance(tree, dict):
-        items = [(str(k), v) for k, v in tree.items()]
+        items = [(entry_name(i, k), v) for i, (k, v) in enumerate(tree.items())]
     elif isinstance(tree, (list, tuple)) and len(tree) <= 64:
         items = [(str(i), v) for i, v in enumerate(tree)]
     for k, v in items:
