@@ -204,7 +204,8 @@ class Resolver:
 #: of, and STOP); every other opcode has an ``op_`` method, and no opcode has both
 #: (:func:`_dispatch_table` checks it when each Machine class is made).
 INLINE: frozenset[str] = frozenset({
-    "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", "BININT1", "MARK", "BINUNICODE",
+    "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", "BININT1", "BININT2", "BININT",
+    "MARK", "BINUNICODE",
     "SHORT_BINUNICODE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "REDUCE", "BINPERSID",
     "NEWFALSE", "NEWTRUE", "NONE", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_LIST", "MEMOIZE",
     "STOP"})
@@ -326,10 +327,10 @@ class Machine:
             self.metastack = []
 
     def _run(self, start: int) -> tuple[Any, int]:
-        """The opcode loop. The opcodes a torch checkpoint is made of (memo, small ints,
-        strings, MARK, tuples, REDUCE, BINPERSID: 30 per tensor) run here on local state,
-        each with the checks and errors of its ``op_`` method; every other opcode goes to
-        its method with the position written back first and the state read again after.
+        """The opcode loop. The opcodes a torch checkpoint is made of (:data:`INLINE`:
+        memo, ints, strings, MARK, tuples, REDUCE, BINPERSID: 30 per tensor; and STOP) run
+        here on local state, and only here; every other opcode goes to its ``op_`` method
+        with the position written back first and the state read again after.
         (Four to five Python calls per opcode were most of the time of opening a file of
         many small tensors.)"""
         data = self.data
@@ -418,13 +419,25 @@ class Machine:
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append(value)
-            elif code == 0x4B:  # BININT1
-                pos += 2
-                if pos > limit:
-                    self._overrun_at(op, 1)
+            elif code == 0x4B or code == 0x4D or code == 0x4A:  # BININT1, BININT2, BININT
+                if code == 0x4B:
+                    pos += 2
+                    if pos > limit:
+                        self._overrun_at(op, 1)
+                    value = data[op + 1]
+                elif code == 0x4D:
+                    pos += 3
+                    if pos > limit:
+                        self._overrun_at(op, 2)
+                    value = data[op + 1] | data[op + 2] << 8
+                else:
+                    pos += 5
+                    if pos > limit:
+                        self._overrun_at(op, 4)
+                    value = from_bytes(data[op + 1:pos], "little", signed=True)
                 if len(stack) >= room:
                     self._at(op)._stack_full()
-                stack.append(data[op + 1])
+                stack.append(value)
             elif code == 0x28:  # MARK
                 if fast and pos + 1 < guard and data[pos + 1] == 0x28:
                     after = tensor_args(self, pos, guard)  # a tensor's arguments, at once
@@ -862,12 +875,6 @@ class Machine:
 
     def op_INT(self) -> None:
         self.push(self._int_text(self._line(decimal=True), "INT"))
-
-    def op_BININT(self) -> None:
-        self.push(self._int4())
-
-    def op_BININT2(self) -> None:
-        self.push(self._uint2())
 
     def op_LONG(self) -> None:
         self.push(self._int_text(self._line(decimal=True), "LONG"))
