@@ -96,7 +96,7 @@ def _pause_collector() -> bool:
     after, so a nested run, which finds it off, leaves it to the outer one. With other
     threads the collector is left alone. Returns whether it was paused.
     """
-    if threading.active_count() != 1 or not gc.isenabled():
+    if not gc.isenabled() or threading.active_count() != 1:
         return False
     gc.disable()
     return True
@@ -381,7 +381,9 @@ class Machine:
                     if count > max_ops:
                         raise LimitError("max_opcodes", max_ops, count, offset=pos)
                 else:
-                    guard = min(limit if frame_end < 0 else frame_end, max_end + 1)
+                    guard = limit if frame_end < 0 else frame_end
+                    if guard > max_end:
+                        guard = max_end + 1
             code = data[pos]
             op = pos
             if code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
