@@ -1,14 +1,15 @@
 """The argument readers (torchless.pickle.arguments): one per pickletools argument type, used by
-the interpreter and by the scanner's static walk alike.
+the interpreter, which the reader and the scanner both run.
 
 Oracles: pickletools' argument descriptors (where each argument ends), and CPython's C
 unpickler (``pickle.loads``: what torch.load runs) on one-opcode pickles built here, for what
-the bytes mean. The last tests show the two users share the readers, and a disagreement the
-sharing removed.
+the bytes mean. The last tests show the interpreter binds the readers, and that the scanner
+reads a memo index as C does.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import pickle
 import pickletools
@@ -20,7 +21,6 @@ import pytest
 from torchless.pickle import arguments, machine
 from torchless.pickle.arguments import ARGS, ArgReader
 from torchless.pickle.opcodes import OPCODES, Arg
-from torchless.scanner import walk
 from torchless.scanner.pickles import scan_stream
 
 _WIDTH_FROM = {pickletools.TAKEN_FROM_ARGUMENT1: (1, False),
@@ -154,8 +154,9 @@ def test_fixed_width_readers() -> None:
     assert pickle.loads(b"G" + raw + b".") == ARGS[Arg.FLOAT8].unpack(raw, 0)[0]  # type: ignore[misc]
 
 
-def test_interpreter_and_static_walk_share_the_readers() -> None:
-    """The interpreter binds the readers once; the walk's table is built from them."""
+def test_interpreter_binds_the_readers() -> None:
+    """The interpreter binds the readers of the table once (the scanner runs the same
+    interpreter, so no second copy of them exists)."""
     for arg, bound in [(Arg.UINT2, machine._unpack_uint2), (Arg.INT4, machine._unpack_int4),
                        (Arg.UINT4, machine._unpack_uint4), (Arg.UINT8, machine._unpack_uint8),
                        (Arg.FLOAT8, machine._unpack_float8)]:
@@ -164,27 +165,27 @@ def test_interpreter_and_static_walk_share_the_readers() -> None:
                        (Arg.UNICODESTRINGNL, machine._unicode_text),
                        (Arg.UNICODESTRING1, machine._utf8_text), (Arg.LONG4, machine._long_bytes)]:
         assert bound is ARGS[arg].decode
-    for op in OPCODES:
-        entry = walk._TABLE[op.code]
-        assert entry is not None and entry[3] is op.arg
-        if ARGS[op.arg].unpack is not None:
-            assert entry[4] is ARGS[op.arg].unpack
-        assert entry[5] is ARGS[op.arg].decode
 
 
 def _su(s: str) -> bytes:
     return b"\x8c" + bytes([len(s)]) + s.encode()
 
 
-def test_static_walk_reads_memo_indices_as_the_interpreter_does() -> None:
-    """A GET whose index text has a sign (C reads ``+0`` as 0: int(s, 10)). The stream
-    breaks the interpreter before its STACK_GLOBAL (a POP on an empty stack), so only the
-    static walk can name it; it used to take digits only and call the global unresolved."""
-    data = (b"\x80\x04" + b"0" + _su("collections") + b"\x94" + _su("OrderedDict") + b"\x94"
+def test_scanner_reads_memo_indices_as_the_c_unpickler_does() -> None:
+    """A GET whose index text has a sign (C reads ``+0`` as 0: int(s, 10)): the scanner's
+    run names the STACK_GLOBAL it feeds as the C unpickler resolves it."""
+    data = (b"\x80\x04" + _su("collections") + b"\x940" + _su("OrderedDict") + b"\x940"
             + b"g+0\ng+1\n\x93)R.")
-    assert isinstance(pickle.loads(data[:2] + data[3:]), dict)  # without the POP: C reads it
-    scan = scan_stream(data, want_value=True)  # a run even though every name is vetted
-    assert scan.problems and scan.problems[0][0] == 2  # the interpreter stopped at the POP
+    looked_up: list[tuple[str, str]] = []
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            looked_up.append((module, name))
+            return dict
+
+    assert Recording(io.BytesIO(data)).load() == {}
+    scan = scan_stream(data)
+    assert scan.stopped and not scan.problems
     (found,) = scan.globals
-    assert (found.module, found.name, found.unresolved) == ("collections", "OrderedDict", "")
-    assert found.offset == data.index(b"\x93")
+    assert [(found.module, found.name)] == looked_up == [("collections", "OrderedDict")]
+    assert (found.unresolved, found.offset) == ("", data.index(b"\x93"))

@@ -109,12 +109,28 @@ def test_getattr_method_call_and_zoneinfo(tmp_path: Path) -> None:
     assert [a.kind for a in f.actions if a.severity == "dangerous"] == ["call"]
 
 
-def test_unreached_names_are_judged_as_called(tmp_path: Path) -> None:
-    """After a break the run stops; names the walk still sees count as calls."""
+def test_names_past_a_break_c_also_stops_at_are_not_actions(tmp_path: Path) -> None:
+    """The run stops where the C unpickler stops (a POP on an empty stack): the name after
+    it never runs, so it is no action, but the break is an anomaly (never clean)."""
+    data = b"\x80\x02)0" + b"0" + _g("mylib", "Thing") + b")R."
+    looked_up: list[tuple[str, str]] = []
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            looked_up.append((module, name))
+            return object
+
+    import io
+
+    with pytest.raises(pickle.UnpicklingError):
+        Recording(io.BytesIO(data)).load()
+    assert looked_up == []  # C stops at the second POP, before the GLOBAL
     p = tmp_path / "broken.pkl"
-    p.write_bytes(b"\x80\x02)0" + b"0" + _g("mylib", "Thing") + b")R.")  # POP on empty stack
+    p.write_bytes(data)
     f = scan(p).files[0]
-    assert ("call", "mylib.Thing", "unvetted") in _bad(f)
+    assert f.status == "anomalous"
+    assert not any(a.target == "mylib.Thing" for a in f.actions)
+    assert [a.offset for a in f.anomalies if a.kind == "pickle"] == [4]
 
 
 def test_json_carries_each_action(tmp_path: Path) -> None:

@@ -217,7 +217,7 @@ def test_unresolvable_stack_global_is_dangerous(tmp_path: Path) -> None:
 
 def test_payload_before_broken_stream(tmp_path: Path) -> None:
     """nullifAI: the payload runs before the unpickler meets the broken bytes."""
-    payload = b"\x80\x02cbuiltins\nexec\nX\x01\x00\x00\x00xq\x85R"
+    payload = b"\x80\x02cbuiltins\nexec\nX\x01\x00\x00\x00x\x85R"  # exec(('x',))
     data = payload + b"\xff\xfe garbage"
     f = _one(_write(tmp_path, "m.pt", data))
     assert f.status == "dangerous"

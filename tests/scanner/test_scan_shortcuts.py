@@ -3,18 +3,12 @@
 Each shortcut saves work that a slower path also does; switched off here, the slower path is
 the reference (what the scanner did before the shortcut existed):
 
-* the static walk first follows neither strings nor the memo (only a STACK_GLOBAL needs
-  them) and steps over runs of fixed-width opcodes with one regular expression; the
-  reference follows both from the first byte (:func:`torchless.scanner.walk._walk` with
-  ``follow=True``);
 * whether the reader has a rule for a name is kept for the process; the reference asks a
   new :class:`~torchless.rules.resolver.TorchResolver` each time;
 * small files are read into memory; the reference maps every file;
 * the ZIP end-record search is kept on the source; the reference searches each time;
 * ``code/`` members are read once for the pickle sniff and the code scan; the reference
   reads them again;
-* bytes that need not be a pickle and read as a GLOBAL or INST of something that is no
-  dotted name are dropped without the inert run; the reference runs them;
 * the TorchScript call pattern tests the character before the word after matching it, and
   the bare RPC names are looked for only in code that spells ``remote`` or ``rpc_``; the
   reference is the pattern with a leading look-behind, run on all code; string literals and
@@ -26,7 +20,7 @@ the reference (what the scanner did before the shortcut existed):
 The files: the repo's fixtures and corpus, the labelled scan set, the shared hostile corpus
 and the generated hostile set (every trick the scanner knows of), each scanned with the
 default options, ``strict``, ``allow_globals`` and ``verify_crc``; the full JSON report must
-be equal. A second test compares the two walks on every pickle stream the scanner walks.
+be equal.
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ import pytest
 
 from tests.project.test_hostile import Hostile, hostile  # noqa: F401  (fixture)
 from torchless.io.source import Source
-from torchless.scanner import files, pickles, script, walk
+from torchless.scanner import files, pickles, script
 from torchless.scanner.files import scan, scan_paths
 from torchless.scanner.plain import PlainStreams
 
@@ -69,8 +63,6 @@ class _Forgets(dict[int, bytes]):
 def _general(mp: pytest.MonkeyPatch) -> Iterator[None]:
     """Every shortcut switched off."""
     with mp.context() as m:
-        m.setattr(pickles, "static_walk", _follow_walk)
-        m.setattr(pickles, "_not_a_pickle", lambda static: False)
         m.setattr(files, "_KNOWN", {})
         m.setattr(files, "_KNOWN_MAX", 0)
         m.setattr(files, "_COPY_BELOW", 0)
@@ -88,13 +80,6 @@ def _general(mp: pytest.MonkeyPatch) -> Iterator[None]:
 
         m.setattr(files._File, "__init__", forgetful)
         yield
-
-
-def _follow_walk(data: Any, start: int, end: int, scan: walk.StreamScan,
-                 max_bytes: int) -> dict[int, walk.FoundGlobal]:
-    found = walk._walk(data, start, end, scan, max_bytes, follow=True)
-    assert found is not None
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -124,37 +109,6 @@ def test_shortcuts_change_no_report(roots: list[Path], monkeypatch: pytest.Monke
     assert fast_dirs == general_dirs
     statuses = {f["status"] for r in general.values() for f in r["files"]}
     assert {"clean", "dangerous", "anomalous", "unreadable"} <= statuses  # the set has teeth
-
-
-def test_walk_without_following_finds_what_following_finds(
-        roots: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every stream the scanner walks: walked without following strings and the memo (where
-    no STACK_GLOBAL stops it), the same globals, end, problems and limit as following them."""
-    streams: list[tuple[bytes, int, int, int]] = []
-    real = pickles.static_walk
-
-    def record(data: Any, start: int, end: int, scan: walk.StreamScan,
-               max_bytes: int) -> dict[int, walk.FoundGlobal]:
-        streams.append((bytes(data[:end]), start, end, max_bytes))
-        return real(data, start, end, scan, max_bytes)
-
-    monkeypatch.setattr(pickles, "static_walk", record)
-    for p in _files(roots):
-        scan(p)
-    monkeypatch.undo()
-    streams += [(data, start, end, 40) for data, start, end, _ in streams[:200]]  # limits
-    skipped = 0
-    for data, start, end, max_bytes in streams:
-        quick = walk.StreamScan(start, end, False)
-        found = walk._walk(data, start, end, quick, max_bytes, follow=False)
-        full = walk.StreamScan(start, end, False)
-        expected = walk._walk(data, start, end, full, max_bytes, follow=True)
-        if found is None:  # a STACK_GLOBAL: static_walk walks again, following
-            skipped += 1
-            continue
-        assert (found, quick.end, quick.stopped, quick.problems, quick.limited) == \
-            (expected, full.end, full.stopped, full.problems, full.limited)
-    assert len(streams) > 500 and 0 < skipped < len(streams) / 2
 
 
 def test_script_calls_pattern_matches_the_reference(roots: list[Path],

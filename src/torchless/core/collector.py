@@ -27,7 +27,7 @@ def pause_collector() -> bool:
     after, so a nested run, which finds it off, leaves it to the outer one. With other
     threads the collector is left alone. Returns whether it was paused.
     """
-    if threading.active_count() != 1 or not gc.isenabled():
+    if not gc.isenabled() or threading.active_count() != 1:
         return False
     gc.disable()
     return True

@@ -55,11 +55,11 @@ from torchless.pickle.arguments import (
     utf8_text,
 )
 from torchless.pickle.keycost import KeyCost
-from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES
+from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES, by_code
 from torchless.pickle.tensorargs import tensor_args
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["Machine", "Resolver", "run_pickle"]
+__all__ = ["INLINE", "Machine", "Resolver", "run_pickle"]
 
 _LOG2_10 = math.log2(10)
 _LOG10_2 = math.log10(2)
@@ -112,6 +112,11 @@ class Resolver:
     def find_global(self, module: str, name: str, offset: int) -> Any:
         return Global(module, name, offset)
 
+    def unresolved_global(self, module: Any, name: Any, offset: int) -> Any:
+        """STACK_GLOBAL whose operands are not two strs: the unpicklers refuse it (the
+        scanner's recorder notes the name it cannot read and goes on)."""
+        raise PickleError("STACK_GLOBAL operands must be str", offset=offset)
+
     def extension(self, code: int, offset: int) -> Any:
         return Global("copyreg._extension_registry", str(code), offset)
 
@@ -163,16 +168,62 @@ class Resolver:
         raise PickleError(f"ADDITEMS applied to {type_phrase(obj)}", offset=offset)
 
 
-#: Per Machine class: each opcode's ``op_`` function (called with the machine).
-_TABLES: dict[type, list[Callable[[Any], None] | None]] = {}
+#: The opcodes :meth:`Machine._run` handles in its loop (the ones a torch checkpoint is made
+#: of, and STOP); every other opcode has an ``op_`` method, and no opcode has both
+#: (:func:`_dispatch_table` checks it when each Machine class is made).
+INLINE: frozenset[str] = frozenset({
+    "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", "BININT1", "BININT2", "BININT",
+    "MARK", "BINUNICODE",
+    "SHORT_BINUNICODE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "REDUCE", "BINPERSID",
+    "NEWFALSE", "NEWTRUE", "NONE", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_LIST", "MEMOIZE",
+    "STOP"})
+
+
+def _dispatch_table(cls: type) -> list[Callable[[Any], None] | None]:
+    """Each opcode byte's ``op_`` function of ``cls`` (None for the :data:`INLINE` opcodes
+    and for bytes that are no opcode). An opcode handled in two places, or in none, is a
+    TypeError here, when the class is made, not a silent twin or a crash on a file."""
+    table: list[Callable[[Any], None] | None] = [None] * 256
+    methods: dict[str, Callable[[Any], None]] = {}
+    for klass in reversed(cls.__mro__):  # the class's op_ functions, overrides last
+        methods.update((k, v) for k, v in vars(klass).items() if k.startswith("op_"))
+    for op in OPCODES:
+        method = methods.get("op_" + op.name)
+        if op.name in INLINE:
+            if method is not None:
+                raise TypeError(f"{cls.__name__}.op_{op.name}: {op.name} is handled inline "
+                                "by Machine._run, so this method would never run")
+        elif method is None:
+            raise TypeError(f"{cls.__name__} has no op_{op.name} and {op.name} is not "
+                            "handled inline")
+        else:
+            table[op.code] = method
+    strays = {n[3:] for n in methods} - {op.name for op in OPCODES}
+    if strays:
+        raise TypeError(f"{cls.__name__} has op_ methods of no opcode: {sorted(strays)}")
+    return table
 
 
 class Machine:
-    """One run of the interpreter over one pickle stream."""
+    """One run of the interpreter over one pickle stream.
+
+    ``trace``: the scanner's mode. Where CPython's two unpicklers read one stream
+    differently, the reader refuses it; a trace reads on as the C unpickler (the one
+    ``torch.load`` runs) does, and notes the place in :attr:`anomalies`: an argument that
+    runs across the end of its FRAME is read whole (C ignores where frames end; the Python
+    unpickler refuses), a FRAME may begin inside another, STOP returns the top value
+    whatever else is on the stack, and INT, LONG, GET and PUT text is read up to a NUL
+    byte. Everything else (memo, limits, argument readers) is the same run.
+    """
 
     #: Run torch's per-tensor opcode sequence at once where it appears
     #: (:mod:`.tensorargs`); the general loop alone when False (the tests compare both).
     fast_tensors = True
+    _table: list[Callable[[Any], None] | None]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._table = _dispatch_table(cls)
 
     def __init__(
         self,
@@ -181,6 +232,7 @@ class Machine:
         limits: Limits | None = None,
         *,
         encoding: str = "utf-8",
+        trace: bool = False,
     ) -> None:
         # bytes and mmap both offer find() and slicing to bytes; anything else is copied
         self.data: Any = data if isinstance(data, (bytes, mmap.mmap)) else bytes(data)
@@ -206,13 +258,12 @@ class Machine:
         self.depths: dict[int, tuple[Any, int]] = {}
         self.keycost = KeyCost(self.limits)
         self.resolver.keycost = self.keycost
-        table = _TABLES.get(type(self))
-        if table is None:  # once per class: 68 bound-method lookups were a third of a short run
-            table = [None] * 256
-            for op in OPCODES:
-                table[op.code] = getattr(self, "op_" + op.name).__func__
-            _TABLES[type(self)] = table
-        self.dispatch: list[Callable[[Any], None] | None] = table
+        # the class's table, made once (46 bound-method lookups were a third of a short run)
+        self.dispatch: list[Callable[[Any], None] | None] = self._table
+        self.trace = trace
+        #: trace mode: (offset, why) of each place the Python unpickler refuses what the C
+        #: unpickler reads on (a frame's end crossed, a frame inside a frame …).
+        self.anomalies: list[tuple[int, str]] = []
 
     # ---- running -------------------------------------------------------------------
 
@@ -244,10 +295,10 @@ class Machine:
             self.metastack = []
 
     def _run(self, start: int) -> tuple[Any, int]:
-        """The opcode loop. The opcodes a torch checkpoint is made of (memo, small ints,
-        strings, MARK, tuples, REDUCE, BINPERSID: 30 per tensor) run here on local state,
-        each with the checks and errors of its ``op_`` method; every other opcode goes to
-        its method with the position written back first and the state read again after.
+        """The opcode loop. The opcodes a torch checkpoint is made of (:data:`INLINE`:
+        memo, ints, strings, MARK, tuples, REDUCE, BINPERSID: 30 per tensor; and STOP) run
+        here on local state, and only here; every other opcode goes to its ``op_`` method
+        with the position written back first and the state read again after.
         (Four to five Python calls per opcode were most of the time of opening a file of
         many small tensors.)"""
         data = self.data
@@ -279,9 +330,12 @@ class Machine:
         shallow = max_depth >= 1  # a tuple of no tuples is within the depth limit
         fast = self.fast_tensors
         guard = -1
+        op = pos
         while True:
             if pos >= guard:
-                if pos == frame_end:
+                if pos >= frame_end >= 0:
+                    if pos > frame_end:  # trace mode: the opcode at op read across it
+                        self._straddled(op, frame_end)
                     frame_end = self.frame_end = -1
                     limit = self.limit = end
                 if pos > max_end:
@@ -295,7 +349,9 @@ class Machine:
                     if count > max_ops:
                         raise LimitError("max_opcodes", max_ops, count, offset=pos)
                 else:
-                    guard = min(limit, max_end + 1)
+                    guard = limit if frame_end < 0 else frame_end
+                    if guard > max_end:
+                        guard = max_end + 1
             code = data[pos]
             op = pos
             if code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
@@ -333,13 +389,25 @@ class Machine:
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append(value)
-            elif code == 0x4B:  # BININT1
-                pos += 2
-                if pos > limit:
-                    self._overrun_at(op, 1)
+            elif code == 0x4B or code == 0x4D or code == 0x4A:  # BININT1, BININT2, BININT
+                if code == 0x4B:
+                    pos += 2
+                    if pos > limit:
+                        self._overrun_at(op, 1)
+                    value = data[op + 1]
+                elif code == 0x4D:
+                    pos += 3
+                    if pos > limit:
+                        self._overrun_at(op, 2)
+                    value = data[op + 1] | data[op + 2] << 8
+                else:
+                    pos += 5
+                    if pos > limit:
+                        self._overrun_at(op, 4)
+                    value = from_bytes(data[op + 1:pos], "little", signed=True)
                 if len(stack) >= room:
                     self._at(op)._stack_full()
-                stack.append(data[op + 1])
+                stack.append(value)
             elif code == 0x28:  # MARK
                 if fast and pos + 1 < guard and data[pos + 1] == 0x28:
                     after = tensor_args(self, pos, guard)  # a tensor's arguments, at once
@@ -451,14 +519,14 @@ class Machine:
                     self._memo_put(index, stack[-1])
                 pos += 1
             else:
-                handler = dispatch[code]
-                if handler is None:
-                    raise UnsupportedOpcodeError(f"unknown opcode byte 0x{code:02x}",
-                                                 offset=pos)
                 self.pos = pos + 1
                 self.op_start = op
                 if code == 0x2E:  # STOP
                     return self._stop(), self.pos
+                handler = dispatch[code]
+                if handler is None:
+                    raise UnsupportedOpcodeError(f"unknown opcode byte 0x{code:02x}",
+                                                 offset=pos)
                 handler(self)
                 pos = self.pos
                 stack = self.stack
@@ -481,13 +549,27 @@ class Machine:
         self._overrun(n)
 
     def _stop(self) -> Any:
-        if self.metastack:
-            raise PickleError("MARK still open at STOP", offset=self.op_start)
-        if len(self.stack) != 1:
-            raise PickleError(
-                f"STOP with {len(self.stack)} values on the stack (expected 1)",
-                offset=self.op_start)
-        return self.stack[0]
+        why = ("MARK still open at STOP" if self.metastack else
+               f"STOP with {len(self.stack)} values on the stack (expected 1)"
+               if len(self.stack) != 1 else "")
+        if why:
+            if not self.trace or not self.stack:
+                raise PickleError(why, offset=self.op_start)
+            self._differ(self.op_start, f"{why}: both unpicklers return the top value")
+        return self.stack[-1]
+
+    def _differ(self, offset: int, why: str) -> None:
+        """Trace mode: note where this stream is read as no pickler writes it, or as the
+        Python unpickler would refuse it (the run reads on as the C unpickler does)."""
+        self.anomalies.append((offset, why))
+
+    def _straddled(self, op: int, frame_end: int) -> None:
+        """Trace mode: the opcode at ``op`` was read across the end of its FRAME, at
+        ``frame_end``."""
+        code = by_code(self.data[op])
+        self._differ(op, f"{code.name if code else 'opcode'} argument straddles the end of "
+                     "its FRAME: the C unpickler (torch.load) reads it whole, the Python "
+                     "unpickler refuses the stream")
 
     # ---- argument readers ----------------------------------------------------------
 
@@ -512,8 +594,7 @@ class Machine:
         """The text argument up to the newline; a ``decimal`` one is refused by its digit
         count before it is copied."""
         data = self.data
-        limit = self.frame_end if self.frame_end >= 0 else len(data)
-        nl = data.find(b"\n", self.pos, limit)
+        nl = data.find(b"\n", self.pos, self.limit)
         if nl < 0:
             if self.frame_end >= 0 and data.find(b"\n", self.pos) >= 0:
                 raise PickleError("text argument straddles the end of its FRAME",
@@ -541,7 +622,7 @@ class Machine:
         """Refuse a declared length that is negative or runs past the data or its frame."""
         if n < 0:
             raise PickleError(f"negative length {n}", offset=self.op_start)
-        left = (self.frame_end if self.frame_end >= 0 else len(self.data)) - self.pos
+        left = self.limit - self.pos
         if n > left:
             if self.frame_end >= 0 and n <= len(self.data) - self.pos:
                 raise PickleError("opcode argument straddles the end of its FRAME",
@@ -577,8 +658,15 @@ class Machine:
         holds (``I010``, ``I0x10``) then reads differently; plain decimal, which every
         pickler writes, reads alike everywhere."""
         if b"\0" in line:  # C stops reading at a NUL byte (python/cpython#126996)
-            raise PickleError(f"{opcode} argument contains a NUL byte", offset=self.op_start,
-                              hint="no pickler writes one: the file was made by hand")
+            if not self.trace:
+                raise PickleError(f"{opcode} argument contains a NUL byte",
+                                  offset=self.op_start,
+                                  hint="no pickler writes one: the file was made by hand")
+            self._differ(self.op_start, f"{opcode} argument contains a NUL byte: the C "
+                         "unpickler reads the text before it")
+            line = line[:line.index(b"\0")]
+            if not line and opcode == "INT":
+                return 0  # C's strtol of no digits, ended by the NUL
         body = line.strip().lstrip(b"+-").rstrip(b"L").replace(b"_", b"")
         if body[:2].lower() not in (b"0x", b"0o", b"0b") and \
                 len(body) > self.limits.max_int_digits:  # decimal: counted before reading
@@ -606,6 +694,10 @@ class Machine:
 
     def _memo_index(self, line: bytes) -> int:
         """A GET/PUT index (:func:`.arguments.memo_index`)."""
+        if b"\0" in line and self.trace:
+            self._differ(self.op_start, "memo index contains a NUL byte: the C unpickler "
+                         "reads the text before it")
+            line = line[:line.index(b"\0")]
         try:
             return memo_index(line)
         except ValueError as e:
@@ -733,8 +825,12 @@ class Machine:
     def op_FRAME(self) -> None:
         size = self._uint8()
         if self.frame_end >= 0:
-            raise PickleError("FRAME begins before the previous frame ended",
-                              offset=self.op_start)
+            if not self.trace:
+                raise PickleError("FRAME begins before the previous frame ended",
+                                  offset=self.op_start)
+            self._differ(self.op_start, "FRAME begins before the previous frame ended: the "
+                         "C unpickler (torch.load) reads on, the Python unpickler refuses "
+                         "the stream")
         if size > len(self.data) - self.pos:
             raise TruncatedInputError(
                 f"FRAME declares {size} bytes but only {len(self.data) - self.pos} remain",
@@ -743,33 +839,12 @@ class Machine:
             raise LimitError("max_pickle_bytes", self.limits.max_pickle_bytes, size,
                              offset=self.op_start)
         self.frame_end = self.pos + size if size else -1
-        self.limit = self.frame_end if size else len(self.data)
-
-    def op_STOP(self) -> None:  # pragma: no cover - handled in the main loop
-        raise AssertionError
+        self.limit = self.frame_end if size and not self.trace else len(self.data)
 
     # ---- opcodes: scalars -----------------------------------------------------------
 
-    def op_NONE(self) -> None:
-        self.push(None)
-
-    def op_NEWTRUE(self) -> None:
-        self.push(True)
-
-    def op_NEWFALSE(self) -> None:
-        self.push(False)
-
     def op_INT(self) -> None:
         self.push(self._int_text(self._line(decimal=True), "INT"))
-
-    def op_BININT(self) -> None:
-        self.push(self._int4())
-
-    def op_BININT1(self) -> None:
-        self.push(self._uint1())
-
-    def op_BININT2(self) -> None:
-        self.push(self._uint2())
 
     def op_LONG(self) -> None:
         self.push(self._int_text(self._line(decimal=True), "LONG"))
@@ -845,49 +920,16 @@ class Machine:
     def op_UNICODE(self) -> None:
         self.push(_unicode_text(self._line()))
 
-    def op_SHORT_BINUNICODE(self) -> None:
-        self.push(self._text(self._sized(self._uint1())))
-
-    def op_BINUNICODE(self) -> None:
-        self.push(self._text(self._sized(self._uint4())))
-
     def op_BINUNICODE8(self) -> None:
         self.push(self._text(self._sized(self._uint8())))
 
     # ---- opcodes: containers -------------------------------------------------------
-
-    def op_EMPTY_LIST(self) -> None:
-        self.push([])
-
-    def op_EMPTY_TUPLE(self) -> None:
-        self.push(())
-
-    def op_EMPTY_DICT(self) -> None:
-        self.push({})
 
     def op_EMPTY_SET(self) -> None:
         self.push(set())
 
     def op_LIST(self) -> None:
         self.push(self.pop_mark())
-
-    def op_TUPLE(self) -> None:
-        self.push(self._immutable(tuple(self.pop_mark())))
-
-    def op_TUPLE1(self) -> None:
-        a = self.pop()
-        self.push(self._immutable((a,)))
-
-    def op_TUPLE2(self) -> None:
-        b = self.pop()
-        a = self.pop()
-        self.push(self._immutable((a, b)))
-
-    def op_TUPLE3(self) -> None:
-        c = self.pop()
-        b = self.pop()
-        a = self.pop()
-        self.push(self._immutable((a, b, c)))
 
     def op_DICT(self) -> None:
         items = self.pop_mark()
@@ -967,14 +1009,6 @@ class Machine:
 
     # ---- opcodes: stack manipulation -----------------------------------------------
 
-    def op_MARK(self) -> None:
-        if len(self.metastack) >= self.limits.max_depth:
-            raise LimitError("max_depth", self.limits.max_depth, len(self.metastack) + 1,
-                             "open MARKs", offset=self.op_start)
-        self.metastack.append(self.stack)
-        self.room -= len(self.stack)
-        self.stack = []
-
     def op_POP(self) -> None:
         if self.stack:
             self.stack.pop()
@@ -992,43 +1026,33 @@ class Machine:
     def op_GET(self) -> None:
         self.push(self._memo_get(self._memo_index(self._line(decimal=True))))
 
-    def op_BINGET(self) -> None:
-        self.push(self._memo_get(self._uint1()))
-
-    def op_LONG_BINGET(self) -> None:
-        self.push(self._memo_get(self._uint4()))
-
     def op_PUT(self) -> None:
         index = self._memo_index(self._line(decimal=True))
         if index < 0:
             raise PickleError("negative PUT index", offset=self.op_start)
         self._memo_put(index, self.top())
 
-    def op_BINPUT(self) -> None:
-        index = self._uint1()
-        self._memo_put(index, self.top())
-
-    def op_LONG_BINPUT(self) -> None:
-        index = self._uint4()
-        self._memo_put(index, self.top())
-
-    def op_MEMOIZE(self) -> None:
-        self._memo_put(len(self.memo_dense) + len(self.memo), self.top())
-
     # ---- opcodes: names, calls and objects ----------------------------------------
 
     def _global_pair(self, encoding: str) -> tuple[str, str]:
         """GLOBAL's names are UTF-8, INST's ASCII (as both unpicklers decode them); an empty
-        one is refused, as C does."""
+        one is refused, as C does. A trace hands the resolver the names the opcode spells
+        before refusing them (the scanner reports what a file tries to import)."""
+        raw_module, raw_name = self._line(), self._line()
         try:
-            module = self._line().decode(encoding)
-            name = self._line().decode(encoding)
+            module = raw_module.decode(encoding)
+            name = raw_name.decode(encoding)
         except UnicodeDecodeError:
-            raise PickleError(f"global name is not {encoding} text",
-                              offset=self.op_start) from None
-        if not module or not name:
-            raise PickleError("global with an empty module or name", offset=self.op_start)
-        return module, name
+            why = f"global name is not {encoding} text"
+        else:
+            if module and name:
+                return module, name
+            why = "global with an empty module or name"
+        if self.trace:
+            self.resolver.find_global(raw_module.decode(encoding, "backslashreplace"),
+                                      raw_name.decode(encoding, "backslashreplace"),
+                                      self.op_start)
+        raise PickleError(why, offset=self.op_start)
 
     def op_GLOBAL(self) -> None:
         module, name = self._global_pair("utf-8")
@@ -1038,7 +1062,8 @@ class Machine:
         name = self.pop()
         module = self.pop()
         if type(module) is not str or type(name) is not str:
-            raise PickleError("STACK_GLOBAL operands must be str", offset=self.op_start)
+            self.push(self.resolver.unresolved_global(module, name, self.op_start))
+            return
         self.push(self.resolver.find_global(module, name, self.op_start))
 
     def _ext(self, code: int) -> None:
@@ -1054,16 +1079,6 @@ class Machine:
 
     def op_EXT4(self) -> None:
         self._ext(self._int4())
-
-    def op_REDUCE(self) -> None:
-        args = self.pop()
-        func = self.pop()
-        if not isinstance(args, tuple):
-            raise PickleError("REDUCE arguments are not a tuple", offset=self.op_start)
-        if isinstance(func, (str, bytes, int, float, list, dict, tuple, type(None))):
-            raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
-                              offset=self.op_start)
-        self.push(self._made(self.resolver.call(func, args, self.op_start)))
 
     def op_NEWOBJ(self) -> None:
         args = self.pop()
@@ -1106,9 +1121,8 @@ class Machine:
             raise PickleError("PERSID argument is not ASCII", offset=self.op_start) from None
         self.push(self.resolver.persistent_load(pid, self.op_start))
 
-    def op_BINPERSID(self) -> None:
-        pid = self.pop()
-        self.push(self.resolver.persistent_load(pid, self.op_start))
+
+Machine._table = _dispatch_table(Machine)
 
 
 def run_pickle(

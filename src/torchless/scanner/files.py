@@ -36,6 +36,7 @@ from typing import Any
 
 from torchless.containers import registry
 from torchless.containers.base import ARCHIVE_OF_FILES
+from torchless.core.collector import collector_paused
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, InternalError, TruncatedInputError, error_boundary
@@ -158,7 +159,9 @@ def _walk(root: str) -> Iterator[tuple[str, bool]]:
 def _scan_file(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
                explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
     try:
-        with error_boundary("scanning", max_depth=limits.max_depth):
+        # what a file's scan builds dies with it (the runs of its pickles, their actions):
+        # the collector's passes during it found nothing to free and were a fifth of a scan
+        with error_boundary("scanning", max_depth=limits.max_depth), collector_paused():
             return _scan_one(path, strict, limits, allow, explicit=explicit,
                              verify_crc=verify_crc, unit=unit)
     except InternalError as bug:  # a bug of ours: no verdict on the file, not "unreadable"

@@ -29,8 +29,8 @@ from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
 from torchless.scanner.pickles import (
     MAX_CHAINED,
+    NOT_AN_OPCODE,
     PICKLE_START,
-    RUNS_OUT,
     StreamScan,
     looks_like_pickle,
     scan_stream,
@@ -133,12 +133,13 @@ class LayoutScans:
         return f"tar+{name}" if tar_too is not None else name
 
     def plain(self) -> None:
-        """A plain pickle (or several one after another). Bytes whose walk breaks on
-        something no pickle holds (an unknown opcode …) before naming any global are no
-        pickle at all: torch would fail on them before running anything."""
+        """A plain pickle (or several one after another). Bytes whose run breaks on
+        something no pickle holds (an unknown opcode) before naming any global are no
+        pickle at all: torch would fail on them before running anything. (Any other break
+        is an anomaly of a pickle.)"""
         probe = scan_stream(self.buf, 0, min(self.size, _SNIFF), self.limits)
         if not probe.stopped and not probe.globals and not probe.limited and \
-                probe.problems and not RUNS_OUT.search(probe.problems[-1][1]):
+                probe.problems and NOT_AN_OPCODE.search(probe.problems[-1][1]):
             at, why = probe.problems[-1]
             raise NotACheckpointError(
                 f"not a checkpoint: the bytes are not a pickle ({why} at byte {at}) and no "

@@ -1,18 +1,20 @@
-"""The inert run of the scanner's pickle pass: the interpreter with the execution model's
-resolver (:mod:`.model`), which records every name a stream gives (with the exact operands of
-each ``STACK_GLOBAL``) and every action torch.load would take, and refuses nothing."""
+"""The scanner's pickle run: the one interpreter (:mod:`torchless.pickle.machine`) in trace
+mode with the execution model's resolver (:mod:`.model`), which records every name a stream
+gives (with the exact operands of each ``STACK_GLOBAL``, and the values it got where they are
+not two strings) and every action torch.load would take, and refuses nothing."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from torchless.core.limits import Limits
 from torchless.pickle.machine import Machine, Resolver
 from torchless.pickle.opcodes import by_code
 from torchless.pickle.values import Global, Opaque
 from torchless.scanner.model import ActionLog, Model
 
-__all__ = ["FoundGlobal", "ModelMachine", "ModelRecorder", "new_found"]
+__all__ = ["FoundGlobal", "ModelRecorder", "new_found", "trace"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,8 @@ class FoundGlobal:
     name: str
     offset: int
     opcode: str
-    #: Why the name could not be read statically, if it could not ("" when it was).
+    #: Why the name could not be read (a STACK_GLOBAL on values that are not two strs),
+    #: if it could not ("" when it was).
     unresolved: str = ""
 
 
@@ -105,6 +108,17 @@ class ModelRecorder(Model, _Recorder):
         self._record(module, name, offset)  # not _Recorder's, whose Global is not needed
         return self.model_global(module, name, offset)
 
+    def unresolved_global(self, module: Any, name: Any, offset: int) -> Any:
+        """A STACK_GLOBAL on values that are not two strs: recorded as a name that cannot be
+        read (dangerous), and the run goes on."""
+        what = (f"operands are {type(module).__name__} and {type(name).__name__}, "
+                "not two strings")
+        self.found[offset] = FoundGlobal(_show(module), _show(name), offset, "STACK_GLOBAL",
+                                         what)
+        self.log.add("import", f"{_show(module)}.{_show(name)}", "dangerous",
+                     f"STACK_GLOBAL whose name cannot be read ({what})", offset, offset)
+        return Global("?", "?", offset)
+
     def extension(self, code: int, offset: int) -> Any:
         value = super().extension(code, offset)
         self.log.add("import", f"copyreg.extension.{code}", "dangerous",
@@ -133,24 +147,13 @@ class ModelRecorder(Model, _Recorder):
         self.model_update(obj, offset)
 
 
-class ModelMachine(Machine):
-    """The interpreter, except that a STACK_GLOBAL on non-strings is recorded, not fatal."""
-
-    def op_STACK_GLOBAL(self) -> None:
-        name = self.pop()
-        module = self.pop()
-        if type(module) is str and type(name) is str:
-            self.push(self.resolver.find_global(module, name, self.op_start))
-            return
-        assert isinstance(self.resolver, ModelRecorder)
-        what = (f"operands are {type(module).__name__} and {type(name).__name__}, "
-                "not two strings")
-        self.resolver.found[self.op_start] = FoundGlobal(
-            _show(module), _show(name), self.op_start, "STACK_GLOBAL", what)
-        self.resolver.log.add("import", f"{_show(module)}.{_show(name)}", "dangerous",
-                              f"STACK_GLOBAL whose name cannot be read statically ({what})",
-                              self.op_start, self.op_start)
-        self.push(Global("?", "?", self.op_start))
+def trace(data: Any, limits: Limits, member: str | None = None) -> tuple[Machine,
+                                                                         ModelRecorder]:
+    """The scanner's run of ``data``: the one interpreter in trace mode (it reads on as the C
+    unpickler does where the reader refuses, :class:`~torchless.pickle.machine.Machine`),
+    with the recording resolver."""
+    recorder = ModelRecorder(data, member)
+    return Machine(data, recorder, limits, trace=True), recorder
 
 
 def _show(value: Any) -> str:
