@@ -11,6 +11,7 @@ Run: ``python benchmarks/gen_script_ops.py`` (or ``--check``).
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -27,13 +28,23 @@ operators are dangerous.
 
 from __future__ import annotations
 
-__all__ = ["REGISTERED", "TORCH_VERSION"]
+__all__ = ["CLASSES", "REGISTERED", "TORCH_VERSION"]
 
 TORCH_VERSION = {version!r}
 
 #: Operator names (``add``, ``from_file``) under each namespace (``aten``) torch registers.
 REGISTERED: dict[str, frozenset[str]] = {{
 '''
+
+
+def classes() -> list[str]:
+    """The custom classes torch's own operators take or return (``quantized.X``)."""
+    import torch
+
+    found = set()
+    for schema in torch._C._jit_get_all_schemas():
+        found.update(re.findall(r"__torch__\.torch\.classes\.(\w+\.\w+)", str(schema)))
+    return sorted(found)
 
 
 def registered() -> dict[str, list[str]]:
@@ -60,6 +71,10 @@ def render() -> str:
         lines = lines.replace("'\n", " '\n")
         parts.append(f"    {ns!r}: frozenset((\n{lines}\n    ).split()),\n")
     parts.append("}\n")
+    parts.append("\n#: Custom classes (``ns.Name``) that torch's own operators take or return.\n"
+                 "CLASSES: frozenset[str] = frozenset((\n")
+    parts += [f"    {name!r},\n" for name in classes()]
+    parts.append("))\n")
     return "".join(parts)
 
 

@@ -182,7 +182,8 @@ def test_a_benign_scripted_module_scans_clean(torch: ModuleType, tmp_path: Path)
         got.script_ops), got.script_ops
 
 
-@pytest.mark.parametrize("make", ["lstm", "transformer", "gru-embedding", "holder"])
+@pytest.mark.parametrize("make", ["lstm", "transformer", "gru-embedding", "quantized",
+                                  "holder"])
 def test_real_scripted_models_scan_clean(torch: ModuleType, tmp_path: Path, holder: Path,
                                          make: str) -> None:
     """No false alarm on the code torch writes for real modules (recurrent layers, attention,
@@ -195,6 +196,13 @@ def test_real_scripted_models_scan_clean(torch: ModuleType, tmp_path: Path, hold
         _jit_save(torch, nn.TransformerEncoderLayer(8, 2, dim_feedforward=16), path)
     elif make == "gru-embedding":
         _jit_save(torch, nn.Sequential(nn.Embedding(10, 4), nn.GRU(4, 4)), path)
+    elif make == "quantized":  # its code names torch.classes.quantized.LinearPackedParamsBase
+        with warnings.catch_warnings():  # quantization is deprecated (still in 2.13)
+            warnings.simplefilter("ignore")
+            quantized = torch.ao.quantization.quantize_dynamic(
+                nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 4)), {nn.Linear, nn.LSTM},
+                dtype=torch.qint8)
+            _jit_save(torch, quantized, path)
     else:
         path = holder
     got = _scan(path)
@@ -303,6 +311,7 @@ def test_hostile_code_in_an_archive_is_anomalous(holder: Path, tmp_path: Path) -
      "unvetted"),
     ("self.w = ops.myns.frob([4])", "myns::frob", "unknown"),
     ("self.w = torch.classes.myns.Thing()", "class myns.Thing", "unknown"),
+    ("self.w = torch.classes.c10d.ProcessGroup()", "class c10d.ProcessGroup", "unvetted"),
     ("self.w = open_the_file([4])", "builtin open_the_file", "unvetted"),
     ("self.w = ops.c10d.barrier([4])", "c10d::barrier", "danger"),
     ("self.w = rpc_sync('worker', torch.ones, ([4],))", "prim::rpc_sync", "danger"),

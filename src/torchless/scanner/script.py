@@ -20,8 +20,8 @@ is called: ``rpc_async("w", torch.save, ...)`` names ``aten::save``.
 Vetting is by allowlist (:mod:`.script_ops`, generated from torch's registry): an operator
 torch registers in a namespace that computes on tensors is vetted, a file, process or network
 operator is dangerous, any other name of torch's is *unvetted*, one from a namespace outside
-torch and its domain libraries (or a custom class) *unknown*. What this proves and what not
-is said in ``docs/scan.md``.
+torch and its domain libraries (or a custom class not torch's own) *unknown*. What this
+proves and what not is said in ``docs/scan.md``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import ast
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from torchless.scanner.script_ops import REGISTERED
+from torchless.scanner.script_ops import CLASSES, REGISTERED
 
 __all__ = ["DANGEROUS", "KNOWN_NAMESPACES", "MAX_CODE_BYTES", "MAX_CODE_TOTAL",
            "VETTED_NAMESPACES", "ScriptCall", "script_calls"]
@@ -65,6 +65,9 @@ DANGEROUS_NAMESPACES: dict[str, str] = {
 VETTED_NAMESPACES = frozenset({"aten", "prim", "prims", "quantized", "_quantized",
                                "quantization", "mkldnn", "mkldnn_prepacked", "mkl", "onednn",
                                "sparse", "rngprims", "static_runtime", "onnx", "_native"})
+#: Namespaces of torch's own custom classes whose methods compute on tensors (packed
+#: weights of quantized, sparse and recurrent layers).
+VETTED_CLASS_NAMESPACES = frozenset({"quantized", "sparse", "rnn", "mkldnn"})
 #: Operator namespaces of torch and its domain libraries; an operator from any other comes
 #: from a native library the loading process must have loaded, and what it does cannot be
 #: read from the file.
@@ -138,6 +141,16 @@ def script_calls(text: str) -> list[ScriptCall]:
     except (RecursionError, MemoryError):
         return [ScriptCall("", 0, problem="nested too deeply to parse")]
     return _Module(text, tree).calls()
+
+
+def _classify_class(name: str, offset: int) -> ScriptCall:
+    """A custom class: torch's own packed-weight classes are vetted (a quantized model's
+    code names them), torch's others unvetted, any other comes from a native library."""
+    op = f"class {name}"
+    if name in CLASSES and name.split(".")[0] in VETTED_CLASS_NAMESPACES:
+        return ScriptCall(op, offset)
+    return ScriptCall(op, offset, unvetted=True) if name in CLASSES else \
+        ScriptCall(op, offset, unknown=True)
 
 
 def _classify(op: str, offset: int) -> ScriptCall:
@@ -444,7 +457,7 @@ class _Module:
             if kind == "op":
                 out.append(_classify(m[1], at))
             elif kind == "class" or (kind == "classes" and m[1]):
-                out.append(ScriptCall(f"class {m[1]}", at, unknown=True))
+                out.append(_classify_class(m[1], at))
             elif kind == "builtin" and m[1] in _BARE_DANGEROUS:
                 op = _BARE_DANGEROUS[m[1]]
                 out.append(ScriptCall(op, at, DANGEROUS[op]))
@@ -486,7 +499,7 @@ class _Module:
                 if m[0] == "op":
                     out.append(_classify(m[1], at))
                 elif m[0] == "class" or (m[0] == "classes" and m[1]):
-                    out.append(ScriptCall(f"class {m[1]}", at, unknown=True))
+                    out.append(_classify_class(m[1], at))
                 elif m[0] not in _NAMESPACE_KINDS:
                     out.append(ScriptCall(f"import {path}", at, unvetted=True))
         return out

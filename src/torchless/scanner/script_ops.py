@@ -8,7 +8,7 @@ operators are dangerous.
 
 from __future__ import annotations
 
-__all__ = ["REGISTERED", "TORCH_VERSION"]
+__all__ = ["CLASSES", "REGISTERED", "TORCH_VERSION"]
 
 TORCH_VERSION = '2.13.0'
 
@@ -512,3 +512,20 @@ REGISTERED: dict[str, frozenset[str]] = {
         'stream_write_value32_ tile_reduce two_shot_all_reduce_ two_shot_all_reduce_out'
     ).split()),
 }
+
+#: Custom classes (``ns.Name``) that torch's own operators take or return.
+CLASSES: frozenset[str] = frozenset((
+    'c10d.ProcessGroup',
+    'c10d.ReduceOp',
+    'c10d.SymmetricMemory',
+    'c10d.Work',
+    'dist_rpc.WorkerInfo',
+    'mkldnn.ConvOpContext',
+    'profiler._RecordFunction',
+    'quantized.Conv2dPackedParamsBase',
+    'quantized.Conv3dPackedParamsBase',
+    'quantized.EmbeddingPackedParamsBase',
+    'quantized.LinearPackedParamsBase',
+    'rnn.CellParamsBase',
+    'sparse.LinearPackedParamsBase',
+))
