@@ -1,5 +1,6 @@
-"""The TorchScript allowlist is what the installed torch registers, and the dangerous list
-covers every registered operator that takes a file name, path, URL or descriptor.
+"""The TorchScript allowlist is what the installed torch registers (``import torch`` alone, in
+a fresh process), and the dangerous list covers every registered operator that takes a file
+name, path, URL or descriptor.
 
 The expected sets come from torch itself (``torch._C._jit_get_all_schemas()``), never from
 the shipped module: the generator's ``--check`` compares the module with the registry, and
@@ -32,8 +33,9 @@ def test_the_shipped_registry_is_what_torch_registers(torch: ModuleType) -> None
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gen_script_ops.py"),
                            "--check"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    # in this process other tests may have imported modules that register more operators
     names = {s.name for s in torch._C._jit_get_all_schemas()}
-    assert {f"{ns}::{n}" for ns, ops in REGISTERED.items() for n in ops} == names
+    assert {f"{ns}::{n}" for ns, ops in REGISTERED.items() for n in ops} <= names
 
 
 def test_every_operator_taking_a_file_is_dangerous(torch: ModuleType) -> None:

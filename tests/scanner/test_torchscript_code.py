@@ -404,3 +404,11 @@ def test_the_size_limit() -> None:
     (got,) = script_calls(text)
     assert got.problem and str(script.MAX_CODE_BYTES) in got.problem
     assert not any(c.problem for c in script_calls(text[:script.MAX_CODE_BYTES]))
+
+
+def test_a_name_bound_in_another_function_is_not_bound_here() -> None:
+    """A call of a name this scope does not bind is a builtin no allowlist vets, even if
+    another function assigns the name."""
+    text = "def a(self):\n  open_file = 1\ndef b(self):\n  return open_file(2)\n"
+    assert [(c.op, c.unvetted) for c in script_calls(text)] == [("builtin open_file", True)]
+    assert script_calls(text.replace("def b(self)", "def b(self, open_file: int)")) == []

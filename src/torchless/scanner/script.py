@@ -133,11 +133,11 @@ def script_calls(text: str) -> list[ScriptCall]:
                            f"{MAX_CODE_BYTES} parsed")]
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes (Python < 3.12)
-        line = getattr(e, "lineno", None)
-        where = f" (line {line})" if isinstance(line, int) else ""
-        return [ScriptCall("", 0, problem=f"does not parse as Python: "
-                           f"{str(getattr(e, 'msg', e))[:200]}{where}")]
+    except SyntaxError as e:
+        where = f" (line {e.lineno})" if isinstance(e.lineno, int) else ""
+        return [ScriptCall("", 0, problem=f"does not parse as Python: {e.msg[:200]}{where}")]
+    except ValueError as e:  # NUL bytes (Python < 3.12)
+        return [ScriptCall("", 0, problem=f"does not parse as Python: {str(e)[:200]}")]
     except (RecursionError, MemoryError):
         return [ScriptCall("", 0, problem="nested too deeply to parse")]
     return _Module(text, tree).calls()
@@ -240,9 +240,9 @@ class _Module:
         self.candidates: list[ast.AST] = []
 
     def offset(self, node: ast.AST) -> int:
-        line = getattr(node, "lineno", 1)
-        col = getattr(node, "col_offset", 0)
-        return self.starts[min(line, len(self.starts)) - 1] + col
+        if not isinstance(node, (ast.expr, ast.stmt)):
+            return 0
+        return self.starts[min(node.lineno, len(self.starts)) - 1] + node.col_offset
 
     def calls(self) -> list[ScriptCall]:
         self._walk()
@@ -425,9 +425,7 @@ class _Module:
         longer chain) that can stand for something of torch's, and every import."""
         worth = {name for name, meaning in _GLOBALS.items() if meaning[0] != "builtin" or
                  name in _BARE_DANGEROUS or name == "getattr"}
-        bound: set[str] = set()
         for scope, name, _ in self.bindings:
-            bound.add(name)
             if any(m[0] in _NAMESPACE_KINDS for m in scope.bound[name]):
                 worth.add(name)
         for node in self.candidates:
@@ -440,9 +438,9 @@ class _Module:
                 continue
             if kind is ast.Name:
                 name = node.id  # type: ignore[attr-defined]
-                if name not in worth and (name in bound or name in _GLOBALS or not (
+                if name not in worth and (name in _GLOBALS or not (
                         type(up) is ast.Call and up.func is node)):
-                    continue  # a local value, a vetted builtin, a type in an annotation
+                    continue  # a vetted builtin, a value or type not called
             yield node, self.scope_of[id(node)]
     def _report(self, node: ast.AST, scope: _Scope) -> Iterable[ScriptCall]:
         """What one reference can stand for, each operator once."""
@@ -475,8 +473,8 @@ class _Module:
         assignment, a branch of a conditional there, a statement of its own)."""
         while True:
             up = self.parent.get(id(node))
-            if isinstance(up, (ast.IfExp, ast.NamedExpr)) and node is not getattr(
-                    up, "test", None):
+            if isinstance(up, ast.NamedExpr) or (isinstance(up, ast.IfExp) and
+                                                 node is not up.test):
                 node = up
             elif isinstance(up, (ast.Tuple, ast.List)) and isinstance(
                     self.parent.get(id(up)), ast.Assign):
