@@ -376,8 +376,10 @@ def test_the_resolution() -> None:
                                                         text.index("ops.myns")]
 
 
-def test_offsets_are_utf8_bytes() -> None:
-    text = 'x = "é€"\ny = torch.save(x, "f")\n'
+@pytest.mark.parametrize("text", ['x = "é€"\ny = torch.save(x, "f")\n',
+                                  'x = "\u2028é"\r\ny = 1\x0c\rz = torch.save(1)\n'])
+def test_offsets_are_utf8_bytes(text: str) -> None:
+    """Offsets count bytes, and lines as Python counts them (not U+2028 or form feeds)."""
     (call,) = script_calls(text)
     assert call.offset == text.encode().index(b"torch.save")
 

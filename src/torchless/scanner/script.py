@@ -27,6 +27,7 @@ proves and what not is said in ``docs/scan.md``.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -35,8 +36,8 @@ from torchless.scanner.script_ops import CLASSES, REGISTERED
 __all__ = ["DANGEROUS", "KNOWN_NAMESPACES", "MAX_CODE_BYTES", "MAX_CODE_TOTAL",
            "VETTED_NAMESPACES", "ScriptCall", "script_calls"]
 
-#: Members longer than this (in characters) are not parsed: hostile text costs about 10 us
-#: and 500 bytes of parse tree per character (a MiB of ``a,`` took 10 s and 760 MB here);
+#: Members longer than this (in characters) are not parsed: hostile text costs up to about
+#: 6 us and 750 bytes of parse tree per character (512 KiB of ``a,``: 3 s and 390 MB here);
 #: real serialized code files are kilobytes (the largest in the corpus: 8.6 kB).
 MAX_CODE_BYTES = 512 << 10
 #: Characters of code parsed in one archive (a few members at most this large).
@@ -100,10 +101,13 @@ _MAX_MEANINGS = 32
 # ``__torch__`` classes, ("op", "ns::name"), ("class", "ns.Name"), ("builtin", name),
 # ("method", name) an attribute of a value, ("unbound", name), ("value",) anything else.
 Meaning = tuple[str, ...]
+_LINE_END = re.compile(r"\r\n|\r|\n")
 _VALUE: Meaning = ("value",)
 _NAMESPACE_KINDS = frozenset({"ns", "ops", "classes", "pkg", "builtin"})
 #: Nodes that may be references (a name read, an attribute, ``getattr(x, "y")``, imports).
 _CANDIDATES = frozenset({ast.Name, ast.Attribute, ast.Call, ast.Import, ast.ImportFrom})
+#: Load, Store, Del: the contexts of names, attributes and subscripts (nothing below them).
+_CONTEXTS = frozenset({ast.Load, ast.Store, ast.Del})
 #: Nodes that bind names.
 _BINDS = frozenset({ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.AugAssign, ast.For,
                     ast.AsyncFor, ast.comprehension, ast.withitem, ast.ExceptHandler,
@@ -229,9 +233,11 @@ class _Module:
 
     def __init__(self, text: str, tree: ast.Module) -> None:
         self.tree = tree
-        starts = [0]
-        for line in text.splitlines(keepends=True):
-            starts.append(starts[-1] + len(line.encode("utf-8", "surrogatepass")))
+        # the byte offset of each line as Python's tokenizer counts lines (\n, \r\n, \r)
+        starts, last = [0], 0
+        for end in _LINE_END.finditer(text):
+            starts.append(starts[-1] + len(text[last:end.end()].encode("utf-8", "replace")))
+            last = end.end()
         self.starts = starts
         self.scope_of: dict[int, _Scope] = {}
         self.parent: dict[int, ast.AST] = {}
@@ -263,13 +269,14 @@ class _Module:
         module = _Scope(None, False)
         stack: list[tuple[ast.AST, _Scope]] = [(self.tree, module)]
         scope_of, parent, candidates = self.scope_of, self.parent, self.candidates
+        AST = ast.AST
         while stack:
             node, scope = stack.pop()
-            scope_of[id(node)] = scope
             kind = type(node)
             inner = scope
             outside: tuple[ast.AST | None, ...] = ()
             if kind in _CANDIDATES:
+                scope_of[id(node)] = scope
                 if kind is not ast.Name or type(node.ctx) is ast.Load:  # type: ignore[attr-defined]
                     candidates.append(node)
             if kind in _BINDS:
@@ -295,11 +302,22 @@ class _Module:
                 self._bind(scope, node.name, None)
                 inner = _Scope(scope, False)
                 outside = (*node.bases, *node.keywords, *node.decorator_list)
-            for child in ast.iter_child_nodes(node):
-                parent[id(child)] = node
-                # decorators, defaults, annotations of parameters, bases: read outside
-                stack.append((child, scope if outside and any(child is o for o in outside)
-                              else inner))
+            # the children (what ast.iter_child_nodes yields, without its generators)
+            for value in vars(node).values():
+                if isinstance(value, AST):
+                    if type(value) in _CONTEXTS:
+                        continue
+                    children: list[ast.AST] = [value]
+                elif type(value) is list:
+                    children = [v for v in value if isinstance(v, AST)]
+                else:
+                    continue
+                for child in children:
+                    parent[id(child)] = node
+                    # decorators, defaults, annotations of parameters, bases: read outside
+                    stack.append((child, scope if outside and any(child is o for o in outside)
+                                  else inner))
+
     def _bind(self, scope: _Scope, name: str, value: ast.expr | None) -> None:
         self.bindings.append((scope, name, value))
         scope.bound.setdefault(name, set())
