@@ -9,11 +9,6 @@ the reference (what the scanner did before the shortcut existed):
 * the ZIP end-record search is kept on the source; the reference searches each time;
 * ``code/`` members are read once for the pickle sniff and the code scan; the reference
   reads them again;
-* the TorchScript call pattern tests the character before the word after matching it, and
-  the bare RPC names are looked for only in code that spells ``remote`` or ``rpc_``; the
-  reference is the pattern with a leading look-behind, run on all code; string literals and
-  calls are tried only where ``str.find`` finds a quote or the word (the reference: the
-  patterns' own search);
 * short plain-data pickles (a legacy stream's header) are answered from the streams of the
   same bytes already run (:mod:`torchless.scanner.plain`); the reference runs each.
 
@@ -25,7 +20,6 @@ be equal.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,15 +31,11 @@ import pytest
 
 from tests.project.test_hostile import Hostile, hostile  # noqa: F401  (fixture)
 from torchless.io.source import Source
-from torchless.scanner import files, pickles, script
+from torchless.scanner import files, pickles
 from torchless.scanner.files import scan, scan_paths
 from torchless.scanner.plain import PlainStreams
 
 TESTS = Path(__file__).resolve().parents[1]
-#: The TorchScript call pattern as first written (a leading look-behind).
-_CALL_REFERENCE = re.compile(r"(?<![\w.])((?:torch|ops)(?:\s*\.\s*\w+)+)\s*\(")
-#: Pieces of text around string literals: quotes, escapes, line ends, calls inside them.
-QUOTES = ["'", '"', "\\", "\n", "x", " ", "torch.f(", "ops", "'''", "é", "\\'"]
 _OPTIONS: list[dict[str, Any]] = [
     {}, {"strict": True}, {"verify_crc": True},
     {"allow_globals": ["builtins.print", "collections.OrderedDict", "__main__.Foo",
@@ -67,9 +57,6 @@ def _general(mp: pytest.MonkeyPatch) -> Iterator[None]:
         m.setattr(files, "_KNOWN_MAX", 0)
         m.setattr(files, "_COPY_BELOW", 0)
         m.setattr(Source, "zip_ends", property(lambda self: None, lambda self, v: None))
-        m.setattr(script, "_CALL", _CALL_REFERENCE)
-        m.setattr(script, "_BARE_WORDS", ("",))
-        m.setattr(script, "QUOTES_BY_FIND", False)
         m.setattr(pickles, "PLAIN", PlainStreams())
         m.setattr(PlainStreams, "find", lambda *args: None)
         init = files._File.__init__
@@ -109,36 +96,3 @@ def test_shortcuts_change_no_report(roots: list[Path], monkeypatch: pytest.Monke
     assert fast_dirs == general_dirs
     statuses = {f["status"] for r in general.values() for f in r["files"]}
     assert {"clean", "dangerous", "anomalous", "unreadable"} <= statuses  # the set has teeth
-
-
-def test_script_calls_pattern_matches_the_reference(roots: list[Path],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The call pattern finds what the look-behind pattern finds, in every file's text and in
-    strings made of the pieces that matter (dots, spaces, word characters around the words)."""
-    texts = [p.read_bytes().decode("utf-8", "replace") for p in map(Path, _files(roots))
-             if "code" in str(p) or p.suffix == ".py"]
-    pieces = ["torch", "ops", ".", " ", "(", "x", "_", "\n", "é", "torch.ops", "ops.", "1"]
-    texts += ["".join(pieces[(i * 7 + j * 5) % len(pieces)] for j in range(i % 11))
-              for i in range(5000)]
-
-    texts += ["".join(QUOTES[(i * 3 + j * 7) % len(QUOTES)] for j in range(i % 13))
-              for i in range(5000)]
-
-    def spans(pattern: re.Pattern[str], text: str) -> list[tuple[int, str]]:
-        return [(m.start(), m.group(1)) for m in pattern.finditer(text)]
-
-    def found(text: str) -> list[tuple[int, str]]:
-        return [(m.start(), m.group(1)) for m in
-                script._matches(text, ("torch", "ops"), script._CALL.match)]
-
-    assert any(spans(_CALL_REFERENCE, t) for t in texts)
-    assert [spans(script._CALL, t) for t in texts] == [spans(_CALL_REFERENCE, t) for t in texts]
-    assert [found(t) for t in texts] == [spans(_CALL_REFERENCE, t) for t in texts]
-    # string literals: found where a quote is, blanked as the pattern's own substitution does
-    strings = [[m.span() for m in script._STRING.finditer(t)] for t in texts]
-    assert any(strings)
-    assert [[m.span() for m in script._matches(t, ("'", '"'), script._STRING.match)]
-            for t in texts] == strings
-    blanked = [script._blank_strings(t) for t in texts]
-    monkeypatch.setattr(script, "QUOTES_BY_FIND", False)
-    assert blanked == [script._blank_strings(t) for t in texts]

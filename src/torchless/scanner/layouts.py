@@ -36,7 +36,7 @@ from torchless.scanner.pickles import (
     scan_stream,
 )
 from torchless.scanner.report import GlobalRef
-from torchless.scanner.script import script_calls
+from torchless.scanner.script import MAX_CODE_BYTES, MAX_CODE_TOTAL, script_calls
 from torchless.scanner.torcharchives import archive_kind, nested_archives, package_code, unpickled
 
 __all__ = ["LayoutScans"]
@@ -249,10 +249,12 @@ class LayoutScans:
         return "torchscript" if script and code else "zip"
 
     def script(self, archive: ZipArchive, members: list[Entry], lows: list[str]) -> None:
-        """The calls the TorchScript code in the archive names (torch finds ``code/`` and
-        ``.py`` ignoring case; ``lows``: the members' names in lower case): file and network
-        access is dangerous, an operator or class from a native library outside torch an
-        anomaly (:mod:`.script`)."""
+        """The operators the TorchScript code in the archive refers to (torch finds ``code/``
+        and ``.py`` ignoring case; ``lows``: the members' names in lower case): file and
+        network access is dangerous; an operator or class from a native library outside
+        torch, a name no allowlist vets, or code that does not parse an anomaly
+        (:mod:`.script`)."""
+        budget = MAX_CODE_TOTAL
         for m, name in zip(members, lows, strict=True):
             if "code/" not in name or not name.endswith(".py"):
                 continue
@@ -261,7 +263,17 @@ class LayoutScans:
                 data, _ = archive.head(m, self.limits.max_pickle_bytes)
             if data is None:
                 continue
-            for call in script_calls(data.decode("utf-8", "replace")):
+            text = data.decode("utf-8", "replace")
+            budget -= min(len(text), MAX_CODE_BYTES)
+            if budget < 0:
+                self.flag("limit", f"more than {MAX_CODE_TOTAL} characters of TorchScript "
+                          "code: the rest is not scanned", m.name)
+                return
+            for call in script_calls(text):
+                if call.problem:
+                    self.flag("script", f"TorchScript code that cannot be vetted: "
+                              f"{call.problem}", m.name, call.offset)
+                    continue
                 if call.op not in self.script_ops:
                     self.script_ops.append(call.op)
                 if call.danger:
@@ -274,6 +286,10 @@ class LayoutScans:
                     self.flag("script", f"TorchScript code calls {call.op}, from a native "
                               "library outside torch: what it does cannot be read from the "
                               "file", m.name, call.offset)
+                elif call.unvetted:
+                    self.flag("script", f"TorchScript code refers to {call.op}, which no "
+                              "allowlist vets: what it does is not known to compute only "
+                              "on tensors", m.name, call.offset)
 
     def chain_region(self, lo: int, hi: int) -> None:
         pos = lo
