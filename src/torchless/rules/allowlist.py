@@ -41,8 +41,9 @@ from typing import Literal
 from torchless.pickle.values import Global
 from torchless.rules.policy import DENIED_MODULE_FAMILIES, PYTHON_CONSTANTS, torch_constant
 
-__all__ = ["CALLS", "DANGEROUS", "FORWARDS", "IMPORT_PACKAGES", "NEW_ONLY", "Severity",
-           "call_verdict", "import_verdict", "package_of"]
+__all__ = ["ANY_ARGS", "CALLS", "DANGEROUS", "FORWARDS", "HANDED_ON", "IMPORT_PACKAGES",
+           "METHODS_CALLED", "NEW_ONLY", "Severity", "any_args", "call_verdict",
+           "import_verdict", "package_of"]
 
 #: What the scanner makes of one action.
 Severity = Literal["vetted", "unvetted", "dangerous"]
@@ -80,8 +81,14 @@ CALLS: dict[str, str] = {
         "complex", "bytes", "bytearray", "slice", "range", "object")},
     "collections.OrderedDict": "a dict", "collections.deque": "a list-like container",
     "collections.Counter": "a dict of counts",
-    "collections.defaultdict": "a dict; its factory is only called on a missing key, which "
-                               "unpickling never reads",
+    "collections.defaultdict": "a dict; its factory (a callable the file hands it, judged "
+                               "as called) runs on a missing key: no vetted __setstate__ "
+                               "reads one (Module's and Optimizer's update __dict__, RNNBase's "
+                               "reads only keys it tested with `in`)",
+    "collections.ChainMap": "a list of mappings: pickled as NEWOBJ + BUILD of its __dict__ "
+                            "(maps); no __setstate__ of its own, nothing is looked up",
+    "torch._dynamo.decorators._DimRange": "a frozen slotted dataclass of three ints: "
+                                          "dataclasses' __setstate__ sets its fields",
     "copyreg.__newobj__": "cls.__new__(cls, *args): vetted as the NEWOBJ it stands for",
     "copyreg.__newobj_ex__": "cls.__new__(cls, *args, **kw): vetted as the NEWOBJ it stands for",
     "_codecs.encode": "str.encode with a text codec (other codecs are not vetted)",
@@ -183,6 +190,10 @@ for _m, _n in (("torch.distributed.checkpoint.metadata", "Metadata"),
     NEW_ONLY[f"{_m}.{_n}"] = _DCP
 CALLS["torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"] = _ENUM
 CALLS["torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING"] = _ENUM
+NEW_ONLY["torch.nested._internal.nested_tensor.NestedTensor"] = (
+    "a jagged nested tensor: _rebuild_njt makes it from its tensors (shape and device checks), "
+    "and _rebuild_from_type_v2 restores its state with _set_obj_state's setattr (it has no "
+    "__setstate__)")
 NEW_ONLY["omegaconf.base.UnionNode"] = "an omegaconf union node: BUILD restores its value"
 for _n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
            "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode", "NoneNode",
@@ -206,6 +217,112 @@ FORWARDS: dict[str, str] = {
     "hmac.new": "calls its digestmod", "hmac.HMAC": "calls its digestmod",
     "hmac.digest": "calls its digest",
 }
+
+_OPTIMIZER = ("a torch optimizer: __init__ checks its numbers and keeps the params it is given "
+              "in plain dicts (Optimizer.__init__); what the program adds is the program's")
+_SCHEDULER = ("a torch learning-rate schedule: __init__ keeps its numbers and reads the "
+              "optimizer the program gives it (a callable the file hands it is judged)")
+for _m, _n in (("adadelta", "Adadelta"), ("adagrad", "Adagrad"), ("adam", "Adam"),
+               ("adamax", "Adamax"), ("adamw", "AdamW"), ("asgd", "ASGD"), ("lbfgs", "LBFGS"),
+               ("nadam", "NAdam"), ("radam", "RAdam"), ("rmsprop", "RMSprop"),
+               ("rprop", "Rprop"), ("sgd", "SGD"), ("sparse_adam", "SparseAdam"),
+               ("_adafactor", "Adafactor")):
+    CALLS[f"torch.optim.{_m}.{_n}"] = CALLS[f"torch.optim.{_n}"] = _OPTIMIZER
+for _n in ("StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR",
+           "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "PolynomialLR", "OneCycleLR",
+           "CyclicLR", "ReduceLROnPlateau"):  # LambdaLR calls the function it is given
+    CALLS[f"torch.optim.lr_scheduler.{_n}"] = _SCHEDULER
+
+_PURE = "pure tensor computation on what it is given (no file, process or import)"
+_NUMPY_SCALAR = "a NumPy scalar type: calling it converts a number (pure computation)"
+_TYPING = "a typing form: subscripting or checking it builds a type alias, nothing else"
+#: References vetted to be called with *any* arguments (the program's own included): a
+#: function or class kept as a value (an activation function as a module attribute,
+#: ``numpy.float32`` as a dtype, a ``typing`` form) that the program, or a duck-typed call,
+#: may call. Each was read: its code is pure computation on its arguments.
+ANY_ARGS: dict[str, str] = {
+    **{f"torch.nn.functional.{n}": _PURE for n in (
+        "gelu", "relu", "relu6", "silu", "mish", "elu", "selu", "celu", "leaky_relu",
+        "hardswish", "hardsigmoid", "hardtanh", "softplus", "softsign", "tanhshrink",
+        "sigmoid", "tanh", "glu", "logsigmoid", "softmax", "log_softmax", "gumbel_softmax",
+        "normalize", "dropout", "linear", "layer_norm", "group_norm", "rms_norm", "prelu",
+        "rrelu", "threshold", "softmin", "hardshrink", "softshrink", "silu")},
+    **{f"torch._C._nn.{n}": _PURE for n in (
+        "gelu", "silu", "mish", "elu", "leaky_relu", "hardswish", "hardsigmoid", "hardtanh",
+        "softplus", "relu6", "glu", "log_sigmoid", "softshrink", "linear")},
+    **{f"torch.{n}": _PURE for n in (
+        "sigmoid", "tanh", "relu", "exp", "log", "sin", "cos", "abs", "sqrt", "rsqrt",
+        "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign")},
+    **{f"torch._C._VariableFunctions.{n}": _PURE for n in (
+        "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax")},
+    **{f"math.{n}": "a math function: pure computation on numbers" for n in (
+        "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "tanh", "erf", "floor",
+        "ceil", "pow", "fabs", "isfinite", "isnan", "isinf", "gcd", "prod", "fsum")},
+    **{f"numpy.{n}": _NUMPY_SCALAR for n in (
+        "float16", "float32", "float64", "longdouble", "half", "single", "double",
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "intc",
+        "intp", "uintp", "longlong", "ulonglong", "bool_", "bool", "complex64", "complex128",
+        "clongdouble", "int_", "float_", "complex_", "str_", "bytes_", "void",
+        "datetime64", "timedelta64", "generic", "number", "integer", "floating")},
+    **{f"typing.{n}": _TYPING for n in (
+        "Any", "Optional", "Union", "List", "Dict", "Tuple", "Set", "FrozenSet", "Type",
+        "Callable", "Sequence", "Mapping", "Iterable", "Iterator", "Literal", "Final",
+        "ClassVar", "Annotated", "MutableMapping", "MutableSequence", "Collection")},
+    **{f"builtins.{n}": "a builtin value type: builds a value from what it is given" for n in (
+        "int", "float", "str", "bool", "complex", "bytes", "tuple", "list", "dict", "set",
+        "frozenset", "object", "slice", "range", "bytearray")},
+}
+
+#: What the vetted callables (CALLS, NEW_ONLY, FORWARDS) do with what they are handed,
+#: read from their code. Every position takes plain data (str, bytes, numbers, None, and
+#: tuples, lists, dicts and sets of those), storages and values vetted calls made, without
+#: calling into them; a callable value anywhere else in the arguments or BUILD state counts
+#: as called (torch's code, or the program, may call it by duck typing). ``HANDED_ON``: the
+#: positions (and keywords) whose callable the model judges as the call the rule forwards
+#: it to, so they are not counted twice.
+HANDED_ON: dict[str, tuple[frozenset[int], frozenset[str]]] = {
+    "functools.partial": (frozenset(range(256)), frozenset({"*"})),  # judged with its function
+    "copyreg._reconstructor": (frozenset({0, 1}), frozenset()),
+    "copyreg.__newobj__": (frozenset({0}), frozenset()),
+    "copyreg.__newobj_ex__": (frozenset({0}), frozenset()),
+    "torch._tensor._rebuild_from_type_v2": (frozenset({0, 1, 2}), frozenset()),
+    "torch._tensor._rebuild_from_type": (frozenset({0, 1, 2}), frozenset()),
+    "torch._utils._rebuild_wrapper_subclass": (frozenset({0}), frozenset()),
+    "numpy.random._pickle.__generator_ctor": (frozenset({1}), frozenset({"bit_generator_ctor"})),
+    "numpy.random._pickle.__randomstate_ctor": (frozenset({1}),
+                                                frozenset({"bit_generator_ctor"})),
+    "numpy.random._pickle.__bit_generator_ctor": (frozenset({0}), frozenset({"bit_generator"})),
+    "builtins.getattr": (frozenset({0}), frozenset()),
+    "builtins.type": (frozenset({0}), frozenset()),
+    "operator.getitem": (frozenset({0, 1}), frozenset()),
+    "hmac.new": (frozenset({2}), frozenset({"digestmod"})),
+    "hmac.HMAC": (frozenset({2}), frozenset({"digestmod"})),
+    "hmac.digest": (frozenset({2}), frozenset({"digest"})),
+}
+
+#: Methods a vetted callable calls on an argument that is not plain data (position, method;
+#: -1: the BUILD state), as its code reads: named in the report of a callable it reaches.
+METHODS_CALLED: dict[str, tuple[tuple[int, str], ...]] = {
+    "torch.nn.parameter.Parameter": ((0, "detach"),),  # Parameter.__new__: data.detach()
+    "torch._utils._rebuild_parameter": ((0, "detach"),),  # calls Parameter(data, …)
+    "torch._utils._rebuild_parameter_with_state": ((0, "detach"),),
+    "collections.OrderedDict": ((0, "keys"),),  # OrderedDict.update(mapping): .keys()
+    "builtins.dict": ((0, "keys"),),  # dict(mapping) reads .keys() of a non-dict
+    "collections.Counter": ((0, "keys"),), "collections.ChainMap": ((-1, "__getitem__"),),
+    "uuid.UUID": ((0, "replace"),),  # UUID(hex): hex.replace('urn:', '')
+    "collections.defaultdict": ((0, "__call__"),),  # the factory, on a missing key
+    "torch.optim.Optimizer": ((-1, "setdefault"),),  # __setstate__: defaults.setdefault
+    "torch.nn.modules.rnn.RNNBase": ((-1, "__getitem__"),),  # __setstate__: d[...]
+    "numpy.random.mtrand.RandomState": ((0, "__index__"),),  # RandomState(seed)
+    "torch._utils._rebuild_qtensor": ((4, "__getitem__"),),  # quantizer_params[0]
+}
+
+
+def any_args(path: str) -> bool:
+    """Whether ``path`` may be called with any arguments at all (a reference the program or
+    a duck-typed call may call): ANY_ARGS, or a vetted callable the model already follows."""
+    return path in ANY_ARGS
+
 
 #: Top-level packages whose import (module code run by ``import``) is vetted, with why.
 IMPORT_PACKAGES: dict[str, str] = {
@@ -241,6 +358,9 @@ DANGEROUS: dict[str, str] = {
     "zipapp": "writes archives", "mimetypes": "reads files", "trace": "runs code",
     "numpy.memmap": "maps a file", "numpy.lib._npyio_impl": "loads files",
     "numpy.fromfile": "reads a file", "numpy.load": "loads (and unpickles) a file",
+    "numpy.save": "writes a file", "numpy.savez": "writes a file",
+    "numpy.savez_compressed": "writes a file", "numpy.savetxt": "writes a file",
+    "numpy.lib.npyio": "loads and writes files",
     "antigravity": "opens a web browser on import", "this": "prints on import",
     "__hello__": "prints on import", "__phello__": "prints on import",
     "idlelib": "starts IDLE", "turtledemo": "starts a GUI",
@@ -323,6 +443,8 @@ def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity
     path = f"{module}.{name}"
     if path in CALLS:
         return "vetted", CALLS[path]
+    if path in ANY_ARGS:
+        return "vetted", ANY_ARGS[path]
     if path in FORWARDS and not path.startswith("hmac."):
         return "vetted", f"{FORWARDS[path]} (what it calls is judged on its own)"
     if new and path in NEW_ONLY:

@@ -30,11 +30,14 @@ from torchless.pickle.opcodes import by_code
 from torchless.pickle.values import Global
 from torchless.rules.allowlist import (
     FORWARDS,
+    HANDED_ON,
+    METHODS_CALLED,
     Severity,
     call_verdict,
     forwarded,
     import_verdict,
 )
+from torchless.rules.policy import PYTHON_CONSTANTS, torch_constant
 from torchless.scanner.report import SEVERITY_ORDER, Action, ActionKind, new_action
 
 __all__ = ["IMPORTS", "ActionLog", "Made", "Model", "imported", "static_args",
@@ -220,10 +223,122 @@ IMPORTS: dict[tuple[str, str], tuple[str, str, str, Severity, str]] = {}
 IMPORTS_MAX = 4096
 
 
+#: Values the walks for handed-on callables follow in one stream, all walks together (each
+#: container is followed once: the walks stay linear in the stream).
+_DUCK_MAX = 4_000_000
+#: How deep one handed-on callable's judgement may lead to the next (a partial of a partial).
+_DUCK_DEPTH = 32
+_INERT = frozenset({str, bytes, int, float, bool, complex, type(None), bytearray})
+
+
 class Model:
     """The resolver half of the model (mixed into the scanner's recording resolver)."""
 
     log: ActionLog
+    #: Containers the walks for handed-on callables followed (kept alive: ids stay unique).
+    duck_seen: dict[int, Any]
+    #: Callable values already judged as called (id -> value).
+    duck_judged: dict[int, Any]
+    duck_budget: int
+    duck_depth: int
+
+    def model_init(self) -> None:
+        self.duck_seen = {}
+        self.duck_judged = {}
+        self.duck_budget = _DUCK_MAX
+        self.duck_depth = 0
+
+    # ---- duck-typed calls --------------------------------------------------------------
+
+    def _handed(self, callee: str, args: Any, kwargs: dict[Any, Any] | None, offset: int,
+                where: str = "") -> None:
+        """What ``callee`` is handed (its arguments, or its BUILD state with ``where``):
+        each callable value in it, through plain containers, counts as called with unknown
+        arguments (torch's code or the program may call it by duck typing: ``data.detach()``,
+        ``mapping.keys()``), except those the rule forwards (judged as those calls)."""
+        skip, skip_kw = HANDED_ON.get(callee, (frozenset(), frozenset()))
+        if "*" in skip_kw:
+            return
+        what = where or f"the arguments of {callee}"
+        methods = METHODS_CALLED.get(callee)
+        if methods:
+            what += " (which calls " + ", ".join(f".{m}()" for _, m in methods) + ")"
+        if isinstance(args, tuple):
+            for i, value in enumerate(args):
+                if i not in skip and type(value) not in _INERT:
+                    self._walk(value, what, offset, self.duck_seen)
+        elif type(args) not in _INERT:
+            self._walk(args, what, offset, self.duck_seen)
+        for key, value in (kwargs or {}).items():
+            if key not in skip_kw and type(value) not in _INERT:
+                self._walk(value, what, offset, self.duck_seen)
+
+    def model_result(self, value: Any, offset: int) -> None:
+        """The value torch.load returns: every callable in it may be called by the program
+        (a fresh walk: containers may have changed since they were handed on)."""
+        if type(value) not in _INERT:
+            self._walk(value, "the value torch.load returns (the program may call it)",
+                       offset, {})
+
+    def _walk(self, value: Any, where: str, offset: int, seen: dict[int, Any]) -> None:
+        todo = [value]
+        while todo:
+            v = todo.pop()
+            kind = type(v)
+            if kind in _INERT:
+                continue
+            if kind is tuple or kind is list or kind is dict or kind is set or \
+                    kind is frozenset:
+                if id(v) in seen:
+                    continue
+                seen[id(v)] = v
+                self.duck_budget -= len(v) + 1
+                if self.duck_budget < 0:
+                    if self.duck_budget + len(v) + 1 >= 0:
+                        self.log.add("call", "<handed-on values>", "unvetted", "too many "
+                                     "values handed on to follow for callables", offset, None)
+                    return
+                if kind is dict:
+                    todo.extend(v.keys())
+                    todo.extend(v.values())
+                else:
+                    todo.extend(v)
+            elif kind is Global or kind is Made:
+                self._judge(v, where, offset)
+
+    def _judge(self, value: Global | Made, where: str, offset: int) -> None:
+        """A callable value handed on, as the call it can become."""
+        if id(value) in self.duck_judged:
+            return
+        self.duck_judged[id(value)] = value
+        if isinstance(value, Global):
+            if value.module in ("builtins", "__builtin__") and value.name in PYTHON_CONSTANTS:
+                return
+            if torch_constant(value.module, value.name) is not None or \
+                    storage_verdict(value.module, value.name) is not None:
+                return  # a layout, memory format or storage type: handled by their rules
+            if import_verdict(value.module, value.name)[0] != "vetted":
+                return  # the import is reported already, at least as severe
+            severity, reason = call_verdict(value.module, value.name)
+            if severity != "vetted":
+                self.log.add("call", value.path, severity, f"{where} holds {value.path}, "
+                             f"which counts as called: {reason}", offset, value.offset)
+            return
+        if value.func is None and value.attr is None:
+            return  # an object: a vetted class's, or reported when it was made
+        if self.duck_depth >= _DUCK_DEPTH:
+            self.log.add("call", value.maker, "dangerous", "callables handed on nested too "
+                         "deep to follow", offset, value.origin)
+            return
+        self.duck_depth += 1
+        try:
+            if value.func is not None:  # a functools.partial: its function with its arguments
+                self.model_call(value.func, value.pargs, value.pkw, offset,
+                                handed=f"{where} holds a functools.partial")
+            else:
+                self.model_call(value, (), None, offset)
+        finally:
+            self.duck_depth -= 1
 
     # ---- names -------------------------------------------------------------------------
 
@@ -240,13 +355,17 @@ class Model:
     # ---- calls -------------------------------------------------------------------------
 
     def model_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None,
-                   offset: int, *, new: bool = False, via: str = "") -> Any:
+                   offset: int, *, new: bool = False, via: str = "", handed: str = "") -> Any:
         """``func(*args, **kwargs)`` (``new``: ``func.__new__(func, *args)``); ``via``: the
-        forwarding rule that makes the call (then only a vetted callable is clean)."""
+        forwarding rule that makes the call (then only a vetted callable is clean);
+        ``handed``: where a callable handed on was found (judged as called, its own
+        severity)."""
         log = self.log
         origin = _origin(func)
         if isinstance(func, Global):
             path = func.path
+            if args or kwargs:
+                self._handed(path, args, kwargs, offset)
             if not new and path in FORWARDS:
                 return self._forwarding(func, args, kwargs or {}, offset, via)
             if not new and path in ("copyreg.__newobj__", "copyreg.__newobj_ex__"):
@@ -269,14 +388,24 @@ class Model:
             if via and severity != "vetted":
                 severity, reason = "dangerous", f"{via} calls a callable the file chose, " \
                                                 f"{path}, which is not vetted ({reason})"
+            elif handed and severity != "vetted":
+                reason = f"{handed} of {path}, which counts as called: {reason}"
             log.add("call", f"{path}.__new__" if new else path, severity, reason, offset,
                     origin, args)
             return Made(path, severity, origin)
         if isinstance(func, Made):
             if func.func is not None and not new:  # a functools.partial
-                return self.model_call(func.func, (*func.pargs, *args),
-                                       {**func.pkw, **(kwargs or {})}, offset,
-                                       via=via or "functools.partial")
+                if self.duck_depth >= _DUCK_DEPTH:
+                    log.add("call", func.maker, "dangerous", "partials nested too deep to "
+                            "follow", offset, origin)
+                    return Made("?", "dangerous", origin)
+                self.duck_depth += 1
+                try:
+                    return self.model_call(func.func, (*func.pargs, *args),
+                                           {**func.pkw, **(kwargs or {})}, offset,
+                                           via=via or "functools.partial")
+                finally:
+                    self.duck_depth -= 1
             if func.maker == "__new__" and func.attr is not None:
                 target = func.pargs[0] if func.pargs else None
                 return self.model_call(target, args[1:], kwargs, offset, new=True, via=via)
@@ -401,8 +530,16 @@ class Model:
             self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ sets "
                          "its function (judged when the partial is called)", offset,
                          obj.origin, state)
+            if isinstance(state, tuple) and len(state) == 4:
+                self._handed("", state[3], None, offset, "a functools.partial's __dict__")
+            if self.duck_judged.pop(id(obj), None) is not None:  # judged with its old function
+                self._judge(obj, "a functools.partial rebuilt after it was handed on", offset)
             return obj
         self._update("build", obj, offset, state)
+        if isinstance(obj, (Made, Global)) and type(state) not in _INERT:
+            maker = obj.maker if isinstance(obj, Made) else obj.path
+            self._handed(f"{maker}.__setstate__", (state,), None, offset,
+                         f"the BUILD state of {maker}")
         return obj
 
     def _update(self, kind: ActionKind, obj: Any, offset: int, args: Any = None) -> None:
@@ -422,9 +559,12 @@ class Model:
                          "itself (no pickler writes that: it can rebind the class's "
                          "attributes)", offset, obj.offset, args)
 
-    def model_update(self, obj: Any, offset: int) -> None:
+    def model_update(self, obj: Any, offset: int, items: Any = None) -> None:
         if isinstance(obj, (Made, Global)):
             self._update("update", obj, offset)
+            if items:
+                maker = obj.maker if isinstance(obj, Made) else obj.path
+                self._handed("", (items,), None, offset, f"the items put in {maker}")
 
 
 def worst(severities: list[Severity]) -> Severity:

@@ -91,13 +91,14 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 limits: Limits | None = None, *, want_value: bool = False,
                 member: str | None = None, tentative: bool = False,
-                header: str = "") -> StreamScan:
+                header: str = "", pids: str = "storage") -> StreamScan:
     """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
     ``member``: the archive member it is, for the actions' report. ``tentative``: bytes that
     need not be a pickle, which the caller drops when a name read inline is no dotted name
     (``layouts.plausible``): such a stream is only walked (the run would name the same
     GLOBAL or INST at the same offset the same way), and has no actions. ``header``: what
-    the stream is, when it is one of :data:`.plain.HEADERS` (a value is wanted)."""
+    the stream is, when it is one of :data:`.plain.HEADERS` (a value is wanted). ``pids``:
+    what the loader's persistent_load makes of an id (:data:`.modelrun.PIDS`)."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
@@ -109,7 +110,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 scan.value, scan.end = known
                 scan.stopped = True
                 return scan
-        if _ran(scan, view, start, lim, member):
+        if _ran(scan, view, start, lim, member, pids):
             if header and not scan.globals and not scan.pids and not scan.actions:
                 PLAIN.keep(header, view, start, scan.end, scan.value, lim)
             return scan
@@ -126,10 +127,11 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
                     g.offset)
         _finish(scan, log, start)
         return scan
-    recorder = ModelRecorder(view, member)
+    recorder = ModelRecorder(view, member, pids)
     machine = ModelMachine(view, recorder, lim)
     try:
         scan.value, _ = machine.run(start)
+        recorder.model_result(scan.value, start)
     except CheckpointError as e:
         scan.limited = scan.limited or isinstance(e, LimitError)
         where = e.offset if e.offset is not None else start
@@ -149,14 +151,16 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     return scan
 
 
-def _ran(scan: StreamScan, view: Any, start: int, lim: Limits, member: str | None) -> bool:
+def _ran(scan: StreamScan, view: Any, start: int, lim: Limits, member: str | None,
+         pids: str) -> bool:
     """The inert run alone, when it reaches STOP: then it has decoded every opcode the static
     walk would (the interpreter refuses what the walk reports on a whole stream: an argument
     across a frame's end; and no text line of a stream this short passes the walk's bound),
     and recorded every name exactly. False (nothing kept) when it breaks: both passes run."""
-    recorder = ModelRecorder(view, member)
+    recorder = ModelRecorder(view, member, pids)
     try:
         scan.value, scan.end = ModelMachine(view, recorder, lim).run(start)
+        recorder.model_result(scan.value, start)
     except (CheckpointError, RecursionError):
         return False
     scan.stopped = True
