@@ -255,6 +255,10 @@ ANY_ARGS: dict[str, str] = {
         "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign")},
     **{f"torch._C._VariableFunctions.{n}": _PURE for n in (
         "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax")},
+    **{f"torch.{n}Tensor": "a legacy tensor type (the TAR layout's tensors pickle names it): "
+       "calling it makes a tensor from sizes or data" for n in (
+        "Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",
+        "ComplexFloat", "ComplexDouble")},
     **{f"math.{n}": "a math function: pure computation on numbers" for n in (
         "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "tanh", "erf", "floor",
         "ceil", "pow", "fabs", "isfinite", "isnan", "isinf", "gcd", "prod", "fsum")},
