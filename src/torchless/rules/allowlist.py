@@ -36,14 +36,14 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from torchless.pickle.values import Global
 from torchless.rules.policy import DENIED_MODULE_FAMILIES, PYTHON_CONSTANTS, torch_constant
 
 __all__ = ["ANY_ARGS", "CALLS", "DANGEROUS", "FORWARDS", "HANDED_ON", "IMPORT_PACKAGES",
-           "METHODS_CALLED", "NEW_ONLY", "Severity", "any_args", "call_verdict",
-           "import_verdict", "package_of"]
+           "METHODS_CALLED", "NEW_ONLY", "SPECS", "ArgSpec", "Severity", "Spec", "any_args",
+           "call_verdict", "import_verdict", "package_of"]
 
 #: What the scanner makes of one action.
 Severity = Literal["vetted", "unvetted", "dangerous"]
@@ -304,17 +304,77 @@ HANDED_ON: dict[str, tuple[frozenset[int], frozenset[str]]] = {
     "hmac.digest": (frozenset({2}), frozenset({"digest"})),
 }
 
+class ArgSpec(NamedTuple):
+    """What a vetted callable does with one argument (or its BUILD state), read from its code:
+    the methods it looks up on it and calls (``__getitem__``: it subscripts it, which runs a
+    ``defaultdict``'s factory on a missing key), and whether the result keeps it (then it is
+    part of the object graph, and a method looked up on the result later may reach it)."""
+
+    methods: frozenset[str] = frozenset()
+    keeps: bool = False
+
+
+class Spec(NamedTuple):
+    """An entry's argument spec: by position, then any other position or keyword, then the
+    BUILD state."""
+
+    args: tuple[ArgSpec, ...] = ()
+    rest: ArgSpec = ArgSpec()
+    state: ArgSpec = ArgSpec(keeps=True)
+
+
+def _calling(*names: str, keeps: bool = False) -> ArgSpec:
+    return ArgSpec(frozenset(names), keeps)
+
+
+_KEPT = ArgSpec(keeps=True)
+_DATA = ArgSpec()
+_MAPPING = _calling("keys", keeps=True)  # dict(x) / dict.update(x): x.keys(), then x[k] of each
+_ITERATED = _KEPT  # iter(x) is a type slot: only the class's own code runs
+#: The argument specs read so far. An entry of CALLS, NEW_ONLY or FORWARDS not here is
+#: judged conservatively: every callable anywhere in what it is handed counts as called.
+#: C's load_build (torch.load uses the C unpickler) sets a state with no __setstate__ by
+#: PyDict_Next over a real dict (and PyObject_SetAttr for slot state): no method is called.
+SPECS: dict[str, Spec] = {
+    # argparse.Namespace.__init__: setattr(self, name, kwargs[name]) for each keyword
+    "argparse.Namespace": Spec(rest=_KEPT),
+    # SimpleNamespace(**kw) (3.11); 3.13's positional mapping is merged with PyDict_Update
+    "types.SimpleNamespace": Spec((_MAPPING,), _KEPT),
+    # dict_update_arg: a non-dict with .keys is merged by keys() and __getitem__
+    "builtins.dict": Spec((_MAPPING,), _KEPT),
+    # odict's mutablemapping_update: .keys() (else .items()) of a non-dict
+    "collections.OrderedDict": Spec((_calling("keys", "items", keeps=True),), _KEPT),
+    # Counter.update: a Mapping's .items(), else dict.update (keys) or counting elements
+    "collections.Counter": Spec((_calling("keys", "items", keeps=True),), _KEPT),
+    # defaultdict(factory, mapping): the factory is kept (called on a missing key)
+    "collections.defaultdict": Spec((_KEPT, _MAPPING), _KEPT),
+    "collections.deque": Spec((_ITERATED, _DATA)),  # iterable, maxlen (an index)
+    **{f"builtins.{n}": Spec((_ITERATED,)) for n in ("list", "tuple", "set", "frozenset")},
+    # object.__new__ ignores the NEWOBJ arguments; BUILD sets maps in __dict__ (C load_build)
+    "collections.ChainMap": Spec(),
+    # UUID(hex): hex.replace('urn:', '').replace('uuid:', ''); bytes, bytes_le, fields and
+    # int are measured, sliced and unpacked (type slots); __setstate__: state['int']
+    "uuid.UUID": Spec((_calling("replace"),), _DATA, _calling("__getitem__", keeps=True)),
+    # Parameter.__new__: a tensor of an exact tensor type is wrapped, anything else:
+    # data.detach().requires_grad_(requires_grad)
+    "torch.nn.parameter.Parameter": Spec((_calling("detach"), _DATA)),
+    "torch._utils._rebuild_parameter": Spec((_calling("detach"), _DATA, _KEPT)),
+    # … then _set_obj_state(param, state): state.items() of its dict part
+    "torch._utils._rebuild_parameter_with_state": Spec((_calling("detach"), _DATA, _KEPT,
+                                                        _calling("items", keeps=True))),
+    # _rebuild_tensor reads storage.dtype and storage._untyped_storage (no call); size and
+    # stride are parsed by C; backward_hooks is kept; metadata goes to C
+    "torch._utils._rebuild_tensor": Spec((_DATA, _DATA, _DATA, _DATA)),
+    "torch._utils._rebuild_tensor_v2": Spec((_DATA, _DATA, _DATA, _DATA, _DATA, _KEPT,
+                                             _DATA)),
+    "torch.Size": Spec((_DATA,)), "torch.device": Spec((_DATA, _DATA)),  # parsed by C
+    "datetime.timedelta": Spec(rest=_DATA),  # numbers (type slots)
+}
+
 #: Methods a vetted callable calls on an argument that is not plain data (position, method;
-#: -1: the BUILD state), as its code reads: named in the report of a callable it reaches.
+#: -1: the BUILD state), as its code reads: named in the report of a callable it reaches
+#: (for the entries without a :data:`SPECS` entry yet).
 METHODS_CALLED: dict[str, tuple[tuple[int, str], ...]] = {
-    "torch.nn.parameter.Parameter": ((0, "detach"),),  # Parameter.__new__: data.detach()
-    "torch._utils._rebuild_parameter": ((0, "detach"),),  # calls Parameter(data, …)
-    "torch._utils._rebuild_parameter_with_state": ((0, "detach"),),
-    "collections.OrderedDict": ((0, "keys"),),  # OrderedDict.update(mapping): .keys()
-    "builtins.dict": ((0, "keys"),),  # dict(mapping) reads .keys() of a non-dict
-    "collections.Counter": ((0, "keys"),), "collections.ChainMap": ((-1, "__getitem__"),),
-    "uuid.UUID": ((0, "replace"),),  # UUID(hex): hex.replace('urn:', '')
-    "collections.defaultdict": ((0, "__call__"),),  # the factory, on a missing key
     "torch.optim.Optimizer": ((-1, "setdefault"),),  # __setstate__: defaults.setdefault
     "torch.nn.modules.rnn.RNNBase": ((-1, "__getitem__"),),  # __setstate__: d[...]
     "numpy.random.mtrand.RandomState": ((0, "__index__"),),  # RandomState(seed)

@@ -32,6 +32,8 @@ from torchless.rules.allowlist import (
     FORWARDS,
     HANDED_ON,
     METHODS_CALLED,
+    SPECS,
+    ArgSpec,
     Severity,
     call_verdict,
     forwarded,
@@ -54,6 +56,12 @@ _ARGS_MAX = 160
 _MAX_LISTED = 1000
 
 
+#: Values one object keeps for method look-ups; past this each is walked when handed over.
+_HOLD_MAX = 64
+#: Pairs of an item list searched for a method name.
+_PAIRS_MAX = 4096
+
+
 #: Characters of a maker's name: ``f()()()…`` past this is cut to one name.
 _MAKER_MAX = 120
 
@@ -69,7 +77,8 @@ def _called(maker: str) -> str:
 class Made:
     """What a call or ``__new__`` returned: judged by what made it."""
 
-    __slots__ = ("attr", "func", "maker", "origin", "pargs", "pkw", "severity")
+    __slots__ = ("attr", "factory", "func", "holders", "maker", "origin", "pargs", "pkw",
+                 "severity", "walked")
 
     def __init__(self, maker: str, severity: Severity, origin: int | None) -> None:
         self.maker = maker
@@ -79,6 +88,20 @@ class Made:
         self.pargs: tuple[Any, ...] = ()
         self.pkw: dict[Any, Any] = {}  # a functools.partial's keywords
         self.attr: str | None = None  # getattr(obj, attr) of an object the file built
+        # what the object keeps of what it was handed (keyword dicts, BUILD states, items),
+        # where a method looked up on it may find a callable; the walks follow it
+        self.holders: list[Any] | None = None
+        self.walked = 0  # holders the shared walk has followed
+        self.factory: Any = None  # a defaultdict's factory
+
+    def hold(self, value: Any) -> bool:
+        """Keep ``value`` among the holders (False past :data:`_HOLD_MAX`: walk it now)."""
+        if self.holders is None:
+            self.holders = []
+        if len(self.holders) >= _HOLD_MAX:
+            return False
+        self.holders.append(value)
+        return True
 
     def __repr__(self) -> str:
         return f"<{self.maker}>"
@@ -231,6 +254,17 @@ _DUCK_DEPTH = 32
 _INERT = frozenset({str, bytes, int, float, bool, complex, type(None), bytearray})
 
 
+def _attributes(holder: Any, names: frozenset[str]) -> list[tuple[str, Any]]:
+    """The values of attributes ``names`` an object keeps in ``holder`` (a keyword or state
+    dict, or a list of item pairs: an attribute dict reads missing attributes from its items)."""
+    if type(holder) is dict:
+        return [(n, holder[n]) for n in names if n in holder]
+    if type(holder) is list:
+        return [(p[0], p[1]) for p in holder[:_PAIRS_MAX]
+                if type(p) is tuple and len(p) == 2 and type(p[0]) is str and p[0] in names]
+    return []
+
+
 class Model:
     """The resolver half of the model (mixed into the scanner's recording resolver)."""
 
@@ -251,36 +285,76 @@ class Model:
     # ---- duck-typed calls --------------------------------------------------------------
 
     def _handed(self, callee: str, args: Any, kwargs: dict[Any, Any] | None, offset: int,
-                where: str = "") -> None:
-        """What ``callee`` is handed (its arguments, or its BUILD state with ``where``):
-        each callable value in it, through plain containers, counts as called with unknown
-        arguments (torch's code or the program may call it by duck typing: ``data.detach()``,
-        ``mapping.keys()``), except those the rule forwards (judged as those calls)."""
+                where: str = "", result: Made | None = None, state: bool = False) -> None:
+        """What ``callee`` is handed: its arguments, or (``state``) its BUILD state
+        ``args``. With an argument spec (:data:`~torchless.rules.allowlist.SPECS`), the
+        methods it calls on each value are looked up (a callable found is judged as called)
+        and what it keeps goes to ``result``; without one, each callable value anywhere in
+        it counts as called (torch's code or the program may call it by duck typing),
+        except those the rule forwards (judged as those calls)."""
         skip, skip_kw = HANDED_ON.get(callee, (frozenset(), frozenset()))
         if "*" in skip_kw:
             return
-        what = where or f"the arguments of {callee}"
-        methods = METHODS_CALLED.get(callee)
-        if methods:
-            what += " (which calls " + ", ".join(f".{m}()" for _, m in methods) + ")"
-        if isinstance(args, tuple):
+        spec = SPECS.get(callee)
+        if spec is None:
+            what = where or f"the arguments of {callee}"
+            methods = METHODS_CALLED.get(callee)
+            if methods:
+                what += " (which calls " + ", ".join(f".{m}()" for _, m in methods) + ")"
+            if state or not isinstance(args, tuple):
+                self._walk(args, what, offset, self.duck_seen)
+                return
             for i, value in enumerate(args):
                 if i not in skip and type(value) not in _INERT:
                     self._walk(value, what, offset, self.duck_seen)
-        elif type(args) not in _INERT:
-            self._walk(args, what, offset, self.duck_seen)
-        for key, value in (kwargs or {}).items():
-            if key not in skip_kw and type(value) not in _INERT:
-                self._walk(value, what, offset, self.duck_seen)
+            for key, value in (kwargs or {}).items():
+                if key not in skip_kw and type(value) not in _INERT:
+                    self._walk(value, what, offset, self.duck_seen)
+            return
+        if state:
+            parts = args if type(args) is tuple and len(args) == 2 else (args,)
+            pairs = [(spec.state, p) for p in parts]
+        else:
+            pairs = [(spec.args[i] if i < len(spec.args) else spec.rest, v)
+                     for i, v in enumerate(args)]
+            pairs += [(spec.rest, v) for v in (kwargs or {}).values()]
+            if callee == "collections.defaultdict" and result is not None and args:
+                result.factory = args[0]
+        for arg, value in pairs:
+            if type(value) not in _INERT:
+                self._use(callee, arg, value, offset, result)
+
+    def _use(self, callee: str, arg: ArgSpec, value: Any, offset: int,
+             result: Made | None) -> None:
+        """``callee`` calls ``arg.methods`` on ``value``, and keeps it if ``arg.keeps``."""
+        if arg.methods and isinstance(value, Made):
+            if "__getitem__" in arg.methods and value.factory is not None:
+                self._judge_any(value.factory, f"{callee} subscripts a defaultdict, whose "
+                                "factory runs on a missing key:", offset)
+            for holder in value.holders or ():
+                for name, found in _attributes(holder, arg.methods):
+                    self._judge_any(found, f"{callee} calls .{name}() of an object the file "
+                                    f"built ({value.maker}), whose attribute {name} is",
+                                    offset)
+        if arg.keeps and (result is None or not result.hold(value)):
+            self._walk(value, f"what {callee} keeps", offset, self.duck_seen)
+
+    def _judge_any(self, value: Any, where: str, offset: int) -> None:
+        if type(value) is Global or type(value) is Made:
+            self._judge(value, where, offset)
 
     def model_result(self, value: Any, offset: int) -> None:
         """The value torch.load returns: every callable in it may be called by the program
         (a fresh walk: containers may have changed since they were handed on)."""
         if type(value) not in _INERT:
             self._walk(value, "the value torch.load returns (the program may call it)",
-                       offset, {})
+                       offset, {}, fresh=True)
 
-    def _walk(self, value: Any, where: str, offset: int, seen: dict[int, Any]) -> None:
+    def _walk(self, value: Any, where: str, offset: int, seen: dict[int, Any],
+              fresh: bool = False) -> None:
+        """Judge every callable in ``value``, through plain containers and what objects
+        keep; each container is followed once per ``seen`` (an object's holders once per
+        stream by the shared walk, once by a ``fresh`` one), all walks within a budget."""
         todo = [value]
         while todo:
             v = todo.pop()
@@ -292,19 +366,38 @@ class Model:
                 if id(v) in seen:
                     continue
                 seen[id(v)] = v
-                self.duck_budget -= len(v) + 1
-                if self.duck_budget < 0:
-                    if self.duck_budget + len(v) + 1 >= 0:
-                        self.log.add("call", "<handed-on values>", "unvetted", "too many "
-                                     "values handed on to follow for callables", offset, None)
+                if not self._spend(len(v) + 1, offset):
                     return
                 if kind is dict:
                     todo.extend(v.keys())
                     todo.extend(v.values())
                 else:
                     todo.extend(v)
-            elif kind is Global or kind is Made:
+            elif kind is Global:
                 self._judge(v, where, offset)
+            elif kind is Made:
+                if v.func is not None or v.attr is not None:
+                    self._judge(v, where, offset)
+                if v.factory is not None:
+                    todo.append(v.factory)
+                if v.holders:
+                    if fresh:
+                        if id(v) in seen:
+                            continue
+                        seen[id(v)] = v
+                        todo.extend(v.holders)
+                    else:
+                        todo.extend(v.holders[v.walked:])
+                        v.walked = len(v.holders)
+
+    def _spend(self, n: int, offset: int) -> bool:
+        self.duck_budget -= n
+        if self.duck_budget >= 0:
+            return True
+        if self.duck_budget + n >= 0:
+            self.log.add("call", "<handed-on values>", "unvetted", "too many values handed "
+                         "on to follow for callables", offset, None)
+        return False
 
     def _judge(self, value: Global | Made, where: str, offset: int) -> None:
         """A callable value handed on, as the call it can become."""
@@ -364,7 +457,8 @@ class Model:
         origin = _origin(func)
         if isinstance(func, Global):
             path = func.path
-            if args or kwargs:
+            forwards = not new and (path in FORWARDS or path.startswith("copyreg.__newobj"))
+            if forwards and (args or kwargs):
                 self._handed(path, args, kwargs, offset)
             if not new and path in FORWARDS:
                 return self._forwarding(func, args, kwargs or {}, offset, via)
@@ -392,7 +486,10 @@ class Model:
                 reason = f"{handed} of {path}, which counts as called: {reason}"
             log.add("call", f"{path}.__new__" if new else path, severity, reason, offset,
                     origin, args)
-            return Made(path, severity, origin)
+            made = Made(path, severity, origin)
+            if args or kwargs:
+                self._handed(path, args, kwargs, offset, result=made)
+            return made
         if isinstance(func, Made):
             if func.func is not None and not new:  # a functools.partial
                 if self.duck_depth >= _DUCK_DEPTH:
@@ -530,16 +627,18 @@ class Model:
             self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ sets "
                          "its function (judged when the partial is called)", offset,
                          obj.origin, state)
-            if isinstance(state, tuple) and len(state) == 4:
-                self._handed("", state[3], None, offset, "a functools.partial's __dict__")
+            if isinstance(state, tuple) and len(state) == 4 and type(state[3]) is dict and \
+                    not obj.hold(state[3]):  # its __dict__: where .keys() … are looked up
+                self._walk(state[3], "a functools.partial's __dict__", offset, self.duck_seen)
             if self.duck_judged.pop(id(obj), None) is not None:  # judged with its old function
                 self._judge(obj, "a functools.partial rebuilt after it was handed on", offset)
             return obj
         self._update("build", obj, offset, state)
         if isinstance(obj, (Made, Global)) and type(state) not in _INERT:
             maker = obj.maker if isinstance(obj, Made) else obj.path
-            self._handed(f"{maker}.__setstate__", (state,), None, offset,
-                         f"the BUILD state of {maker}")
+            self._handed(maker if isinstance(obj, Made) else "", state, None, offset,
+                         f"the BUILD state of {maker}",
+                         obj if isinstance(obj, Made) else None, state=True)
         return obj
 
     def _update(self, kind: ActionKind, obj: Any, offset: int, args: Any = None) -> None:
@@ -562,9 +661,12 @@ class Model:
     def model_update(self, obj: Any, offset: int, items: Any = None) -> None:
         if isinstance(obj, (Made, Global)):
             self._update("update", obj, offset)
-            if items:
-                maker = obj.maker if isinstance(obj, Made) else obj.path
-                self._handed("", (items,), None, offset, f"the items put in {maker}")
+            if not items:
+                return
+            if isinstance(obj, Made) and obj.maker in SPECS and obj.hold(items):
+                return  # kept (an attribute dict reads missing attributes from its items)
+            maker = obj.maker if isinstance(obj, Made) else obj.path
+            self._walk(items, f"the items put in {maker}", offset, self.duck_seen)
 
 
 def worst(severities: list[Severity]) -> Severity:
