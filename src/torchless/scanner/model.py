@@ -252,6 +252,9 @@ _DUCK_MAX = 4_000_000
 #: How deep one handed-on callable's judgement may lead to the next (a partial of a partial).
 _DUCK_DEPTH = 32
 _INERT = frozenset({str, bytes, int, float, bool, complex, type(None), bytearray})
+_FORWARDING = frozenset({*FORWARDS, "copyreg.__newobj__", "copyreg.__newobj_ex__"})
+#: Per spec'd callee, the positions whose spec calls methods or keeps the value.
+_ACTIVE: dict[str, tuple[tuple[int, ArgSpec], ...]] = {}
 
 
 def _attributes(holder: Any, names: frozenset[str]) -> list[tuple[str, Any]]:
@@ -312,17 +315,28 @@ class Model:
                     self._walk(value, what, offset, self.duck_seen)
             return
         if state:
-            parts = args if type(args) is tuple and len(args) == 2 else (args,)
-            pairs = [(spec.state, p) for p in parts]
-        else:
-            pairs = [(spec.args[i] if i < len(spec.args) else spec.rest, v)
-                     for i, v in enumerate(args)]
-            pairs += [(spec.rest, v) for v in (kwargs or {}).values()]
-            if callee == "collections.defaultdict" and result is not None and args:
-                result.factory = args[0]
-        for arg, value in pairs:
-            if type(value) not in _INERT:
-                self._use(callee, arg, value, offset, result)
+            for part in args if type(args) is tuple and len(args) == 2 else (args,):
+                if type(part) not in _INERT:
+                    self._use(callee, spec.state, part, offset, result)
+            return
+        if callee == "collections.defaultdict" and result is not None and args:
+            result.factory = args[0]
+        active = _ACTIVE.get(callee)
+        if active is None:
+            active = _ACTIVE[callee] = tuple((i, a) for i, a in enumerate(spec.args)
+                                             if a.methods or a.keeps)
+        rest = spec.rest
+        for i, arg in active:
+            if i < len(args) and type(args[i]) not in _INERT:
+                self._use(callee, arg, args[i], offset, result)
+        if rest.methods or rest.keeps:
+            for value in args[len(spec.args):]:
+                if type(value) not in _INERT:
+                    self._use(callee, rest, value, offset, result)
+        if kwargs and (rest.methods or rest.keeps):
+            for value in kwargs.values():
+                if type(value) not in _INERT:
+                    self._use(callee, rest, value, offset, result)
 
     def _use(self, callee: str, arg: ArgSpec, value: Any, offset: int,
              result: Made | None) -> None:
@@ -361,7 +375,10 @@ class Model:
             kind = type(v)
             if kind in _INERT:
                 continue
-            if kind is tuple or kind is list or kind is dict or kind is set or \
+            if kind is tuple and len(v) == 2 and (type(v[0]) in _INERT or
+                                                  type(v[1]) in _INERT):
+                todo.append(v[1] if type(v[0]) in _INERT else v[0])  # a chain, not a DAG
+            elif kind is tuple or kind is list or kind is dict or kind is set or \
                     kind is frozenset:
                 if id(v) in seen:
                     continue
@@ -457,8 +474,7 @@ class Model:
         origin = _origin(func)
         if isinstance(func, Global):
             path = func.path
-            forwards = not new and (path in FORWARDS or path.startswith("copyreg.__newobj"))
-            if forwards and (args or kwargs):
+            if not new and path in _FORWARDING and (args or kwargs):
                 self._handed(path, args, kwargs, offset)
             if not new and path in FORWARDS:
                 return self._forwarding(func, args, kwargs or {}, offset, via)
