@@ -22,13 +22,18 @@ Three kinds of entry, because a class can be safe to *re-create* and unsafe to *
   the scanner vets the forwarded call on its own, and a forwarded callable that is not in
   :data:`CALLS` makes the file dangerous.
 
-A name only *referenced* (imported and stored, never called: an activation function kept as a
-module attribute, ``numpy.float32`` as a dtype) runs nothing but its module's import: it is
-vetted when the module is (:func:`import_verdict`).
+A name only *referenced* runs its module's import (:func:`import_verdict`); but a callable
+the file hands on (kept in the value torch.load returns, or given to a callable) may be
+called by duck typing (``Parameter`` calls ``data.detach()``, ``dict`` calls ``x.keys()``) or
+by the program, so it counts as called unless :data:`ANY_ARGS` vets it for any arguments (an
+activation function kept as a module attribute, ``numpy.float32`` as a dtype). What each
+vetted callable does with its arguments is in :data:`SPECS` (read from its code); one without
+a spec counts every callable it is handed as called.
 
 Adding an entry: put the exact ``module.name`` (as the pickle spells it, after Python 2 names
 are mapped) in the right table with one line saying why loading it cannot run unvetted code,
-and add a file to the labelled set (``tests/scanner/labelled``) that shows it in real output.
+its :data:`SPECS` entry if it calls into or keeps what it is handed, and add a file to the
+labelled set (``tests/scanner/labelled``) that shows it in real output.
 """
 
 from __future__ import annotations

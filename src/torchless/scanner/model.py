@@ -12,7 +12,11 @@ records each step as an :class:`~torchless.scanner.report.Action`:
   ``_rebuild_from_type_v2``'s func, a ``functools.partial``'s function, NumPy's RNG
   constructor callbacks, ``hmac``'s digestmod) are calls of their own;
 * **build**: ``BUILD`` calls the object's ``__setstate__`` (or its ``__setattr__`` for slot
-  state); **update**: ``APPEND``/``SETITEM``/``ADDITEMS`` on an object call its methods.
+  state); **update**: ``APPEND``/``SETITEM``/``ADDITEMS`` on an object call its methods;
+* **duck-typed calls**: a callable value the file hands on (in the value torch.load returns,
+  or in what a callable is given) counts as called, where the callee's argument spec
+  (``allowlist.SPECS``) says it calls that method of the value, or anywhere for a callee
+  without a spec; an object remembers what it keeps (its *holders*) for such look-ups.
 
 Each action gets a severity from :mod:`torchless.rules.allowlist`. Values stay symbolic: a
 name is a :class:`Global`, a call's result an :class:`_Made` that remembers what made it
@@ -30,16 +34,13 @@ from torchless.pickle.opcodes import by_code
 from torchless.pickle.values import Global
 from torchless.rules.allowlist import (
     FORWARDS,
-    HANDED_ON,
-    METHODS_CALLED,
     SPECS,
-    ArgSpec,
     Severity,
     call_verdict,
     forwarded,
     import_verdict,
 )
-from torchless.rules.policy import PYTHON_CONSTANTS, torch_constant
+from torchless.scanner.duck import DUCK_DEPTH, FORWARDING, INERT, DuckCalls, Made
 from torchless.scanner.report import SEVERITY_ORDER, Action, ActionKind, new_action
 
 __all__ = ["IMPORTS", "ActionLog", "Made", "Model", "imported", "static_args",
@@ -56,12 +57,6 @@ _ARGS_MAX = 160
 _MAX_LISTED = 1000
 
 
-#: Values one object keeps for method look-ups; past this each is walked when handed over.
-_HOLD_MAX = 64
-#: Pairs of an item list searched for a method name.
-_PAIRS_MAX = 4096
-
-
 #: Characters of a maker's name: ``f()()()…`` past this is cut to one name.
 _MAKER_MAX = 120
 
@@ -72,39 +67,6 @@ def _called(maker: str) -> str:
     chain would make the report quadratic in it; cut, the names repeat and are counted."""
     name = f"{maker}()"
     return name if len(name) <= _MAKER_MAX else f"{name[:_MAKER_MAX - 4]}…()"
-
-
-class Made:
-    """What a call or ``__new__`` returned: judged by what made it."""
-
-    __slots__ = ("attr", "factory", "func", "holders", "maker", "origin", "pargs", "pkw",
-                 "severity", "walked")
-
-    def __init__(self, maker: str, severity: Severity, origin: int | None) -> None:
-        self.maker = maker
-        self.severity = severity
-        self.origin = origin
-        self.func: Any = None  # a functools.partial's function (None otherwise)
-        self.pargs: tuple[Any, ...] = ()
-        self.pkw: dict[Any, Any] = {}  # a functools.partial's keywords
-        self.attr: str | None = None  # getattr(obj, attr) of an object the file built
-        # what the object keeps of what it was handed (keyword dicts, BUILD states, items),
-        # where a method looked up on it may find a callable; the walks follow it
-        self.holders: list[Any] | None = None
-        self.walked = 0  # holders the shared walk has followed
-        self.factory: Any = None  # a defaultdict's factory
-
-    def hold(self, value: Any) -> bool:
-        """Keep ``value`` among the holders (False past :data:`_HOLD_MAX`: walk it now)."""
-        if self.holders is None:
-            self.holders = []
-        if len(self.holders) >= _HOLD_MAX:
-            return False
-        self.holders.append(value)
-        return True
-
-    def __repr__(self) -> str:
-        return f"<{self.maker}>"
 
 
 def _plain(value: Any, depth: int = 2) -> bool:
@@ -246,210 +208,14 @@ IMPORTS: dict[tuple[str, str], tuple[str, str, str, Severity, str]] = {}
 IMPORTS_MAX = 4096
 
 
-#: Values the walks for handed-on callables follow in one stream, all walks together (each
-#: container is followed once: the walks stay linear in the stream).
-_DUCK_MAX = 4_000_000
-#: How deep one handed-on callable's judgement may lead to the next (a partial of a partial).
-_DUCK_DEPTH = 32
-_INERT = frozenset({str, bytes, int, float, bool, complex, type(None), bytearray})
-_FORWARDING = frozenset({*FORWARDS, "copyreg.__newobj__", "copyreg.__newobj_ex__"})
-#: Per spec'd callee, the positions whose spec calls methods or keeps the value.
-_ACTIVE: dict[str, tuple[tuple[int, ArgSpec], ...]] = {}
-
-
-def _attributes(holder: Any, names: frozenset[str]) -> list[tuple[str, Any]]:
-    """The values of attributes ``names`` an object keeps in ``holder`` (a keyword or state
-    dict, or a list of item pairs: an attribute dict reads missing attributes from its items)."""
-    if type(holder) is dict:
-        return [(n, holder[n]) for n in names if n in holder]
-    if type(holder) is list:
-        return [(p[0], p[1]) for p in holder[:_PAIRS_MAX]
-                if type(p) is tuple and len(p) == 2 and type(p[0]) is str and p[0] in names]
-    return []
-
-
-class Model:
+class Model(DuckCalls):
     """The resolver half of the model (mixed into the scanner's recording resolver)."""
 
     log: ActionLog
+
+    def known_constant(self, module: str, name: str) -> bool:
+        return storage_verdict(module, name) is not None
     #: Containers the walks for handed-on callables followed (kept alive: ids stay unique).
-    duck_seen: dict[int, Any]
-    #: Callable values already judged as called (id -> value).
-    duck_judged: dict[int, Any]
-    duck_budget: int
-    duck_depth: int
-
-    def model_init(self) -> None:
-        self.duck_seen = {}
-        self.duck_judged = {}
-        self.duck_budget = _DUCK_MAX
-        self.duck_depth = 0
-
-    # ---- duck-typed calls --------------------------------------------------------------
-
-    def _handed(self, callee: str, args: Any, kwargs: dict[Any, Any] | None, offset: int,
-                where: str = "", result: Made | None = None, state: bool = False) -> None:
-        """What ``callee`` is handed: its arguments, or (``state``) its BUILD state
-        ``args``. With an argument spec (:data:`~torchless.rules.allowlist.SPECS`), the
-        methods it calls on each value are looked up (a callable found is judged as called)
-        and what it keeps goes to ``result``; without one, each callable value anywhere in
-        it counts as called (torch's code or the program may call it by duck typing),
-        except those the rule forwards (judged as those calls)."""
-        skip, skip_kw = HANDED_ON.get(callee, (frozenset(), frozenset()))
-        if "*" in skip_kw:
-            return
-        spec = SPECS.get(callee)
-        if spec is None:
-            what = where or f"the arguments of {callee}"
-            methods = METHODS_CALLED.get(callee)
-            if methods:
-                what += " (which calls " + ", ".join(f".{m}()" for _, m in methods) + ")"
-            if state or not isinstance(args, tuple):
-                self._walk(args, what, offset, self.duck_seen)
-                return
-            for i, value in enumerate(args):
-                if i not in skip and type(value) not in _INERT:
-                    self._walk(value, what, offset, self.duck_seen)
-            for key, value in (kwargs or {}).items():
-                if key not in skip_kw and type(value) not in _INERT:
-                    self._walk(value, what, offset, self.duck_seen)
-            return
-        if state:
-            for part in args if type(args) is tuple and len(args) == 2 else (args,):
-                if type(part) not in _INERT:
-                    self._use(callee, spec.state, part, offset, result)
-            return
-        if callee == "collections.defaultdict" and result is not None and args:
-            result.factory = args[0]
-        active = _ACTIVE.get(callee)
-        if active is None:
-            active = _ACTIVE[callee] = tuple((i, a) for i, a in enumerate(spec.args)
-                                             if a.methods or a.keeps)
-        rest = spec.rest
-        for i, arg in active:
-            if i < len(args) and type(args[i]) not in _INERT:
-                self._use(callee, arg, args[i], offset, result)
-        if rest.methods or rest.keeps:
-            for value in args[len(spec.args):]:
-                if type(value) not in _INERT:
-                    self._use(callee, rest, value, offset, result)
-        if kwargs and (rest.methods or rest.keeps):
-            for value in kwargs.values():
-                if type(value) not in _INERT:
-                    self._use(callee, rest, value, offset, result)
-
-    def _use(self, callee: str, arg: ArgSpec, value: Any, offset: int,
-             result: Made | None) -> None:
-        """``callee`` calls ``arg.methods`` on ``value``, and keeps it if ``arg.keeps``."""
-        if arg.methods and isinstance(value, Made):
-            if "__getitem__" in arg.methods and value.factory is not None:
-                self._judge_any(value.factory, f"{callee} subscripts a defaultdict, whose "
-                                "factory runs on a missing key:", offset)
-            for holder in value.holders or ():
-                for name, found in _attributes(holder, arg.methods):
-                    self._judge_any(found, f"{callee} calls .{name}() of an object the file "
-                                    f"built ({value.maker}), whose attribute {name} is",
-                                    offset)
-        if arg.keeps and (result is None or not result.hold(value)):
-            self._walk(value, f"what {callee} keeps", offset, self.duck_seen)
-
-    def _judge_any(self, value: Any, where: str, offset: int) -> None:
-        if type(value) is Global or type(value) is Made:
-            self._judge(value, where, offset)
-
-    def model_result(self, value: Any, offset: int) -> None:
-        """The value torch.load returns: every callable in it may be called by the program
-        (a fresh walk: containers may have changed since they were handed on)."""
-        if type(value) not in _INERT:
-            self._walk(value, "the value torch.load returns (the program may call it)",
-                       offset, {}, fresh=True)
-
-    def _walk(self, value: Any, where: str, offset: int, seen: dict[int, Any],
-              fresh: bool = False) -> None:
-        """Judge every callable in ``value``, through plain containers and what objects
-        keep; each container is followed once per ``seen`` (an object's holders once per
-        stream by the shared walk, once by a ``fresh`` one), all walks within a budget."""
-        todo = [value]
-        while todo:
-            v = todo.pop()
-            kind = type(v)
-            if kind in _INERT:
-                continue
-            if kind is tuple and len(v) == 2 and (type(v[0]) in _INERT or
-                                                  type(v[1]) in _INERT):
-                todo.append(v[1] if type(v[0]) in _INERT else v[0])  # a chain, not a DAG
-            elif kind is tuple or kind is list or kind is dict or kind is set or \
-                    kind is frozenset:
-                if id(v) in seen:
-                    continue
-                seen[id(v)] = v
-                if not self._spend(len(v) + 1, offset):
-                    return
-                if kind is dict:
-                    todo.extend(v.keys())
-                    todo.extend(v.values())
-                else:
-                    todo.extend(v)
-            elif kind is Global:
-                self._judge(v, where, offset)
-            elif kind is Made:
-                if v.func is not None or v.attr is not None:
-                    self._judge(v, where, offset)
-                if v.factory is not None:
-                    todo.append(v.factory)
-                if v.holders:
-                    if fresh:
-                        if id(v) in seen:
-                            continue
-                        seen[id(v)] = v
-                        todo.extend(v.holders)
-                    else:
-                        todo.extend(v.holders[v.walked:])
-                        v.walked = len(v.holders)
-
-    def _spend(self, n: int, offset: int) -> bool:
-        self.duck_budget -= n
-        if self.duck_budget >= 0:
-            return True
-        if self.duck_budget + n >= 0:
-            self.log.add("call", "<handed-on values>", "unvetted", "too many values handed "
-                         "on to follow for callables", offset, None)
-        return False
-
-    def _judge(self, value: Global | Made, where: str, offset: int) -> None:
-        """A callable value handed on, as the call it can become."""
-        if id(value) in self.duck_judged:
-            return
-        self.duck_judged[id(value)] = value
-        if isinstance(value, Global):
-            if value.module in ("builtins", "__builtin__") and value.name in PYTHON_CONSTANTS:
-                return
-            if torch_constant(value.module, value.name) is not None or \
-                    storage_verdict(value.module, value.name) is not None:
-                return  # a layout, memory format or storage type: handled by their rules
-            if import_verdict(value.module, value.name)[0] != "vetted":
-                return  # the import is reported already, at least as severe
-            severity, reason = call_verdict(value.module, value.name)
-            if severity != "vetted":
-                self.log.add("call", value.path, severity, f"{where} holds {value.path}, "
-                             f"which counts as called: {reason}", offset, value.offset)
-            return
-        if value.func is None and value.attr is None:
-            return  # an object: a vetted class's, or reported when it was made
-        if self.duck_depth >= _DUCK_DEPTH:
-            self.log.add("call", value.maker, "dangerous", "callables handed on nested too "
-                         "deep to follow", offset, value.origin)
-            return
-        self.duck_depth += 1
-        try:
-            if value.func is not None:  # a functools.partial: its function with its arguments
-                self.model_call(value.func, value.pargs, value.pkw, offset,
-                                handed=f"{where} holds a functools.partial")
-            else:
-                self.model_call(value, (), None, offset)
-        finally:
-            self.duck_depth -= 1
-
     # ---- names -------------------------------------------------------------------------
 
     def model_global(self, module: str, name: str, offset: int) -> Global:
@@ -474,7 +240,7 @@ class Model:
         origin = _origin(func)
         if isinstance(func, Global):
             path = func.path
-            if not new and path in _FORWARDING and (args or kwargs):
+            if not new and path in FORWARDING and (args or kwargs):
                 self._handed(path, args, kwargs, offset)
             if not new and path in FORWARDS:
                 return self._forwarding(func, args, kwargs or {}, offset, via)
@@ -508,7 +274,7 @@ class Model:
             return made
         if isinstance(func, Made):
             if func.func is not None and not new:  # a functools.partial
-                if self.duck_depth >= _DUCK_DEPTH:
+                if self.duck_depth >= DUCK_DEPTH:
                     log.add("call", func.maker, "dangerous", "partials nested too deep to "
                             "follow", offset, origin)
                     return Made("?", "dangerous", origin)
@@ -650,7 +416,7 @@ class Model:
                 self._judge(obj, "a functools.partial rebuilt after it was handed on", offset)
             return obj
         self._update("build", obj, offset, state)
-        if isinstance(obj, (Made, Global)) and type(state) not in _INERT:
+        if isinstance(obj, (Made, Global)) and type(state) not in INERT:
             maker = obj.maker if isinstance(obj, Made) else obj.path
             self._handed(maker if isinstance(obj, Made) else "", state, None, offset,
                          f"the BUILD state of {maker}",
