@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from torchless.rules.allowlist import CALLS, FORWARDS
+from torchless.rules.allowlist import CALLS, FORWARDS, NEW_ONLY
 from torchless.scanner.files import scan
 
 _SCRIPT = r'''
@@ -29,7 +29,7 @@ import collections, copyreg, functools, importlib, json, os, pathlib, pickle, sy
 import warnings
 warnings.simplefilter("ignore")
 import torch
-out, spec = sys.argv[1], json.loads(sys.argv[2])
+out, spec, formats = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 os.makedirs(os.path.join(out, "m"))
 
 
@@ -90,8 +90,8 @@ for path, new in spec:
             continue
         cases[cid] = {"file": name, "marker": marker}
 # a few in the legacy format and as plain pickles
-for i, (cid, case) in enumerate(list(cases.items())[:40]):
-    if not cid.endswith("|ns"):
+for i, (cid, case) in enumerate(list(cases.items())):
+    if not cid.endswith("|ns") or cid.split("|")[0] not in formats:
         continue
     path, where, kind = cid.split("|")
     new = dict(map(tuple, spec))[path]
@@ -128,32 +128,29 @@ print("RESULT" + json.dumps(cases))
 '''
 
 
-#: The vetted callables exercised (a torch.load of every entry with gadget arguments crashes
-#: the process in some of torch's C rebuild functions, so these are the ones whose code calls
-#: into or keeps what they are handed, and a sample of the rest).
-_CALLED = (
-    "torch.nn.parameter.Parameter", "torch._utils._rebuild_parameter",
-    "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_qtensor",
-    "torch.nested._internal.nested_tensor._rebuild_njt", "torch.Size", "torch.device",
-    "collections.OrderedDict", "builtins.dict", "collections.Counter",
-    "collections.defaultdict", "collections.deque", "builtins.list", "builtins.set",
-    "builtins.tuple", "uuid.UUID", "types.SimpleNamespace", "argparse.Namespace",
-    "datetime.timedelta", "pathlib.PosixPath", "numpy.random.mtrand.RandomState",
-    "numpy.dtype", "torch.optim.adamw.AdamW", "functools.partial", "copyreg._reconstructor",
-    "torch._tensor._rebuild_from_type_v2",
-)
-#: Created with NEWOBJ and built (``__setstate__`` reads the state).
-_NEW = ("collections.ChainMap", "torch.optim.adamw.AdamW", "torch.nn.modules.rnn.LSTM",
-        "torch.nn.modules.linear.Linear", "torch._dynamo.decorators._DimRange",
-        "omegaconf.nodes.AnyNode")
+#: torch.load of a BUILD on a Generator with a namespace state crashes the process (SIGSEGV
+#: in torch 2.13's Generator.__setstate__), so those two are left out.
+_CRASH = frozenset({"torch.Generator", "torch._C.Generator"})
+#: Created with NEWOBJ and built beside NEW_ONLY: classes vetted by rule (``__setstate__``
+#: reads the state).
+_NEW = ("torch.optim.adamw.AdamW", "torch.nn.modules.rnn.LSTM",
+        "torch.nn.modules.linear.Linear")
+#: Also written in the legacy format and as plain pickles (the callables that call into what
+#: they are handed).
+_FORMATS = ("torch.nn.parameter.Parameter", "collections.OrderedDict", "builtins.dict",
+            "torch.nested._internal.nested_tensor._rebuild_njt")
+#: Entries whose plain-data call is not clean by design: a non-text codec, getattr and
+#: getitem of a non-name (their own rules), hmac (not vetted).
+_BY_DESIGN = ("_codecs.encode", "builtins.getattr", "operator.getitem", "hmac.")
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("duck")
-    spec = [(p, False) for p in _CALLED] + [(p, True) for p in _NEW]
-    assert all(p in CALLS or p in FORWARDS for p in _CALLED)
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, str(out / "w"), json.dumps(spec)],
+    spec = [(p, False) for p in (*CALLS, *FORWARDS) if p not in _CRASH] + \
+        [(p, True) for p in (*NEW_ONLY, *_NEW)]
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, str(out / "w"), json.dumps(spec),
+                           json.dumps(_FORMATS)],
                           capture_output=True, text=True, timeout=300, check=True)
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
     got: dict[str, dict[str, Any]] = json.loads(line[len("RESULT"):])
@@ -170,10 +167,17 @@ def test_every_callable_torch_runs_is_reported(cases: dict[str, dict[str, Any]])
 
 def test_plain_data_in_the_same_places_is_clean(cases: dict[str, dict[str, Any]]) -> None:
     plain = {cid: c for cid, c in cases.items() if cid.endswith("|plain")}
-    assert len(plain) >= 20 and not any(c["ran"] for c in plain.values())
-    status = {cid: scan(Path(c["file"])).files[0].status for cid, c in plain.items()
-              if not cid.startswith("hmac.")}  # hmac is not vetted
-    assert {cid: s for cid, s in status.items() if s != "clean"} == {}
+    assert len(plain) >= 150 and not any(c["ran"] for c in plain.values())
+    alarms = {}
+    for cid, c in plain.items():
+        path = cid.split("|")[0]
+        f = scan(Path(c["file"])).files[0]
+        bad = {a.target.removesuffix(".__new__") for a in f.actions if a.severity != "vetted"}
+        # torch.save spells an alias by its real name (_rebuild_xla_tensor is
+        # _rebuild_device_tensor_from_numpy): only a report of the entry itself counts
+        if path in bad and not path.startswith(_BY_DESIGN):
+            alarms[cid] = sorted(bad)
+    assert alarms == {}
 
 
 @pytest.mark.parametrize("name", ["legacy_module", "njt", "chainmap"])
