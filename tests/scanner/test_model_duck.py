@@ -104,3 +104,13 @@ def test_a_dag_of_tuples_handed_on_stays_linear(tmp_path: Path) -> None:
     f = _scan(tmp_path, _g("torch._utils", "_rebuild_qtensor") + b"(" + body + b"tR0N")
     assert time.perf_counter() - start < 5
     assert f.status == "clean"
+
+
+
+def test_a_name_read_with_getattr_and_returned_counts_as_called(tmp_path: Path) -> None:
+    """getattr(pathlib.Path, 'touch') is a name no GLOBAL gave (its import is not reported):
+    returned, the program may call it."""
+    touch = _g("builtins", "getattr") + b"(" + _g("pathlib", "Path") + _s("touch") + b"tR"
+    f = _scan(tmp_path, b"(" + touch + b"l")
+    assert [(a.kind, a.target, a.severity) for a in f.actions if a.severity != "vetted"] == [
+        ("call", "pathlib.Path.touch", "dangerous")]

@@ -258,7 +258,7 @@ ANY_ARGS: dict[str, str] = {
     **{f"torch.{n}": _PURE for n in (
         "sigmoid", "tanh", "relu", "exp", "log", "sin", "cos", "abs", "sqrt", "rsqrt",
         "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign")},
-    **{f"torch._C._VariableFunctions.{n}": _PURE for n in (
+    **{f"torch._C._VariableFunctionsClass.{n}": _PURE for n in (
         "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax")},
     **{f"torch.{n}Tensor": "a legacy tensor type (the TAR layout's tensors pickle names it): "
        "calling it makes a tensor from sizes or data" for n in (

@@ -118,6 +118,8 @@ class DuckCalls:
     duck_judged: dict[int, Any]
     duck_budget: int
     duck_depth: int
+    #: ids of names read with getattr (no GLOBAL reported their import)
+    duck_unnamed: dict[int, Global]
 
     def model_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None,
                    offset: int, *, new: bool = False, via: str = "",
@@ -133,6 +135,7 @@ class DuckCalls:
         self.duck_judged = {}
         self.duck_budget = _DUCK_MAX
         self.duck_depth = 0
+        self.duck_unnamed = {}
 
     # ---- duck-typed calls --------------------------------------------------------------
 
@@ -276,8 +279,9 @@ class DuckCalls:
             if torch_constant(value.module, value.name) is not None or \
                     self.known_constant(value.module, value.name):
                 return  # a layout, memory format or storage type: handled by their rules
-            if import_verdict(value.module, value.name)[0] != "vetted":
-                return  # the import is reported already, at least as severe
+            if id(value) not in self.duck_unnamed and \
+                    import_verdict(value.module, value.name)[0] != "vetted":
+                return  # its import (a GLOBAL) is reported, at least as severe
             severity, reason = call_verdict(value.module, value.name)
             if severity != "vetted":
                 self.log.add("call", value.path, severity, f"{where} holds {value.path}, "

@@ -389,7 +389,9 @@ class Model(DuckCalls):
         if isinstance(obj, Global):
             self._add_call(func, "vetted", "reads one attribute of a module or class the "
                            "file names", offset, args)
-            return Global(obj.module, f"{obj.name}.{attr}", obj.offset)
+            name = Global(obj.module, f"{obj.name}.{attr}", obj.offset)
+            self.duck_unnamed[id(name)] = name  # no GLOBAL reported its import
+            return name
         severity: Severity = obj.severity if isinstance(obj, Made) else "vetted"
         self._add_call(func, severity, "reads an attribute of an object the file built",
                        offset, args)
