@@ -114,3 +114,11 @@ def test_a_name_read_with_getattr_and_returned_counts_as_called(tmp_path: Path) 
     f = _scan(tmp_path, b"(" + touch + b"l")
     assert [(a.kind, a.target, a.severity) for a in f.actions if a.severity != "vetted"] == [
         ("call", "pathlib.Path.touch", "dangerous")]
+
+
+def test_torch_constants_returned_are_not_calls(tmp_path: Path) -> None:
+    """torch pickles a dtype, layout or qscheme by name (dtype.__reduce__ gives 'float16'):
+    a value, not a callable."""
+    body = b"(" + _g("torch", "float16") + _g("torch", "bfloat16") + _g("torch", "strided") + \
+        _g("torch", "per_tensor_affine") + b"l"
+    assert _scan(tmp_path, body).status == "clean"

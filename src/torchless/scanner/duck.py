@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from torchless.core.dtypes import by_torch_name
 from torchless.pickle.values import Global
 from torchless.rules.allowlist import (
     FORWARDS,
@@ -90,6 +91,15 @@ INERT = frozenset({str, bytes, int, float, bool, complex, type(None), bytearray}
 FORWARDING = frozenset({*FORWARDS, "copyreg.__newobj__", "copyreg.__newobj_ex__"})
 #: Per spec'd callee, the positions whose spec calls methods or keeps the value.
 _ACTIVE: dict[str, tuple[tuple[int, ArgSpec], ...]] = {}
+
+
+def _torch_dtype(module: str, name: str) -> bool:
+    """``torch.float16`` …: a dtype (torch pickles one by name), not callable; protocols 4
+    and 5 may name it through a torch submodule (``torch._utils`` ``torch.float16``)."""
+    if module == "torch":
+        return by_torch_name(name) is not None
+    head, _, rest = name.partition(".")
+    return head == "torch" and module.startswith("torch.") and by_torch_name(rest) is not None
 
 
 def _attributes(holder: Any, names: frozenset[str]) -> list[tuple[str, Any]]:
@@ -277,6 +287,7 @@ class DuckCalls:
             if value.module in ("builtins", "__builtin__") and value.name in PYTHON_CONSTANTS:
                 return
             if torch_constant(value.module, value.name) is not None or \
+                    _torch_dtype(value.module, value.name) or \
                     self.known_constant(value.module, value.name):
                 return  # a layout, memory format or storage type: handled by their rules
             if id(value) not in self.duck_unnamed and \
