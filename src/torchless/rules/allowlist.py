@@ -47,7 +47,7 @@ from torchless.pickle.values import Global
 from torchless.rules.policy import DENIED_MODULE_FAMILIES, PYTHON_CONSTANTS, torch_constant
 
 __all__ = ["ANY_ARGS", "CALLS", "DANGEROUS", "FORWARDS", "HANDED_ON", "IMPORT_PACKAGES",
-           "METHODS_CALLED", "NEW_ONLY", "SPECS", "ArgSpec", "Severity", "Spec", "any_args",
+           "METHODS_CALLED", "NEW_ONLY", "SPECS", "ArgSpec", "Severity", "Spec",
            "call_verdict", "import_verdict", "package_of"]
 
 #: What the scanner makes of one action.
@@ -381,16 +381,9 @@ SPECS: dict[str, Spec] = {
 #: (for the entries without a :data:`SPECS` entry yet).
 METHODS_CALLED: dict[str, tuple[tuple[int, str], ...]] = {
     "torch.optim.Optimizer": ((-1, "setdefault"),),  # __setstate__: defaults.setdefault
-    "torch.nn.modules.rnn.RNNBase": ((-1, "__getitem__"),),  # __setstate__: d[...]
-    "numpy.random.mtrand.RandomState": ((0, "__index__"),),  # RandomState(seed)
+    "torch.nn.modules.rnn.RNNBase": ((-1, "__getitem__"),),  # self._all_weights[0][0]
     "torch._utils._rebuild_qtensor": ((4, "__getitem__"),),  # quantizer_params[0]
 }
-
-
-def any_args(path: str) -> bool:
-    """Whether ``path`` may be called with any arguments at all (a reference the program or
-    a duck-typed call may call): ANY_ARGS, or a vetted callable the model already follows."""
-    return path in ANY_ARGS
 
 
 #: Top-level packages whose import (module code run by ``import``) is vetted, with why.
