@@ -22,13 +22,18 @@ Three kinds of entry, because a class can be safe to *re-create* and unsafe to *
   the scanner vets the forwarded call on its own, and a forwarded callable that is not in
   :data:`CALLS` makes the file dangerous.
 
-A name only *referenced* (imported and stored, never called: an activation function kept as a
-module attribute, ``numpy.float32`` as a dtype) runs nothing but its module's import: it is
-vetted when the module is (:func:`import_verdict`).
+A name only *referenced* runs its module's import (:func:`import_verdict`); but a callable
+the file hands on (kept in the value torch.load returns, or given to a callable) may be
+called by duck typing (``Parameter`` calls ``data.detach()``, ``dict`` calls ``x.keys()``) or
+by the program, so it counts as called unless :data:`ANY_ARGS` vets it for any arguments (an
+activation function kept as a module attribute, ``numpy.float32`` as a dtype). What each
+vetted callable does with its arguments is in :data:`SPECS` (read from its code); one without
+a spec counts every callable it is handed as called.
 
 Adding an entry: put the exact ``module.name`` (as the pickle spells it, after Python 2 names
 are mapped) in the right table with one line saying why loading it cannot run unvetted code,
-and add a file to the labelled set (``tests/scanner/labelled``) that shows it in real output.
+its :data:`SPECS` entry if it calls into or keeps what it is handed, and add a file to the
+labelled set (``tests/scanner/labelled``) that shows it in real output.
 """
 
 from __future__ import annotations
@@ -36,12 +41,13 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from torchless.pickle.values import Global
 from torchless.rules.policy import DENIED_MODULE_FAMILIES, PYTHON_CONSTANTS, torch_constant
 
-__all__ = ["CALLS", "DANGEROUS", "FORWARDS", "IMPORT_PACKAGES", "NEW_ONLY", "Severity",
+__all__ = ["ANY_ARGS", "CALLS", "DANGEROUS", "FORWARDS", "HANDED_ON", "IMPORT_PACKAGES",
+           "METHODS_CALLED", "NEW_ONLY", "SPECS", "ArgSpec", "Severity", "Spec",
            "call_verdict", "import_verdict", "package_of"]
 
 #: What the scanner makes of one action.
@@ -80,8 +86,14 @@ CALLS: dict[str, str] = {
         "complex", "bytes", "bytearray", "slice", "range", "object")},
     "collections.OrderedDict": "a dict", "collections.deque": "a list-like container",
     "collections.Counter": "a dict of counts",
-    "collections.defaultdict": "a dict; its factory is only called on a missing key, which "
-                               "unpickling never reads",
+    "collections.defaultdict": "a dict; its factory (a callable the file hands it, judged "
+                               "as called) runs on a missing key: no vetted __setstate__ "
+                               "reads one (Module's and Optimizer's update __dict__, RNNBase's "
+                               "reads only keys it tested with `in`)",
+    "collections.ChainMap": "a list of mappings: pickled as NEWOBJ + BUILD of its __dict__ "
+                            "(maps); no __setstate__ of its own, nothing is looked up",
+    "torch._dynamo.decorators._DimRange": "a frozen slotted dataclass of three ints: "
+                                          "dataclasses' __setstate__ sets its fields",
     "copyreg.__newobj__": "cls.__new__(cls, *args): vetted as the NEWOBJ it stands for",
     "copyreg.__newobj_ex__": "cls.__new__(cls, *args, **kw): vetted as the NEWOBJ it stands for",
     "_codecs.encode": "str.encode with a text codec (other codecs are not vetted)",
@@ -183,6 +195,10 @@ for _m, _n in (("torch.distributed.checkpoint.metadata", "Metadata"),
     NEW_ONLY[f"{_m}.{_n}"] = _DCP
 CALLS["torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"] = _ENUM
 CALLS["torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING"] = _ENUM
+NEW_ONLY["torch.nested._internal.nested_tensor.NestedTensor"] = (
+    "a jagged nested tensor: _rebuild_njt makes it from its tensors (shape and device checks), "
+    "and _rebuild_from_type_v2 restores its state with _set_obj_state's setattr (it has no "
+    "__setstate__)")
 NEW_ONLY["omegaconf.base.UnionNode"] = "an omegaconf union node: BUILD restores its value"
 for _n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
            "PathNode", "BytesNode", "InterpolationResultNode", "ValueNode", "NoneNode",
@@ -206,6 +222,169 @@ FORWARDS: dict[str, str] = {
     "hmac.new": "calls its digestmod", "hmac.HMAC": "calls its digestmod",
     "hmac.digest": "calls its digest",
 }
+
+_OPTIMIZER = ("a torch optimizer: __init__ checks its numbers and keeps the params it is given "
+              "in plain dicts (Optimizer.__init__); what the program adds is the program's")
+_SCHEDULER = ("a torch learning-rate schedule: __init__ keeps its numbers and reads the "
+              "optimizer the program gives it (a callable the file hands it is judged)")
+for _m, _n in (("adadelta", "Adadelta"), ("adagrad", "Adagrad"), ("adam", "Adam"),
+               ("adamax", "Adamax"), ("adamw", "AdamW"), ("asgd", "ASGD"), ("lbfgs", "LBFGS"),
+               ("nadam", "NAdam"), ("radam", "RAdam"), ("rmsprop", "RMSprop"),
+               ("rprop", "Rprop"), ("sgd", "SGD"), ("sparse_adam", "SparseAdam"),
+               ("_adafactor", "Adafactor")):
+    CALLS[f"torch.optim.{_m}.{_n}"] = CALLS[f"torch.optim.{_n}"] = _OPTIMIZER
+for _n in ("StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR",
+           "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "PolynomialLR", "OneCycleLR",
+           "CyclicLR", "ReduceLROnPlateau"):  # LambdaLR calls the function it is given
+    CALLS[f"torch.optim.lr_scheduler.{_n}"] = _SCHEDULER
+
+_PURE = "pure tensor computation on what it is given (no file, process or import)"
+_NUMPY_SCALAR = "a NumPy scalar type: calling it converts a number (pure computation)"
+_TYPING = "a typing form: subscripting or checking it builds a type alias, nothing else"
+#: References vetted to be called with *any* arguments (the program's own included): a
+#: function or class kept as a value (an activation function as a module attribute,
+#: ``numpy.float32`` as a dtype, a ``typing`` form) that the program, or a duck-typed call,
+#: may call. Each was read: its code is pure computation on its arguments.
+ANY_ARGS: dict[str, str] = {
+    **{f"torch.nn.functional.{n}": _PURE for n in (
+        "gelu", "relu", "relu6", "silu", "mish", "elu", "selu", "celu", "leaky_relu",
+        "hardswish", "hardsigmoid", "hardtanh", "softplus", "softsign", "tanhshrink",
+        "sigmoid", "tanh", "glu", "logsigmoid", "softmax", "log_softmax", "gumbel_softmax",
+        "normalize", "dropout", "linear", "layer_norm", "group_norm", "rms_norm", "prelu",
+        "rrelu", "threshold", "softmin", "hardshrink", "softshrink", "silu")},
+    **{f"torch._C._nn.{n}": _PURE for n in (
+        "gelu", "silu", "mish", "elu", "leaky_relu", "hardswish", "hardsigmoid", "hardtanh",
+        "softplus", "relu6", "glu", "log_sigmoid", "softshrink", "linear")},
+    **{f"torch.{n}": _PURE for n in (
+        "sigmoid", "tanh", "relu", "exp", "log", "sin", "cos", "abs", "sqrt", "rsqrt",
+        "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign")},
+    **{f"torch._C._VariableFunctionsClass.{n}": _PURE for n in (
+        "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax")},
+    **{f"torch.{n}Tensor": "a legacy tensor type (the TAR layout's tensors pickle names it): "
+       "calling it makes a tensor from sizes or data" for n in (
+        "Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",
+        "ComplexFloat", "ComplexDouble")},
+    **{f"math.{n}": "a math function: pure computation on numbers" for n in (
+        "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "tanh", "erf", "floor",
+        "ceil", "pow", "fabs", "isfinite", "isnan", "isinf", "gcd", "prod", "fsum")},
+    **{f"numpy.{n}": _NUMPY_SCALAR for n in (
+        "float16", "float32", "float64", "longdouble", "half", "single", "double",
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "intc",
+        "intp", "uintp", "longlong", "ulonglong", "bool_", "bool", "complex64", "complex128",
+        "clongdouble", "int_", "float_", "complex_", "str_", "bytes_", "void",
+        "datetime64", "timedelta64", "generic", "number", "integer", "floating")},
+    **{f"typing.{n}": _TYPING for n in (
+        "Any", "Optional", "Union", "List", "Dict", "Tuple", "Set", "FrozenSet", "Type",
+        "Callable", "Sequence", "Mapping", "Iterable", "Iterator", "Literal", "Final",
+        "ClassVar", "Annotated", "MutableMapping", "MutableSequence", "Collection")},
+    **{f"builtins.{n}": "a builtin value type: builds a value from what it is given" for n in (
+        "int", "float", "str", "bool", "complex", "bytes", "tuple", "list", "dict", "set",
+        "frozenset", "object", "slice", "range", "bytearray")},
+}
+
+#: What the vetted callables (CALLS, NEW_ONLY, FORWARDS) do with what they are handed,
+#: read from their code. Every position takes plain data (str, bytes, numbers, None, and
+#: tuples, lists, dicts and sets of those), storages and values vetted calls made, without
+#: calling into them; a callable value anywhere else in the arguments or BUILD state counts
+#: as called (torch's code, or the program, may call it by duck typing). ``HANDED_ON``: the
+#: positions (and keywords) whose callable the model judges as the call the rule forwards
+#: it to, so they are not counted twice.
+HANDED_ON: dict[str, tuple[frozenset[int], frozenset[str]]] = {
+    "functools.partial": (frozenset(range(256)), frozenset({"*"})),  # judged with its function
+    "copyreg._reconstructor": (frozenset({0, 1}), frozenset()),
+    "copyreg.__newobj__": (frozenset({0}), frozenset()),
+    "copyreg.__newobj_ex__": (frozenset({0}), frozenset()),
+    "torch._tensor._rebuild_from_type_v2": (frozenset({0, 1, 2}), frozenset()),
+    "torch._tensor._rebuild_from_type": (frozenset({0, 1, 2}), frozenset()),
+    "torch._utils._rebuild_wrapper_subclass": (frozenset({0}), frozenset()),
+    "numpy.random._pickle.__generator_ctor": (frozenset({1}), frozenset({"bit_generator_ctor"})),
+    "numpy.random._pickle.__randomstate_ctor": (frozenset({1}),
+                                                frozenset({"bit_generator_ctor"})),
+    "numpy.random._pickle.__bit_generator_ctor": (frozenset({0}), frozenset({"bit_generator"})),
+    "builtins.getattr": (frozenset({0}), frozenset()),
+    "builtins.type": (frozenset({0}), frozenset()),
+    "operator.getitem": (frozenset({0, 1}), frozenset()),
+    "hmac.new": (frozenset({2}), frozenset({"digestmod"})),
+    "hmac.HMAC": (frozenset({2}), frozenset({"digestmod"})),
+    "hmac.digest": (frozenset({2}), frozenset({"digest"})),
+}
+
+class ArgSpec(NamedTuple):
+    """What a vetted callable does with one argument (or its BUILD state), read from its code:
+    the methods it looks up on it and calls (``__getitem__``: it subscripts it, which runs a
+    ``defaultdict``'s factory on a missing key), and whether the result keeps it (then it is
+    part of the object graph, and a method looked up on the result later may reach it)."""
+
+    methods: frozenset[str] = frozenset()
+    keeps: bool = False
+
+
+class Spec(NamedTuple):
+    """An entry's argument spec: by position, then any other position or keyword, then the
+    BUILD state."""
+
+    args: tuple[ArgSpec, ...] = ()
+    rest: ArgSpec = ArgSpec()
+    state: ArgSpec = ArgSpec(keeps=True)
+
+
+def _calling(*names: str, keeps: bool = False) -> ArgSpec:
+    return ArgSpec(frozenset(names), keeps)
+
+
+_KEPT = ArgSpec(keeps=True)
+_DATA = ArgSpec()
+_MAPPING = _calling("keys", keeps=True)  # dict(x) / dict.update(x): x.keys(), then x[k] of each
+_ITERATED = _KEPT  # iter(x) is a type slot: only the class's own code runs
+#: The argument specs read so far. An entry of CALLS, NEW_ONLY or FORWARDS not here is
+#: judged conservatively: every callable anywhere in what it is handed counts as called.
+#: C's load_build (torch.load uses the C unpickler) sets a state with no __setstate__ by
+#: PyDict_Next over a real dict (and PyObject_SetAttr for slot state): no method is called.
+SPECS: dict[str, Spec] = {
+    # argparse.Namespace.__init__: setattr(self, name, kwargs[name]) for each keyword
+    "argparse.Namespace": Spec(rest=_KEPT),
+    # SimpleNamespace(**kw) (3.11); 3.13's positional mapping is merged with PyDict_Update
+    "types.SimpleNamespace": Spec((_MAPPING,), _KEPT),
+    # dict_update_arg: a non-dict with .keys is merged by keys() and __getitem__
+    "builtins.dict": Spec((_MAPPING,), _KEPT),
+    # odict's mutablemapping_update: .keys() (else .items()) of a non-dict
+    "collections.OrderedDict": Spec((_calling("keys", "items", keeps=True),), _KEPT),
+    # Counter.update: a Mapping's .items(), else dict.update (keys) or counting elements
+    "collections.Counter": Spec((_calling("keys", "items", keeps=True),), _KEPT),
+    # defaultdict(factory, mapping): the factory is kept (called on a missing key)
+    "collections.defaultdict": Spec((_KEPT, _MAPPING), _KEPT),
+    "collections.deque": Spec((_ITERATED, _DATA)),  # iterable, maxlen (an index)
+    **{f"builtins.{n}": Spec((_ITERATED,)) for n in ("list", "tuple", "set", "frozenset")},
+    # object.__new__ ignores the NEWOBJ arguments; BUILD sets maps in __dict__ (C load_build)
+    "collections.ChainMap": Spec(),
+    # UUID(hex): hex.replace('urn:', '').replace('uuid:', ''); bytes, bytes_le, fields and
+    # int are measured, sliced and unpacked (type slots); __setstate__: state['int']
+    "uuid.UUID": Spec((_calling("replace"),), _DATA, _calling("__getitem__", keeps=True)),
+    # Parameter.__new__: a tensor of an exact tensor type is wrapped, anything else:
+    # data.detach().requires_grad_(requires_grad)
+    "torch.nn.parameter.Parameter": Spec((_calling("detach"), _DATA)),
+    "torch._utils._rebuild_parameter": Spec((_calling("detach"), _DATA, _KEPT)),
+    # … then _set_obj_state(param, state): state.items() of its dict part
+    "torch._utils._rebuild_parameter_with_state": Spec((_calling("detach"), _DATA, _KEPT,
+                                                        _calling("items", keeps=True))),
+    # _rebuild_tensor reads storage.dtype and storage._untyped_storage (no call); size and
+    # stride are parsed by C; backward_hooks is kept; metadata goes to C
+    "torch._utils._rebuild_tensor": Spec((_DATA, _DATA, _DATA, _DATA)),
+    "torch._utils._rebuild_tensor_v2": Spec((_DATA, _DATA, _DATA, _DATA, _DATA, _KEPT,
+                                             _DATA)),
+    "torch.Size": Spec((_DATA,)), "torch.device": Spec((_DATA, _DATA)),  # parsed by C
+    "datetime.timedelta": Spec(rest=_DATA),  # numbers (type slots)
+}
+
+#: Methods a vetted callable calls on an argument that is not plain data (position, method;
+#: -1: the BUILD state), as its code reads: named in the report of a callable it reaches
+#: (for the entries without a :data:`SPECS` entry yet).
+METHODS_CALLED: dict[str, tuple[tuple[int, str], ...]] = {
+    "torch.optim.Optimizer": ((-1, "setdefault"),),  # __setstate__: defaults.setdefault
+    "torch.nn.modules.rnn.RNNBase": ((-1, "__getitem__"),),  # self._all_weights[0][0]
+    "torch._utils._rebuild_qtensor": ((4, "__getitem__"),),  # quantizer_params[0]
+}
+
 
 #: Top-level packages whose import (module code run by ``import``) is vetted, with why.
 IMPORT_PACKAGES: dict[str, str] = {
@@ -241,6 +420,9 @@ DANGEROUS: dict[str, str] = {
     "zipapp": "writes archives", "mimetypes": "reads files", "trace": "runs code",
     "numpy.memmap": "maps a file", "numpy.lib._npyio_impl": "loads files",
     "numpy.fromfile": "reads a file", "numpy.load": "loads (and unpickles) a file",
+    "numpy.save": "writes a file", "numpy.savez": "writes a file",
+    "numpy.savez_compressed": "writes a file", "numpy.savetxt": "writes a file",
+    "numpy.lib.npyio": "loads and writes files",
     "antigravity": "opens a web browser on import", "this": "prints on import",
     "__hello__": "prints on import", "__phello__": "prints on import",
     "idlelib": "starts IDLE", "turtledemo": "starts a GUI",
@@ -326,6 +508,8 @@ def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity
     path = f"{module}.{name}"
     if path in CALLS:
         return "vetted", CALLS[path]
+    if path in ANY_ARGS:
+        return "vetted", ANY_ARGS[path]
     if path in FORWARDS and not path.startswith("hmac."):
         return "vetted", f"{FORWARDS[path]} (what it calls is judged on its own)"
     if new and path in NEW_ONLY:

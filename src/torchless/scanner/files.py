@@ -277,7 +277,8 @@ class _File(LayoutScans):
     # ---- pickles ----------------------------------------------------------------------
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
-               tentative: bool = False, want_value: bool = False) -> StreamScan | None:
+               tentative: bool = False, want_value: bool = False,
+               pids: str = "storage") -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
         :func:`.pickles.plausible`. None if the bytes were not walked at all."""
@@ -285,7 +286,7 @@ class _File(LayoutScans):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
                              member=member, tentative=tentative,
-                             header=what if want_value and what in HEADERS else "")
+                             header=what if want_value and what in HEADERS else "", pids=pids)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1

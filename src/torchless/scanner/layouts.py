@@ -80,8 +80,8 @@ class LayoutScans:
         raise NotImplementedError
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
-               tentative: bool = False,
-               want_value: bool = False) -> StreamScan | None:  # pragma: no cover - _File's
+               tentative: bool = False, want_value: bool = False,
+               pids: str = "storage") -> StreamScan | None:  # pragma: no cover - _File's
         raise NotImplementedError
 
     def chain(self, data: Any, start: int, end: int, member: str | None,
@@ -173,7 +173,8 @@ class LayoutScans:
         if header is None:
             return
         _, byteorder, pos = header
-        obj = self.pickle(self.buf, pos, self.size, None, "legacy object", want_value=True)
+        obj = self.pickle(self.buf, pos, self.size, None, "legacy object", want_value=True,
+                          pids="legacy")
         if obj is None or not obj.stopped:
             return
         got = read(obj.end, None, "storage keys", True)
@@ -409,7 +410,7 @@ class LayoutScans:
             read = self.reader(name, "TAR")
             if name == "pickle":
                 end = m.offset + m.size
-                result = self.pickle(self.buf, m.offset, end, name, "TAR object")
+                result = self.pickle(self.buf, m.offset, end, name, "TAR object", pids="tar")
                 if result is not None and result.stopped:
                     check_object_end(result.end, m, f)
                     if result.end < end:

@@ -12,7 +12,11 @@ records each step as an :class:`~torchless.scanner.report.Action`:
   ``_rebuild_from_type_v2``'s func, a ``functools.partial``'s function, NumPy's RNG
   constructor callbacks, ``hmac``'s digestmod) are calls of their own;
 * **build**: ``BUILD`` calls the object's ``__setstate__`` (or its ``__setattr__`` for slot
-  state); **update**: ``APPEND``/``SETITEM``/``ADDITEMS`` on an object call its methods.
+  state); **update**: ``APPEND``/``SETITEM``/``ADDITEMS`` on an object call its methods;
+* **duck-typed calls**: a callable value the file hands on (in the value torch.load returns,
+  or in what a callable is given) counts as called, where the callee's argument spec
+  (``allowlist.SPECS``) says it calls that method of the value, or anywhere for a callee
+  without a spec; an object remembers what it keeps (its *holders*) for such look-ups.
 
 Each action gets a severity from :mod:`torchless.rules.allowlist`. Values stay symbolic: a
 name is a :class:`Global`, a call's result an :class:`_Made` that remembers what made it
@@ -30,11 +34,13 @@ from torchless.pickle.opcodes import by_code
 from torchless.pickle.values import Global
 from torchless.rules.allowlist import (
     FORWARDS,
+    SPECS,
     Severity,
     call_verdict,
     forwarded,
     import_verdict,
 )
+from torchless.scanner.duck import DUCK_DEPTH, FORWARDING, INERT, DuckCalls, Made
 from torchless.scanner.report import SEVERITY_ORDER, Action, ActionKind, new_action
 
 __all__ = ["IMPORTS", "ActionLog", "Made", "Model", "imported", "static_args",
@@ -61,24 +67,6 @@ def _called(maker: str) -> str:
     chain would make the report quadratic in it; cut, the names repeat and are counted."""
     name = f"{maker}()"
     return name if len(name) <= _MAKER_MAX else f"{name[:_MAKER_MAX - 4]}…()"
-
-
-class Made:
-    """What a call or ``__new__`` returned: judged by what made it."""
-
-    __slots__ = ("attr", "func", "maker", "origin", "pargs", "pkw", "severity")
-
-    def __init__(self, maker: str, severity: Severity, origin: int | None) -> None:
-        self.maker = maker
-        self.severity = severity
-        self.origin = origin
-        self.func: Any = None  # a functools.partial's function (None otherwise)
-        self.pargs: tuple[Any, ...] = ()
-        self.pkw: dict[Any, Any] = {}  # a functools.partial's keywords
-        self.attr: str | None = None  # getattr(obj, attr) of an object the file built
-
-    def __repr__(self) -> str:
-        return f"<{self.maker}>"
 
 
 def _plain(value: Any, depth: int = 2) -> bool:
@@ -220,11 +208,14 @@ IMPORTS: dict[tuple[str, str], tuple[str, str, str, Severity, str]] = {}
 IMPORTS_MAX = 4096
 
 
-class Model:
+class Model(DuckCalls):
     """The resolver half of the model (mixed into the scanner's recording resolver)."""
 
     log: ActionLog
 
+    def known_constant(self, module: str, name: str) -> bool:
+        return storage_verdict(module, name) is not None
+    #: Containers the walks for handed-on callables followed (kept alive: ids stay unique).
     # ---- names -------------------------------------------------------------------------
 
     def model_global(self, module: str, name: str, offset: int) -> Global:
@@ -240,13 +231,17 @@ class Model:
     # ---- calls -------------------------------------------------------------------------
 
     def model_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None,
-                   offset: int, *, new: bool = False, via: str = "") -> Any:
+                   offset: int, *, new: bool = False, via: str = "", handed: str = "") -> Any:
         """``func(*args, **kwargs)`` (``new``: ``func.__new__(func, *args)``); ``via``: the
-        forwarding rule that makes the call (then only a vetted callable is clean)."""
+        forwarding rule that makes the call (then only a vetted callable is clean);
+        ``handed``: where a callable handed on was found (judged as called, its own
+        severity)."""
         log = self.log
         origin = _origin(func)
         if isinstance(func, Global):
             path = func.path
+            if not new and path in FORWARDING and (args or kwargs):
+                self._handed(path, args, kwargs, offset)
             if not new and path in FORWARDS:
                 return self._forwarding(func, args, kwargs or {}, offset, via)
             if not new and path in ("copyreg.__newobj__", "copyreg.__newobj_ex__"):
@@ -269,14 +264,27 @@ class Model:
             if via and severity != "vetted":
                 severity, reason = "dangerous", f"{via} calls a callable the file chose, " \
                                                 f"{path}, which is not vetted ({reason})"
+            elif handed and severity != "vetted":
+                reason = f"{handed} of {path}, which counts as called: {reason}"
             log.add("call", f"{path}.__new__" if new else path, severity, reason, offset,
                     origin, args)
-            return Made(path, severity, origin)
+            made = Made(path, severity, origin)
+            if args or kwargs:
+                self._handed(path, args, kwargs, offset, result=made)
+            return made
         if isinstance(func, Made):
             if func.func is not None and not new:  # a functools.partial
-                return self.model_call(func.func, (*func.pargs, *args),
-                                       {**func.pkw, **(kwargs or {})}, offset,
-                                       via=via or "functools.partial")
+                if self.duck_depth >= DUCK_DEPTH:
+                    log.add("call", func.maker, "dangerous", "partials nested too deep to "
+                            "follow", offset, origin)
+                    return Made("?", "dangerous", origin)
+                self.duck_depth += 1
+                try:
+                    return self.model_call(func.func, (*func.pargs, *args),
+                                           {**func.pkw, **(kwargs or {})}, offset,
+                                           via=via or "functools.partial")
+                finally:
+                    self.duck_depth -= 1
             if func.maker == "__new__" and func.attr is not None:
                 target = func.pargs[0] if func.pargs else None
                 return self.model_call(target, args[1:], kwargs, offset, new=True, via=via)
@@ -381,7 +389,9 @@ class Model:
         if isinstance(obj, Global):
             self._add_call(func, "vetted", "reads one attribute of a module or class the "
                            "file names", offset, args)
-            return Global(obj.module, f"{obj.name}.{attr}", obj.offset)
+            name = Global(obj.module, f"{obj.name}.{attr}", obj.offset)
+            self.duck_unnamed[id(name)] = name  # no GLOBAL reported its import
+            return name
         severity: Severity = obj.severity if isinstance(obj, Made) else "vetted"
         self._add_call(func, severity, "reads an attribute of an object the file built",
                        offset, args)
@@ -401,8 +411,18 @@ class Model:
             self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ sets "
                          "its function (judged when the partial is called)", offset,
                          obj.origin, state)
+            if isinstance(state, tuple) and len(state) == 4 and type(state[3]) is dict and \
+                    not obj.hold(state[3]):  # its __dict__: where .keys() … are looked up
+                self._walk(state[3], "a functools.partial's __dict__", offset, self.duck_seen)
+            if self.duck_judged.pop(id(obj), None) is not None:  # judged with its old function
+                self._judge(obj, "a functools.partial rebuilt after it was handed on", offset)
             return obj
         self._update("build", obj, offset, state)
+        if isinstance(obj, (Made, Global)) and type(state) not in INERT:
+            maker = obj.maker if isinstance(obj, Made) else obj.path
+            self._handed(maker if isinstance(obj, Made) else "", state, None, offset,
+                         f"the BUILD state of {maker}",
+                         obj if isinstance(obj, Made) else None, state=True)
         return obj
 
     def _update(self, kind: ActionKind, obj: Any, offset: int, args: Any = None) -> None:
@@ -422,9 +442,15 @@ class Model:
                          "itself (no pickler writes that: it can rebind the class's "
                          "attributes)", offset, obj.offset, args)
 
-    def model_update(self, obj: Any, offset: int) -> None:
+    def model_update(self, obj: Any, offset: int, items: Any = None) -> None:
         if isinstance(obj, (Made, Global)):
             self._update("update", obj, offset)
+            if not items:
+                return
+            if isinstance(obj, Made) and obj.maker in SPECS and obj.hold(items):
+                return  # kept (an attribute dict reads missing attributes from its items)
+            maker = obj.maker if isinstance(obj, Made) else obj.path
+            self._walk(items, f"the items put in {maker}", offset, self.duck_seen)
 
 
 def worst(severities: list[Severity]) -> Severity:

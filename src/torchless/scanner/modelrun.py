@@ -97,12 +97,30 @@ class _Recorder(Resolver):
             super().additems(obj, items, offset)
 
 
+#: What the loader's persistent_load makes of an id: ``storage`` (a ZIP data.pkl: torch's
+#: accepts only ('storage', …) ids), ``legacy`` (the legacy object pickle: ('module', cls,
+#: file, source) gives the class itself, as _legacy_load's persistent_load), ``tar`` (the
+#: TAR layout's pickle: any tuple id gives its first element).
+PIDS = ("storage", "legacy", "tar")
+
+
 class ModelRecorder(Model, _Recorder):
     """The recorder, with the execution model deciding what each name and call does."""
 
-    def __init__(self, data: Any, member: str | None = None) -> None:
+    def __init__(self, data: Any, member: str | None = None, pids: str = "storage") -> None:
         super().__init__(data)
         self.log = ActionLog(data, member)
+        self.pid_kind = pids
+        self.model_init()
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        value = super().persistent_load(pid, offset)
+        if type(pid) is tuple and pid:
+            if self.pid_kind == "tar":
+                return pid[0]
+            if self.pid_kind == "legacy" and len(pid) > 1 and pid[0] in ("module", b"module"):
+                return pid[1]
+        return value
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
         self._record(module, name, offset)  # not _Recorder's, whose Global is not needed
@@ -138,21 +156,21 @@ class ModelRecorder(Model, _Recorder):
         return self.model_build(obj, state, offset)
 
     def append(self, obj: Any, items: list[Any], offset: int) -> None:
-        self.model_update(obj, offset)
+        self.model_update(obj, offset, items)
 
     def setitems(self, obj: Any, pairs: list[tuple[Any, Any]], offset: int) -> None:
-        self.model_update(obj, offset)
+        self.model_update(obj, offset, pairs)
 
     def additems(self, obj: Any, items: list[Any], offset: int) -> None:
-        self.model_update(obj, offset)
+        self.model_update(obj, offset, items)
 
 
-def trace(data: Any, limits: Limits, member: str | None = None) -> tuple[Machine,
-                                                                         ModelRecorder]:
+def trace(data: Any, limits: Limits, member: str | None = None,
+          pids: str = "storage") -> tuple[Machine, ModelRecorder]:
     """The scanner's run of ``data``: the one interpreter in trace mode (it reads on as the C
     unpickler does where the reader refuses, :class:`~torchless.pickle.machine.Machine`),
     with the recording resolver."""
-    recorder = ModelRecorder(data, member)
+    recorder = ModelRecorder(data, member, pids)
     return Machine(data, recorder, limits, trace=True), recorder
 
 

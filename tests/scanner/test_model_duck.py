@@ -1,0 +1,124 @@
+"""The execution model's duck-typed calls, pickle by pickle (hand-written opcodes).
+
+``json.dump`` is the probe: importing ``json`` is vetted, calling ``json.dump`` is not, so an
+``unvetted`` call of it appears exactly where the model counts the value as called. What each
+vetted callable does with its arguments comes from CPython's and torch's code (cited inline).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+from torchless.scanner.files import FileScan, scan
+
+
+def _g(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _s(text: str) -> bytes:
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _scan(tmp_path: Path, body: bytes) -> FileScan:
+    p = tmp_path / "x.pkl"
+    p.write_bytes(b"\x80\x02" + body + b".")
+    return scan(p).files[0]
+
+
+def _probe_calls(f: FileScan) -> list[str]:
+    return [a.severity for a in f.actions if a.kind == "call" and a.target == "json.dump"]
+
+
+#: SimpleNamespace pickles as (SimpleNamespace, (), {'keys': json.dump}) + BUILD.
+_NS = _g("types", "SimpleNamespace") + b")R}" + _s("keys") + _g("json", "dump") + b"sb"
+
+
+def test_a_namespace_handed_where_keys_is_called(tmp_path: Path) -> None:
+    """dict(x) calls x.keys() on a non-dict (CPython dict_update_arg)."""
+    f = _scan(tmp_path, _g("builtins", "dict") + b"(" + _NS + b"tR0N")
+    assert (f.status, _probe_calls(f)) == ("unvetted", ["unvetted"])
+
+
+def test_the_same_namespace_where_nothing_is_called_is_clean(tmp_path: Path) -> None:
+    """torch.Size(x) iterates x in C (a type slot): no attribute of x is called; the
+    namespace is not kept, so it is not in the value torch.load returns."""
+    f = _scan(tmp_path, _g("torch", "Size") + b"(" + _NS + b"tR0N")
+    assert (f.status, _probe_calls(f)) == ("clean", [])
+
+
+def test_a_namespace_returned_is_in_the_object_graph(tmp_path: Path) -> None:
+    f = _scan(tmp_path, _NS)
+    assert (f.status, _probe_calls(f)) == ("unvetted", ["unvetted"])
+
+
+def _built(cls: tuple[str, str]) -> bytes:
+    """cls.__new__(cls) (NEWOBJ), BUILD with defaultdict(json.dump), then dropped (POP)."""
+    factory = _g("collections", "defaultdict") + b"(" + _g("json", "dump") + b"tR"
+    return _g(*cls) + b")\x81" + factory + b"b0N"
+
+
+def test_a_defaultdict_state_subscripted_runs_its_factory(tmp_path: Path) -> None:
+    """UUID.__setstate__ reads state['int']: a missing key of a defaultdict calls it."""
+    f = _scan(tmp_path, _built(("uuid", "UUID")))
+    assert (f.status, _probe_calls(f)) == ("unvetted", ["unvetted"])
+
+
+def test_a_defaultdict_state_set_by_load_build_is_clean(tmp_path: Path) -> None:
+    """SimpleNamespace has no __setstate__: C's load_build walks the dict with PyDict_Next,
+    which never calls __missing__."""
+    f = _scan(tmp_path, _built(("types", "SimpleNamespace")))
+    assert (f.status, _probe_calls(f)) == ("clean", [])
+
+
+def test_a_callable_handed_to_an_entry_without_a_spec_counts_as_called(
+        tmp_path: Path) -> None:
+    f = _scan(tmp_path, _g("torch._utils", "_rebuild_qtensor") + b"(" + _g("json", "dump")
+              + b"tR0N")
+    assert (f.status, _probe_calls(f)) == ("unvetted", ["unvetted"])
+
+
+def test_a_partial_rebuilt_after_it_was_handed_on_is_judged_again(tmp_path: Path) -> None:
+    """partial(dict) is vetted where it is handed on; its BUILD then swaps in json.dump."""
+    partial = _g("functools", "partial") + b"(" + _g("builtins", "dict") + b"tRq\x00"
+    handed = _g("torch._utils", "_rebuild_qtensor") + b"(" + partial + b"tR0"
+    swap = b"h\x00(" + _g("json", "dump") + b")}Ntb0N"
+    f = _scan(tmp_path, handed + swap)
+    assert (f.status, _probe_calls(f)) == ("unvetted", ["unvetted"])
+
+
+def test_hydra_partial_is_clean_and_numpy_save_is_not(tmp_path: Path) -> None:
+    adamw = _g("functools", "partial") + b"(" + _g("torch.optim.adamw", "AdamW") + b"tR"
+    assert _scan(tmp_path, adamw).status == "clean"
+    save = _g("functools", "partial") + b"(" + _g("numpy", "save") + _s("/tmp/x") + b"tR"
+    assert _scan(tmp_path, save).status == "dangerous"
+
+
+def test_a_dag_of_tuples_handed_on_stays_linear(tmp_path: Path) -> None:
+    """t(i+1) = (t(i), t(i)) sixty times: 2**60 paths, 60 tuples; each is followed once."""
+    body = b"N" + b"q\x00h\x00h\x00\x86q\x00" * 60
+    start = time.perf_counter()
+    f = _scan(tmp_path, _g("torch._utils", "_rebuild_qtensor") + b"(" + body + b"tR0N")
+    assert time.perf_counter() - start < 5
+    assert f.status == "clean"
+
+
+
+def test_a_name_read_with_getattr_and_returned_counts_as_called(tmp_path: Path) -> None:
+    """getattr(pathlib.Path, 'touch') is a name no GLOBAL gave (its import is not reported):
+    returned, the program may call it."""
+    touch = _g("builtins", "getattr") + b"(" + _g("pathlib", "Path") + _s("touch") + b"tR"
+    f = _scan(tmp_path, b"(" + touch + b"l")
+    assert [(a.kind, a.target, a.severity) for a in f.actions if a.severity != "vetted"] == [
+        ("call", "pathlib.Path.touch", "dangerous")]
+
+
+def test_torch_constants_returned_are_not_calls(tmp_path: Path) -> None:
+    """torch pickles a dtype, layout or qscheme by name (dtype.__reduce__ gives 'float16'):
+    a value, not a callable."""
+    body = b"(" + _g("torch", "float16") + _g("torch", "bfloat16") + _g("torch", "strided") + \
+        _g("torch", "per_tensor_affine") + b"l"
+    assert _scan(tmp_path, body).status == "clean"
