@@ -98,11 +98,14 @@ def test_hydra_partial_is_clean_and_numpy_save_is_not(tmp_path: Path) -> None:
 
 
 def test_a_dag_of_tuples_handed_on_stays_linear(tmp_path: Path) -> None:
-    """t(i+1) = (t(i), t(i)) sixty times: 2**60 paths, 60 tuples; each is followed once."""
-    body = b"N" + b"q\x00h\x00h\x00\x86q\x00" * 60
+    """t(i+1) = (t(i), t(i)) 22 times: 2**22 paths, 22 tuples; each is followed once (a walk
+    of every path would take seconds). From 24 levels on, the tuple's expanded size passes
+    the interpreter's own bound on nested tuples (max_container_len) and the scan stops there
+    as an anomaly."""
+    body = b"N" + b"q\x00h\x00h\x00\x86q\x00" * 22
     start = time.perf_counter()
     f = _scan(tmp_path, _g("torch._utils", "_rebuild_qtensor") + b"(" + body + b"tR0N")
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 2
     assert f.status == "clean"
 
 
