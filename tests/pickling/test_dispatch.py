@@ -124,3 +124,35 @@ def test_the_trace_reads_a_crossed_frame_as_c_reads_bytes() -> None:
     machine.run()
     assert [(g.module, g.name) for g in recorder.found.values()] == u.asked
     assert [offset for offset, _ in machine.anomalies] == [11]
+
+
+# ---- where the trace reads on as C does --------------------------------------------------
+
+def test_a_nul_in_int_or_get_text_is_read_as_c_reads_it() -> None:
+    """C reads INT and GET text up to a NUL byte (python/cpython#126996); the reader refuses
+    it, the trace reads on (noting it) and names what C names after it."""
+    for text, where in ((b"I1\x00x\n0", 2), (b"N\x94g0\x00\n00", 4)):  # the INT, the GET
+        data = b"\x80\x04" + text + b"cos\nsystem\n\x8c\x01x\x85R."
+        u = _Recording(io.BufferedReader(io.BytesIO(data)))  # type: ignore[arg-type]
+        u.load()
+        assert u.asked == [("os", "system")]
+        with pytest.raises(PickleError, match="NUL"):
+            Machine(data).run()
+        machine, recorder = trace(data, Limits())
+        machine.run()
+        assert [(g.module, g.name) for g in recorder.found.values()] == u.asked
+        assert [offset for offset, why in machine.anomalies if "NUL" in why] == [where]
+
+
+def test_a_global_name_that_is_no_text_is_reported_before_the_break() -> None:
+    """The C unpickler refuses a GLOBAL whose name is not UTF-8 before importing anything;
+    the trace reports the name the opcode spells (what the file tries to import) and breaks
+    there as C does."""
+    data = b"cmod\n\xf8\n"
+    u = _Recording(io.BytesIO(data))
+    with pytest.raises(UnicodeDecodeError):
+        u.load()
+    assert u.asked == []
+    scan = scan_stream(data)
+    assert [(g.module, g.name, g.offset) for g in scan.globals] == [("mod", "\\xf8", 0)]
+    assert not scan.stopped and scan.problems[-1] == (0, "global name is not utf-8 text")

@@ -1,7 +1,9 @@
 """The interpreter's fast path for torch's per-tensor argument sequence
 (:mod:`torchless.pickle.tensorargs`) against the general loop: over many files torch writes
-(odd ones too) and over damaged copies of them, both must give the same values, the same
-memo, the same resolver calls and the same errors."""
+(odd ones too), over damaged copies of them, and over sequences hypothesis writes (every
+encoding of each part, memo slots of every kind, wrong puts and gets, damaged bytes, tight
+limits), both must give the same values, the same memo, the same resolver calls and the same
+errors."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from torchless.containers.torchzip import TorchZip
 from torchless.core.limits import Limits
@@ -20,7 +24,7 @@ from torchless.errors import CheckpointError
 from torchless.io.source import Source
 from torchless.model.tensor import Storage, Tensor
 from torchless.pickle import machine as machine_module
-from torchless.pickle.machine import Machine
+from torchless.pickle.machine import Machine, Resolver
 from torchless.rules.resolver import TorchResolver
 
 
@@ -325,3 +329,148 @@ def test_the_arguments_tuple_counts_its_depth(max_depth: int) -> None:
                 for fast in (True, False)]
     assert outcomes[0] == outcomes[1]
     assert (outcomes[0][0][0] == "LimitError") == (max_depth == 3), outcomes[0]
+
+
+# ---- sequences hypothesis writes ------------------------------------------------------------
+
+class _Plain(Resolver):
+    """The default resolver, logging every call and persistent id in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Any, Any, int]] = []
+
+    def call(self, func: Any, args: Any, offset: int) -> Any:
+        self.log.append(("call", func, args, offset))
+        return super().call(func, args, offset)
+
+    def persistent_load(self, pid: Any, offset: int) -> Any:
+        self.log.append(("pid", pid, None, offset))
+        return ("storage", pid)
+
+
+#: What the memo holds before the sequence: strings, names, a nested tuple (tracked for
+#: depth and hashing cost), ints, None.
+_SLOTS = [b"X\x07\x00\x00\x00storage", b"ctorch\nFloatStorage\n", b"X\x03\x00\x00\x00cpu",
+          b"ccollections\nOrderedDict\n", b"ctorch._utils\n_rebuild_tensor_v2\n",
+          b"K\x01K\x02\x86\x85", b"K\x07", b"N", b"X\x01\x00\x00\x000"]
+
+
+@st.composite
+def _get(draw: st.DrawFn, have: int, usual: int) -> bytes:
+    index = usual if draw(st.integers(0, 15)) < 15 else draw(st.integers(0, have + 2))
+    if draw(st.integers(0, 3)) == 0:
+        return b"j" + index.to_bytes(4, "little")
+    return b"h" + bytes([index % 256])
+
+
+@st.composite
+def _int(draw: st.DrawFn) -> bytes:
+    n = draw(st.integers(-(2**31), 2**31 - 1))
+    return draw(st.sampled_from([b"K" + bytes([n % 256]), b"M" + (n % 65536).to_bytes(2, "little"),
+                                 b"J" + n.to_bytes(4, "little", signed=True)]))
+
+
+@st.composite
+def _tensor_sequence(draw: st.DrawFn) -> tuple[bytes, Limits]:
+    """Slots filled, the rebuild function on the stack (mostly), one tensor's sequence in
+    any of the forms tensorargs reads or near them, STOP; a byte damaged now and then."""
+    order = draw(st.permutations(range(len(_SLOTS))))
+    head = b"\x80\x02"
+    for slot, which in enumerate(order):
+        put = b"q" + bytes([slot]) if draw(st.integers(0, 3)) else b"r" + slot.to_bytes(4, "little")
+        head += _SLOTS[which] + put + b"0"
+    have = len(_SLOTS)
+    where = {which: slot for slot, which in enumerate(order)}
+    nxt = [have]
+
+    def put() -> bytes:
+        index = nxt[0] if draw(st.integers(0, 20)) < 20 else draw(st.integers(0, have + 8))
+        nxt[0] += 1
+        if draw(st.integers(0, 3)) == 0 or index > 255:
+            return b"r" + index.to_bytes(4, "little")
+        return b"q" + bytes([index])
+
+    def shape() -> bytes:
+        form = draw(st.integers(0, 3))
+        if form == 0:
+            return b")"
+        count = draw(st.integers(0, 4))
+        ints = b"".join(draw(_int()) for _ in range(count))
+        if form == 1:
+            return b"(" + ints + b"t" + put()
+        n = count if 1 <= count <= 3 and draw(st.integers(0, 5)) < 5 else draw(st.integers(1, 3))
+        return ints + bytes([0x84 + n]) + put()
+
+    func = draw(_get(have, where[4])) if draw(st.integers(0, 5)) < 5 else b""
+    body = b"((" + draw(_get(have, where[0])) + draw(_get(have, where[1]))
+    if draw(st.booleans()):
+        digits = str(draw(st.integers(0, 10**6))).encode()
+        length = len(digits) + (draw(st.sampled_from([0] * 8 + [1, -1])))
+        body += b"X" + bytes([length % 256]) + b"\x00\x00\x00" + digits + put()
+    else:
+        body += draw(_get(have, where[8]))
+    body += draw(_get(have, where[2])) + draw(_int()) + b"t" + put() + b"Q" + draw(_int())
+    body += shape() + shape() + draw(st.sampled_from([b"\x88", b"\x89"]))
+    body += draw(_get(have, where[3])) + b")R" + put() + b"t" + put() + b"R" + put() + b"."
+    data = bytearray(head + func + body)
+    if draw(st.integers(0, 5)) == 5:
+        at = draw(st.integers(len(head), len(data) - 1))
+        data[at] = draw(st.sampled_from([draw(st.integers(0, 255)), data[at] ^ 1, 0x71, 0x28,
+                                         0x74, 0x85, 0x29, 0x52]))
+    limits = draw(st.sampled_from([Limits(), Limits(), Limits(), Limits(),
+                                   Limits(max_stack=draw(st.integers(3, 30))),
+                                   Limits(max_depth=draw(st.integers(1, 5))),
+                                   Limits(max_memo=draw(st.integers(8, 20))),
+                                   Limits(max_str_bytes=draw(st.integers(0, 8)))]))
+    return bytes(data), limits
+
+
+def _plain_run(data: bytes, fast: bool, limits: Limits) -> tuple[Any, Any, int]:
+    """(outcome and memo, resolver log, fast-path hits) of one path."""
+    hits = 0
+    real = machine_module.tensor_args
+
+    def counting(m: Machine, pos: int, guard: int) -> int:
+        nonlocal hits
+        after = real(m, pos, guard)
+        hits += after >= 0
+        return after
+
+    resolver = _Plain()
+    m = Machine(data, resolver, limits)
+    m.fast_tensors = fast
+    machine_module.tensor_args = counting
+    try:
+        value, end = m._run(0)
+        outcome: Any = (_canon(value, {}), end, _canon([m.memo_dense, m.memo], {}),
+                        sorted(d for _, d in m.depths.values()))
+    except CheckpointError as e:
+        outcome = (type(e).__name__, str(e), e.offset)
+    except Exception as e:  # what run() turns into a PickleError: the same for both
+        outcome = (type(e).__name__, str(e), m.op_start)
+    finally:
+        machine_module.tensor_args = real
+    return outcome, _canon(resolver.log, {}), hits
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_tensor_sequence())
+def test_both_paths_agree_on_written_sequences(case: tuple[bytes, Limits]) -> None:
+    data, limits = case
+    fast, general = _plain_run(data, True, limits), _plain_run(data, False, limits)
+    assert fast[:2] == general[:2], data
+    assert general[2] == 0
+
+
+def test_the_written_sequences_take_the_fast_path() -> None:
+    """The generator's teeth: many of its sequences run the fast path (the others are near
+    misses: damaged, a wrong put or get, a tuple opcode that takes another count, a limit)."""
+    hits: list[int] = []
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(case=_tensor_sequence())
+    def run(case: tuple[bytes, Limits]) -> None:
+        hits.append(_plain_run(*case[:1], True, case[1])[2])
+
+    run()
+    assert sum(hits) > len(hits) / 10  # 69 of these 200 (tight limits send most others)
