@@ -272,15 +272,18 @@ class _File(LayoutScans):
     # ---- pickles ----------------------------------------------------------------------
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
-               tentative: bool = False, want_value: bool = False) -> StreamScan | None:
+               tentative: bool = False, want_value: bool = False,
+               plain: bool = False) -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
-        :func:`.pickles.plausible`. None if the bytes were not walked at all."""
+        :func:`.pickles.plausible`; ``plain``: torch reads it with plain ``pickle.load``
+        (:mod:`torchless.rules.findclass`). None if the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
                              member=member, tentative=tentative,
-                             header=what if want_value and what in HEADERS else "")
+                             header=what if want_value and what in HEADERS else "",
+                             plain=plain)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1

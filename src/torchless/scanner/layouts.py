@@ -80,8 +80,8 @@ class LayoutScans:
         raise NotImplementedError
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
-               tentative: bool = False,
-               want_value: bool = False) -> StreamScan | None:  # pragma: no cover - _File's
+               tentative: bool = False, want_value: bool = False,
+               plain: bool = False) -> StreamScan | None:  # pragma: no cover - _File's
         raise NotImplementedError
 
     def chain(self, data: Any, start: int, end: int, member: str | None,
@@ -192,7 +192,7 @@ class LayoutScans:
         from the inert run; None where the stream cannot be followed."""
         def read(pos: int, end: int | None, what: str, plain: bool) -> tuple[Any, int] | None:
             result = self.pickle(self.buf, pos, self.size if end is None else end, member,
-                                 f"{layout} {what}", want_value=True)
+                                 f"{layout} {what}", want_value=True, plain=plain)
             if result is None or not result.stopped:
                 return None
             return result.value, result.end

@@ -62,14 +62,14 @@ def _not_a_pickle(static: dict[int, FoundGlobal]) -> bool:
         DOTTED_NAME.match(g.module) and DOTTED_NAME.match(g.name)) for g in static.values())
 
 
-def _fast(g: FoundGlobal) -> bool:
+def _fast(g: FoundGlobal, plain: bool) -> bool:
     if (g.module, g.name) in FAST_NAMES:
         return True
-    storage = storage_verdict(g.module, g.name)
+    storage = storage_verdict(g.module, g.name, plain=plain)
     return storage is not None and storage[0] == "vetted" and not g.unresolved
 
 
-def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
+def _judge_unreached(log: ActionLog, g: FoundGlobal, plain: bool) -> None:
     """A name the static walk found where the run did not reach: judged as if called."""
     if g.unresolved:
         log.add("import", f"{g.module}.{g.name}", "dangerous", f"{g.opcode} whose name cannot "
@@ -77,11 +77,8 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
     elif g.module == "copyreg.extension":
         log.add("import", f"copyreg.extension.{g.name}", "dangerous", "names a global "
                 "through the loading process's copyreg extension registry", g.offset, g.offset)
-    elif _fast(g):
+    elif _fast(g, plain):
         log.add("import", f"{g.module}.{g.name}", "vetted", _VETTED_ANY, g.offset, g.offset)
-    elif storage_verdict(g.module, g.name) is not None:
-        severity, reason = storage_verdict(g.module, g.name)  # type: ignore[misc]
-        log.add("import", f"{g.module}.{g.name}", severity, reason, g.offset, g.offset)
     else:
         severity, reason = call_verdict(g.module, g.name)
         log.add("call", f"{g.module}.{g.name}", severity, "not reached by the model run "
@@ -91,13 +88,14 @@ def _judge_unreached(log: ActionLog, g: FoundGlobal) -> None:
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 limits: Limits | None = None, *, want_value: bool = False,
                 member: str | None = None, tentative: bool = False,
-                header: str = "") -> StreamScan:
+                header: str = "", plain: bool = False) -> StreamScan:
     """Both passes over the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
     ``member``: the archive member it is, for the actions' report. ``tentative``: bytes that
     need not be a pickle, which the caller drops when a name read inline is no dotted name
     (``layouts.plausible``): such a stream is only walked (the run would name the same
     GLOBAL or INST at the same offset the same way), and has no actions. ``header``: what
-    the stream is, when it is one of :data:`.plain.HEADERS` (a value is wanted)."""
+    the stream is, when it is one of :data:`.plain.HEADERS` (a value is wanted). ``plain``:
+    torch reads the stream with plain ``pickle.load`` (:mod:`torchless.rules.findclass`)."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
@@ -109,7 +107,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 scan.value, scan.end = known
                 scan.stopped = True
                 return scan
-        if _ran(scan, view, start, lim, member):
+        if _ran(scan, view, start, lim, member, plain):
             if header and not scan.globals and not scan.pids and not scan.actions:
                 PLAIN.keep(header, view, start, scan.end, scan.value, lim)
             return scan
@@ -117,7 +115,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     if tentative and not want_value and _not_a_pickle(static):
         scan.globals = [static[k] for k in sorted(static)]
         return scan
-    fast = all(_fast(g) for g in static.values())
+    fast = all(_fast(g, plain) for g in static.values())
     if fast and not want_value:
         scan.globals = [static[k] for k in sorted(static)]
         log = ActionLog(data, member)
@@ -127,6 +125,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
         _finish(scan, log, start)
         return scan
     recorder = ModelRecorder(view, member)
+    recorder.plain = plain
     machine = ModelMachine(view, recorder, lim)
     try:
         scan.value, _ = machine.run(start)
@@ -144,17 +143,19 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     scan.globals = [merged[k] for k in sorted(merged)]
     scan.pids = recorder.pids
     for offset in sorted(static.keys() - recorder.found.keys()):
-        _judge_unreached(recorder.log, static[offset])
+        _judge_unreached(recorder.log, static[offset], plain)
     _finish(scan, recorder.log, start)
     return scan
 
 
-def _ran(scan: StreamScan, view: Any, start: int, lim: Limits, member: str | None) -> bool:
+def _ran(scan: StreamScan, view: Any, start: int, lim: Limits, member: str | None,
+         plain: bool) -> bool:
     """The inert run alone, when it reaches STOP: then it has decoded every opcode the static
     walk would (the interpreter refuses what the walk reports on a whole stream: an argument
     across a frame's end; and no text line of a stream this short passes the walk's bound),
     and recorded every name exactly. False (nothing kept) when it breaks: both passes run."""
     recorder = ModelRecorder(view, member)
+    recorder.plain = plain
     try:
         scan.value, scan.end = ModelMachine(view, recorder, lim).run(start)
     except (CheckpointError, RecursionError):
