@@ -371,14 +371,15 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
 def _storage_type(name: str) -> StorageType:
     """torch's ``StorageType(name)`` for a name of its table (each has a dtype of ours)."""
     dtype = _dtypes.by_storage_name(name)
-    assert dtype is not None, name  # TORCH_STORAGE_NAMES is a subset (tests/rules)
+    assert dtype is not None, name  # a subset (tests/reader/test_findclass_torch)
     return StorageType(name, dtype)
 
 
 def _imported(found: Import | Failure, module: str, name: str, offset: int) -> tuple[str, str]:
     """The module and dotted name an import reads; a failing resolution is a PickleError."""
     if isinstance(found, Failure):
-        raise PickleError(f"global {module!r} {name!r}: {found.reason}", offset=offset)
+        raise PickleError(f"global {module[:80]!r} {name[:80]!r}: {found.reason}",
+                          offset=offset)
     return found.module, found.name
 
 
