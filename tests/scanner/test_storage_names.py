@@ -120,3 +120,22 @@ def test_storage_type_under_any_module_reads_as_torch_reads_it(tmp_path: Path) -
     assert cp.stdout.strip() == "[1.5, -2.0]"
     assert torchless.load(str(path)).tolist() == [1.5, -2.0]
     assert _scan(tmp_path, "b.pt", path.read_bytes()).status == "clean"
+
+
+def test_plain_pickle_file_is_a_plain_pass(tmp_path: Path) -> None:
+    """torch.load reads a plain pickle file as a legacy stream: its first pickle is the
+    magic number, read with plain ``pickle.load``, so a storage name there is an import (torch
+    itself shows it on a module that does not exist); a ``__main__`` module is dangerous."""
+    pytest.importorskip("torch")
+    path = tmp_path / "a.pkl"
+    path.write_bytes(_alone("no_such_mod", "FloatStorage"))
+    cp = subprocess.run([sys.executable, "-c", "import sys, torch\ntry:\n torch.load(sys.argv[1], "
+                         "weights_only=False)\nexcept ImportError as e:\n print(e.name)",
+                         str(path)], capture_output=True, text=True, timeout=300, check=False)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert cp.stdout.strip() == "no_such_mod"
+    assert _scan(tmp_path, "a.pkl", path.read_bytes()).status == "unvetted"
+    got = _scan(tmp_path, "b.pkl", _alone("lib2to3.__main__", "FloatStorage"))
+    assert got.status == "dangerous", got.actions
+    with pytest.raises(UnsafeGlobalError):
+        torchless.load(str(tmp_path / "b.pkl"))

@@ -324,11 +324,13 @@ class _File(LayoutScans):
                 "the file is cut short", offset=result.problems[-1][0])
         return result
 
-    def chain(self, data: Any, start: int, end: int, member: str | None, what: str) -> None:
-        """Pickles one after another: anything after a STOP is scanned as another pickle."""
+    def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
+              plain: bool = False) -> None:
+        """Pickles one after another: anything after a STOP is scanned as another pickle
+        (``plain``: as torch's plain ``pickle.load`` passes read them)."""
         pos = start
         for i in range(MAX_CHAINED):
-            result = self.pickle(data, pos, end, member, what, tentative=i > 0)
+            result = self.pickle(data, pos, end, member, what, tentative=i > 0, plain=plain)
             if result is None or not result.stopped or result.end >= end:
                 return
             if i == 0:

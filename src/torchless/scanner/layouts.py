@@ -84,8 +84,8 @@ class LayoutScans:
                plain: bool = False) -> StreamScan | None:  # pragma: no cover - _File's
         raise NotImplementedError
 
-    def chain(self, data: Any, start: int, end: int, member: str | None,
-              what: str) -> None:  # pragma: no cover - _File defines it
+    def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
+              plain: bool = False) -> None:  # pragma: no cover - _File defines it
         raise NotImplementedError
 
     def run(self) -> str:
@@ -145,7 +145,8 @@ class LayoutScans:
                 f"other format torch reads (starts with {bytes(self.buf[:8]).hex()})",
                 hint="check that you passed the right file: it is none of the formats "
                      "torch.load reads (ZIP, TAR, legacy stream, pickle)")
-        self.chain(self.buf, 0, self.size, None, "plain")
+        # torch.load reads a plain pickle as a legacy stream's magic number: pickle.load
+        self.chain(self.buf, 0, self.size, None, "plain", plain=True)
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
@@ -162,7 +163,7 @@ class LayoutScans:
         header = bytes(buf[8 + width:8 + width + n]).decode("latin-1")
         start = 8 + width + n
         if "'O'" in header or "'|O'" in header:
-            self.chain(buf, start, self.size, None, "NumPy object-array")
+            self.chain(buf, start, self.size, None, "NumPy object-array", plain=True)
         return "npy"
 
     def legacy(self) -> None:
