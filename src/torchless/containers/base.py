@@ -74,6 +74,9 @@ class PlainPickle:
 
     def load(self, resolver: TorchResolver) -> Any:
         src = self.source
+        # torch.load reads a plain pickle as a legacy stream's magic number, with plain
+        # pickle.load: a storage name there is an import (rules/findclass)
+        resolver.plain = True
         try:
             value, end = run_pickle(src.raw, resolver, self.limits)
         except UnsupportedOpcodeError as e:

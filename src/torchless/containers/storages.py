@@ -27,22 +27,31 @@ from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["PickleReader", "StorageTable", "small_pickle", "storage_type_of", "strict_reader"]
+__all__ = ["NAMES_A_CLASS", "PickleReader", "StorageTable", "small_pickle", "storage_type_of",
+           "strict_reader"]
 
 #: Reads the pickle at ``start`` that must end by ``end`` (None: anywhere before the end of
 #: the file) and returns its value and the offset after its STOP; ``what`` names it in
-#: messages; ``plain``: a header pickle, which holds plain data (the reader refuses any
-#: global there). A scanner's reader returns None where the stream cannot be followed (it has
-#: reported why).
+#: messages; ``plain``: torch reads it with plain ``pickle.load``, where no storage name is
+#: mapped (:mod:`torchless.rules.findclass`): each pass the walks read through it is one (the
+#: object pickles are run by the reader and the scanner themselves). A scanner's reader
+#: returns None where the stream cannot be followed (it has reported why).
 PickleReader = Callable[[int, "int | None", str, bool], "tuple[Any, int] | None"]
+
+#: The plain passes where torch writes a name: the TAR tensor record's tensor class
+#: (torch.FloatTensor …), read inert. The others hold plain data and a storage type, and the
+#: reader refuses any global outside the rebuild rules there.
+NAMES_A_CLASS = frozenset({"tensor record"})
 
 
 def small_pickle(source: Source, pos: int, what: str, limits: Limits,
-                 end: int | None = None, *, strict: bool = True) -> tuple[Any, int]:
-    """A header pickle: plain data only (strict: no global outside the rules)."""
+                 end: int | None = None, *, strict: bool = True,
+                 plain: bool = True) -> tuple[Any, int]:
+    """A header pickle: plain data only (strict: no global outside the rules); ``plain``:
+    torch reads it with plain ``pickle.load``."""
     try:
-        value, after = run_pickle(source.raw, TorchResolver(limits, strict=strict), limits,
-                                  start=pos)
+        value, after = run_pickle(source.raw, TorchResolver(limits, strict=strict, plain=plain),
+                                  limits, start=pos)
     except UnsafeGlobalError as e:
         if strict and e.names:  # not the user's strict mode: header pickles hold plain data
             e.message = (f"{what} pickle: refused global {e.names[0]}: torch writes plain "
@@ -145,18 +154,22 @@ class StorageTable:
 def strict_reader(source: Source, limits: Limits) -> PickleReader:
     """The reader's :data:`PickleReader`: :func:`small_pickle`, raising on any problem."""
     def read(pos: int, end: int | None, what: str, plain: bool) -> tuple[Any, int]:
-        return small_pickle(source, pos, what, limits, end, strict=plain)
+        return small_pickle(source, pos, what, limits, end, strict=what not in NAMES_A_CLASS,
+                            plain=plain)
     return read
 
 
-def storage_type_of(value: Any, limits: Limits) -> StorageType | None:
+def storage_type_of(value: Any, limits: Limits, *, plain: bool = False) -> StorageType | None:
     """A storage type as the reader's rules rebuild it, from the rebuilt value or from the
-    inert name the scanner's walk leaves (the same rule decides); None if it is none."""
+    inert name the scanner's walk leaves (the same rule decides); None if it is none.
+    ``plain``: the value comes from a plain ``pickle.load`` pass."""
     if isinstance(value, StorageType):
         return value
     if isinstance(value, Global):
+        resolver = TorchResolver(limits, plain=plain)
+        resolver.proto = 3  # the name as the scanner's run mapped it: mapped no further
         try:
-            found = TorchResolver(limits).find_global(value.module, value.name, value.offset)
+            found = resolver.find_global(value.module, value.name, value.offset)
         except CheckpointError:
             return None
         return found if isinstance(found, StorageType) else None

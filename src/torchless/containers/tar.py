@@ -74,7 +74,8 @@ def object_key(key: Any, f: Findings) -> str:
 
 
 def read_sys_info(member: TarMember, read: PickleReader, f: Findings) -> str:
-    """The byte order the ``sys_info`` member declares."""
+    """The byte order the ``sys_info`` member declares (torch 2.13 never unpickles this
+    member; it is scanned as a plain ``pickle.load`` pass would read it)."""
     got = read(member.offset, member.offset + member.size, "sys_info", True)
     sys_info = got[0] if got is not None else {}
     if not isinstance(sys_info, dict):
@@ -122,7 +123,7 @@ def walk_storages(source: Source, member: TarMember, read: PickleReader, limits:
         if key in seen:
             f("tar", StorageError(f"TAR storage {key!r} appears twice"), "storages", pos)
         seen.add(key)
-        storage_type = storage_type_of(record[2], limits)
+        storage_type = storage_type_of(record[2], limits, plain=True)
         if storage_type is None:
             f("tar", StorageError("TAR storage record has no storage type"), "storages", pos)
             return None
@@ -161,7 +162,7 @@ def walk_tensors(source: Source, member: TarMember, read: PickleReader, limits: 
         return
     count, pos = head
     for _ in range(count):
-        got = read(pos, end, "tensor record", False)
+        got = read(pos, end, "tensor record", True)
         if got is None:
             return
         record, pos = got

@@ -103,6 +103,9 @@ class Resolver:
     #: The run's count of hashing work (:mod:`.keycost`), set by the :class:`Machine` that
     #: runs with this resolver: rules that build sets and dicts charge their keys to it.
     keycost: KeyCost | None = None
+    #: The protocol in force (the last PROTO's argument, 0 before one), set by the
+    #: :class:`Machine`: the C unpickler's find_class maps and walks names by it.
+    proto = 0
 
     def charge_keys(self, keys: Any, offset: int | None = None) -> None:
         """Count the hashing of ``keys`` (an iterable) against the run's limit."""
@@ -253,7 +256,7 @@ class Machine:
         # once: the list grows only while the dict is empty.
         self.memo_dense: list[Any] = []
         self.memo: dict[int, Any] = {}
-        self.proto = 0
+        self.proto = self.resolver.proto = 0
         # id(tuple or frozenset) -> (object, nesting depth); immutables only, so exact.
         self.depths: dict[int, tuple[Any, int]] = {}
         self.keycost = KeyCost(self.limits)
@@ -820,7 +823,7 @@ class Machine:
         if proto > HIGHEST_PROTOCOL:
             raise UnsupportedOpcodeError(f"unsupported pickle protocol {proto}",
                                          offset=self.op_start)
-        self.proto = proto
+        self.proto = self.resolver.proto = proto
 
     def op_FRAME(self) -> None:
         size = self._uint8()

@@ -11,7 +11,6 @@ inert :class:`Global`; calls on it become :class:`Opaque` records.
 
 from __future__ import annotations
 
-import _compat_pickle
 import argparse
 import collections
 import re
@@ -34,6 +33,7 @@ from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.allowlist import FORWARDS, import_verdict
 from torchless.rules.arrays import NumpyRules
+from torchless.rules.findclass import EXTENSION, Failure, Import, StorageName, find_class
 from torchless.rules.policy import PYTHON_CONSTANTS, judge, torch_constant
 from torchless.rules.stdlib import METHOD_CALL_HINT, StdlibRules, calls_a_method, method_name
 from torchless.rules.torch import UNSUPPORTED_ELSEWHERE, UNSUPPORTED_TENSORS, TorchRules
@@ -118,7 +118,6 @@ for _n in ("datetime", "date", "time", "timedelta", "timezone"):
 for _n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
     _RULES[("pathlib", _n)] = "path"
 
-_MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 class TorchResolver(TorchRules, StdlibRules, NumpyRules):
@@ -131,6 +130,7 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         *,
         strict: bool = False,
         allow: frozenset[str] = frozenset(),
+        plain: bool = False,
     ) -> None:
         self.limits = limits
         self._persistent_load = persistent_load
@@ -144,17 +144,20 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         #: (module, name) as mapped -> the refusal reason (None: it may stand); judging
         #: scans the whole name, and a file can name one long name again in a few bytes
         self._verdicts: dict[tuple[str, str], str | None] = {}
+        #: which of torch's loaders reads the stream (:mod:`.findclass`): a plain
+        #: ``pickle.load`` pass maps no storage name
+        self.plain = plain
 
     # ---- names ----------------------------------------------------------------------
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
         if module in ("__builtin__", "copy_reg"):
             self.python2_strings = True
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        elif module in _compat_pickle.IMPORT_MAPPING:
-            module = _compat_pickle.IMPORT_MAPPING[module]
-        module = _MODULE_RENAMES.get(module, module)
+        found = find_class(module, name, self.proto, "plain" if self.plain else "torch")
+        if isinstance(found, StorageName):
+            self.globals.append(GlobalRecord(module, name, offset, "rebuilt"))
+            return _storage_type(found.name)
+        module, name = _imported(found, module, name, offset)
         value = self._known(module, name, offset)
         key = (module, name)
         if key in self._verdicts:
@@ -176,13 +179,13 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
                                          "opaque" if value is None else "rebuilt"))
         return Global(module, name, offset) if value is None else value
 
-    def known(self, module: str, name: str, offset: int = -1) -> bool:
-        """Whether a rebuild rule knows ``module.name`` (as the file spells it)."""
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        elif module in _compat_pickle.IMPORT_MAPPING:
-            module = _compat_pickle.IMPORT_MAPPING[module]
-        module = _MODULE_RENAMES.get(module, module)
+    def known(self, module: str, name: str, offset: int = -1, proto: int = 2) -> bool:
+        """Whether a rebuild rule knows ``module.name`` (as the file spells it, read by
+        torch's loader at protocol ``proto``)."""
+        found = find_class(module, name, proto, "plain" if self.plain else "torch")
+        if isinstance(found, StorageName):
+            return True
+        module, name = _imported(found, module, name, offset)
         return self._known(module, name, offset) is not None
 
     def _known(self, module: str, name: str, offset: int | None = None) -> Any:
@@ -193,6 +196,9 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             # struct sequences (torch.max(x, 1) …): a tuple of tensors with field names
             return Known(module, name, rule="opaque")
         if _dtypes.names_storage_type(module, name):
+            # names torch imports: UntypedStorage (torch.save writes torch.storage's for the
+            # newer dtypes), and the storage classes (torch.FloatStorage …) as plain passes
+            # import them; the names outside torch's StorageType table are read too
             if name == "UntypedStorage":
                 return StorageType(name, _dtypes.UINT8, untyped=True)
             dtype = _dtypes.by_storage_name(name)
@@ -216,8 +222,8 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
 
     def extension(self, code: int, offset: int) -> Any:
         raise UnsafeGlobalError(
-            f"refused copyreg extension code {code}: it names a global through the loading "
-            "process's extension registry", names=(f"copyreg.extension:{code}",), offset=offset,
+            f"refused copyreg extension code {code}: it {EXTENSION}",
+            names=(f"copyreg.extension:{code}",), offset=offset,
             hint="torch.save never writes extension codes; what they name depends on the "
                  "loading process, so do not torch.load this file")
 
@@ -360,6 +366,21 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             if e.offset is None:
                 e.offset = offset
             raise
+
+
+def _storage_type(name: str) -> StorageType:
+    """torch's ``StorageType(name)`` for a name of its table (each has a dtype of ours)."""
+    dtype = _dtypes.by_storage_name(name)
+    assert dtype is not None, name  # a subset (tests/reader/test_findclass_torch)
+    return StorageType(name, dtype)
+
+
+def _imported(found: Import | Failure, module: str, name: str, offset: int) -> tuple[str, str]:
+    """The module and dotted name an import reads; a failing resolution is a PickleError."""
+    if isinstance(found, Failure):
+        raise PickleError(f"global {module[:80]!r} {name[:80]!r}: {found.reason}",
+                          offset=offset)
+    return found.module, found.name
 
 
 def _refusal_hint(qualname: str, reason: str) -> str:

@@ -50,7 +50,7 @@ def scan_dcp(path: str, new_scan: Callable[[Source], LayoutScans]) -> FileScan:
         return FileScan(path, "unreadable", "dcp", error=e.message, hint=e.hint)
     with meta_source:
         root = new_scan(meta_source)
-        root.chain(root.buf, 0, root.size, METADATA_NAME, "DCP metadata")
+        root.chain(root.buf, 0, root.size, METADATA_NAME, "DCP metadata", plain=True)
         meta = _metadata(root, meta_source)
         used: set[str] = {METADATA_NAME}
         if meta is not None:

@@ -278,15 +278,17 @@ class _File(LayoutScans):
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
                tentative: bool = False, want_value: bool = False,
-               pids: str = "storage") -> StreamScan | None:
+               pids: str = "storage", plain: bool = False) -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
-        :func:`.pickles.plausible`. None if the bytes were not walked at all."""
+        :func:`.pickles.plausible`; ``plain``: torch reads it with plain ``pickle.load``
+        (:mod:`torchless.rules.findclass`). None if the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
                              member=member, tentative=tentative,
-                             header=what if want_value and what in HEADERS else "", pids=pids)
+                             header=what if want_value and what in HEADERS else "", pids=pids,
+                             plain=plain)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1
@@ -327,11 +329,13 @@ class _File(LayoutScans):
                 "the file is cut short", offset=result.problems[-1][0])
         return result
 
-    def chain(self, data: Any, start: int, end: int, member: str | None, what: str) -> None:
-        """Pickles one after another: anything after a STOP is scanned as another pickle."""
+    def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
+              plain: bool = False) -> None:
+        """Pickles one after another: anything after a STOP is scanned as another pickle
+        (``plain``: as torch's plain ``pickle.load`` passes read them)."""
         pos = start
         for i in range(MAX_CHAINED):
-            result = self.pickle(data, pos, end, member, what, tentative=i > 0)
+            result = self.pickle(data, pos, end, member, what, tentative=i > 0, plain=plain)
             if result is None or not result.stopped or result.end >= end:
                 return
             if i == 0:

@@ -81,11 +81,12 @@ class LayoutScans:
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
                tentative: bool = False, want_value: bool = False,
-               pids: str = "storage") -> StreamScan | None:  # pragma: no cover - _File's
+               pids: str = "storage",
+               plain: bool = False) -> StreamScan | None:  # pragma: no cover - _File's
         raise NotImplementedError
 
-    def chain(self, data: Any, start: int, end: int, member: str | None,
-              what: str) -> None:  # pragma: no cover - _File defines it
+    def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
+              plain: bool = False) -> None:  # pragma: no cover - _File defines it
         raise NotImplementedError
 
     def run(self) -> str:
@@ -146,7 +147,8 @@ class LayoutScans:
                 f"other format torch reads (starts with {bytes(self.buf[:8]).hex()})",
                 hint="check that you passed the right file: it is none of the formats "
                      "torch.load reads (ZIP, TAR, legacy stream, pickle)")
-        self.chain(self.buf, 0, self.size, None, "plain")
+        # torch.load reads a plain pickle as a legacy stream's magic number: pickle.load
+        self.chain(self.buf, 0, self.size, None, "plain", plain=True)
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
@@ -163,7 +165,7 @@ class LayoutScans:
         header = bytes(buf[8 + width:8 + width + n]).decode("latin-1")
         start = 8 + width + n
         if "'O'" in header or "'|O'" in header:
-            self.chain(buf, start, self.size, None, "NumPy object-array")
+            self.chain(buf, start, self.size, None, "NumPy object-array", plain=True)
         return "npy"
 
     def legacy(self) -> None:
@@ -194,7 +196,7 @@ class LayoutScans:
         from the inert run; None where the stream cannot be followed."""
         def read(pos: int, end: int | None, what: str, plain: bool) -> tuple[Any, int] | None:
             result = self.pickle(self.buf, pos, self.size if end is None else end, member,
-                                 f"{layout} {what}", want_value=True)
+                                 f"{layout} {what}", want_value=True, plain=plain)
             if result is None or not result.stopped:
                 return None
             return result.value, result.end

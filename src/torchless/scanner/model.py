@@ -4,9 +4,10 @@ A resolver for the inert interpreter (:class:`~torchless.pickle.machine.Machine`
 of rebuilding values, follows what CPython's unpickler inside ``torch.load`` would do and
 records each step as an :class:`~torchless.scanner.report.Action`:
 
-* **import**: ``GLOBAL``/``STACK_GLOBAL``/``INST`` import a module and read a name (torch's
-  own ``find_class`` maps storage names without an import, and ``torch.tensor`` to
-  ``torch._tensor``; Python 2 names are mapped as the C unpickler maps them);
+* **import**: ``GLOBAL``/``STACK_GLOBAL``/``INST`` import a module and read a name, as
+  :func:`torchless.rules.findclass.find_class` states torch's resolution (storage names
+  without an import in torch's own unpickler, an import in a plain ``pickle.load`` pass;
+  ``torch.tensor`` to ``torch._tensor``; Python 2 names mapped below protocol 3);
 * **call**: ``REDUCE``/``INST``/``OBJ`` call a value, ``NEWOBJ``/``NEWOBJ_EX`` call
   ``cls.__new__``; calls a vetted rule *forwards* (``copyreg._reconstructor``'s base,
   ``_rebuild_from_type_v2``'s func, a ``functools.partial``'s function, NumPy's RNG
@@ -26,7 +27,6 @@ remembers its function (a ``BUILD`` can swap it). Nothing is imported or called.
 
 from __future__ import annotations
 
-import _compat_pickle
 from typing import Any
 
 from torchless.core import dtypes as _dtypes
@@ -40,13 +40,13 @@ from torchless.rules.allowlist import (
     forwarded,
     import_verdict,
 )
+from torchless.rules.findclass import Failure, StorageName, find_class
 from torchless.scanner.duck import DUCK_DEPTH, FORWARDING, INERT, DuckCalls, Made
 from torchless.scanner.report import SEVERITY_ORDER, Action, ActionKind, new_action
 
 __all__ = ["IMPORTS", "ActionLog", "Made", "Model", "imported", "static_args",
            "storage_verdict"]
 
-_MODULE_RENAMES = {"torch.tensor": "torch._tensor"}
 _TEXT_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8",
                           "ascii"})
 _TYPING = frozenset({"typing", "typing_extensions", "collections.abc", "builtins"})
@@ -174,37 +174,40 @@ def _opcode(data: Any, offset: int) -> str:
     return "?"
 
 
-def storage_verdict(module: str, name: str) -> tuple[Severity, str] | None:
-    """torch's find_class maps a storage type's name without an import. A name that only
-    contains "Storage" (DCP's ``TensorStorageMetadata``) goes on to the ordinary import there
-    (``StorageType(name)`` raises KeyError and torch falls through), so it is judged as one
-    (None); a torch name ending in "Storage" that is no storage type is what torch.save
-    never writes."""
-    if "Storage" not in name:
-        return None
-    if name == "UntypedStorage" or _dtypes.by_storage_name(name) is not None:
+def storage_verdict(module: str, name: str, *, plain: bool = False) -> tuple[Severity, str] | None:
+    """The verdict on a name torch's unpickler maps to a storage type without an import
+    (None for any other name, which is an import: :func:`imported`). ``plain``: the stream
+    is one torch reads with plain ``pickle.load``, where no name is a storage type."""
+    if isinstance(find_class(module, name, 0, "plain" if plain else "torch"), StorageName):
         return "vetted", "torch's find_class maps a storage name to its type without an import"
-    if _dtypes.names_storage_type(module, name):
-        # the reader's rule too (rules.resolver): torch.save never writes such a name
-        return "dangerous", "torch has no such storage type: torch.save never writes this name"
     return None
 
 
-def imported(module: str, name: str) -> tuple[str, str, str, Severity, str]:
-    """What a GLOBAL of ``module`` and ``name`` imports, as torch's unpickler maps it (module,
-    name, dotted path), and the verdict on the import: a function of the two names."""
-    if (module, name) in _compat_pickle.NAME_MAPPING:
-        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-    elif module in _compat_pickle.IMPORT_MAPPING:
-        module = _compat_pickle.IMPORT_MAPPING[module]
-    module = _MODULE_RENAMES.get(module, module)
-    severity, reason = storage_verdict(module, name) or import_verdict(module, name)
+def imported(module: str, name: str, proto: int = 2,
+             plain: bool = False) -> tuple[str, str, str, Severity, str]:
+    """What a GLOBAL of ``module`` and ``name`` imports at protocol ``proto`` (``plain``: in
+    a plain ``pickle.load`` pass), as :func:`~torchless.rules.findclass.find_class` states
+    torch's resolution: (module, name, dotted path), and the verdict on the import."""
+    found = find_class(module, name, proto, "plain" if plain else "torch")
+    if isinstance(found, StorageName):
+        return (module, name, f"{module}.{name}", "vetted",
+                "torch's find_class maps a storage name to its type without an import")
+    if isinstance(found, Failure):
+        return module, name, f"{module}.{name}", "vetted", f"the unpickler fails: {found.reason}"
+    module, name = found.module, found.name
+    severity, reason = import_verdict(module, name)
+    if severity == "vetted" and _dtypes.names_storage_type(module, name) and \
+            name != "UntypedStorage" and _dtypes.by_storage_name(name) is None:
+        # torch's persistent_load reads .dtype of what the storage slot names: no torch
+        # has this class (torch 2.13's import fails), so it is no proof (the reader refuses)
+        severity, reason = "unvetted", ("torch has no such storage type: torch.save never "
+                                        "writes this name, and find_class imports it")
     return module, name, f"{module}.{name}", severity, reason
 
 
 #: :func:`imported` of the names met so far in this process, up to :data:`IMPORTS_MAX` of
 #: them (a hostile file may name millions).
-IMPORTS: dict[tuple[str, str], tuple[str, str, str, Severity, str]] = {}
+IMPORTS: dict[tuple[str, str, int, bool], tuple[str, str, str, Severity, str]] = {}
 IMPORTS_MAX = 4096
 
 
@@ -212,18 +215,23 @@ class Model(DuckCalls):
     """The resolver half of the model (mixed into the scanner's recording resolver)."""
 
     log: ActionLog
+    #: The protocol in force (the interpreter sets it) and whether torch reads the stream
+    #: with plain ``pickle.load`` (the scanner's pass sets it).
+    proto: int
+    plain: bool = False
 
     def known_constant(self, module: str, name: str) -> bool:
-        return storage_verdict(module, name) is not None
+        return storage_verdict(module, name, plain=self.plain) is not None
     #: Containers the walks for handed-on callables followed (kept alive: ids stay unique).
     # ---- names -------------------------------------------------------------------------
 
     def model_global(self, module: str, name: str, offset: int) -> Global:
-        known = IMPORTS.get((module, name))
+        key = (module, name, min(self.proto, 4), self.plain)  # protocols 4 and 5 walk alike
+        known = IMPORTS.get(key)
         if known is None:
-            known = imported(module, name)
+            known = imported(module, name, self.proto, self.plain)
             if len(IMPORTS) < IMPORTS_MAX:
-                IMPORTS[module, name] = known
+                IMPORTS[key] = known
         module, name, path, severity, reason = known
         self.log.add("import", path, severity, reason, offset, offset)
         return Global(module, name, offset)

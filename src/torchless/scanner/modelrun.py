@@ -12,6 +12,7 @@ from torchless.core.limits import Limits
 from torchless.pickle.machine import Machine, Resolver
 from torchless.pickle.opcodes import by_code
 from torchless.pickle.values import Global, Opaque
+from torchless.rules.findclass import EXTENSION
 from torchless.scanner.model import ActionLog, Model
 
 __all__ = ["FoundGlobal", "ModelRecorder", "new_found", "trace"]
@@ -139,9 +140,8 @@ class ModelRecorder(Model, _Recorder):
 
     def extension(self, code: int, offset: int) -> Any:
         value = super().extension(code, offset)
-        self.log.add("import", f"copyreg.extension.{code}", "dangerous",
-                     "names a global through the loading process's copyreg extension "
-                     "registry", offset, offset)
+        self.log.add("import", f"copyreg.extension.{code}", "dangerous", EXTENSION, offset,
+                     offset)
         return value
 
     def call(self, func: Any, args: Any, offset: int) -> Any:

@@ -70,14 +70,15 @@ DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 limits: Limits | None = None, *, want_value: bool = False,
                 member: str | None = None, tentative: bool = False,
-                header: str = "", pids: str = "storage") -> StreamScan:
+                header: str = "", pids: str = "storage", plain: bool = False) -> StreamScan:
     """The traced run of the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
     ``member``: the archive member it is, for the actions' report. ``tentative``: bytes that
     need not be a pickle, which the caller drops unless :func:`plausible` (a name read
     inline that is no dotted name: no pickle). ``want_value``: the caller reads the value
     (a legacy stream's pickles); ``header``: what the stream is, when it is one of
     :data:`.plain.HEADERS`; ``pids``: what the loader's persistent_load makes of an id
-    (:data:`.modelrun.PIDS`)."""
+    (:data:`.modelrun.PIDS`); ``plain``: torch reads the stream with plain ``pickle.load``
+    (:mod:`torchless.rules.findclass`)."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
@@ -89,6 +90,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
             scan.stopped = True
             return scan
     machine, recorder = trace(view, lim, member, pids)
+    recorder.plain = plain
     try:
         scan.value, scan.end = machine.run(start)
         scan.stopped = True
