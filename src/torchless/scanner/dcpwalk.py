@@ -27,13 +27,13 @@ from collections.abc import Callable
 from torchless.containers.dcp import METADATA_NAME
 from torchless.containers.dcpmeta import DcpMetadata, StorageInfo, parse_metadata
 from torchless.containers.dcpst import is_safetensors_at
+from torchless.containers.regions import ScanWindow
 from torchless.errors import CheckpointError
 from torchless.io.source import Source
 from torchless.pickle.machine import run_pickle
 from torchless.rules.dcp import DcpResolver
 from torchless.scanner.layouts import LayoutScans
 from torchless.scanner.report import FileScan, FileStatus
-from torchless.scanner.torcharchives import ScanWindow, merge
 
 __all__ = ["scan_dcp"]
 
@@ -43,7 +43,8 @@ _Span = tuple[int, int, str]
 
 
 def scan_dcp(path: str, new_scan: Callable[[Source], LayoutScans]) -> FileScan:
-    """Scan the DCP directory ``path``; ``new_scan`` makes the scan of one file."""
+    """Scan the DCP directory ``path``; ``new_scan`` makes the scan that gathers the
+    directory's findings (its files are files of their own: a scan of depth -1)."""
     try:
         meta_source = Source(os.path.join(path, METADATA_NAME))
     except CheckpointError as e:
@@ -54,8 +55,8 @@ def scan_dcp(path: str, new_scan: Callable[[Source], LayoutScans]) -> FileScan:
         meta = _metadata(root, meta_source)
         used: set[str] = {METADATA_NAME}
         if meta is not None:
-            used |= _walk_items(root, path, meta, new_scan)
-        _other_files(root, path, used, new_scan, everything=meta is None)
+            used |= _walk_items(root, path, meta)
+        _other_files(root, path, used, everything=meta is None)
         return _file_scan(path, root)
 
 
@@ -69,8 +70,7 @@ def _metadata(root: LayoutScans, source: Source) -> DcpMetadata | None:
         return None
 
 
-def _walk_items(root: LayoutScans, path: str, meta: DcpMetadata,
-                new_scan: Callable[[Source], LayoutScans]) -> set[str]:
+def _walk_items(root: LayoutScans, path: str, meta: DcpMetadata) -> set[str]:
     """Scan every item in its window; returns the shard files the metadata names."""
     by_file: dict[str, list[tuple[str, bool, StorageInfo]]] = {}
     for (fqn, offsets), info in meta.storage.items():
@@ -93,13 +93,12 @@ def _walk_items(root: LayoutScans, path: str, meta: DcpMetadata,
             root.flag("dcp", f"the shard cannot be read: {e.message}", name)
             continue
         with shard:
-            _walk_shard(root, name, shard, items, new_scan)
+            _walk_shard(root, name, shard, items)
     return set(by_file)
 
 
 def _walk_shard(root: LayoutScans, name: str, shard: Source,
-                items: list[tuple[str, bool, StorageInfo]],
-                new_scan: Callable[[Source], LayoutScans]) -> None:
+                items: list[tuple[str, bool, StorageInfo]]) -> None:
     spans: list[_Span] = []
     blocks: set[int] = set()
     for what, is_value, info in sorted(items, key=lambda i: (i[2].offset, i[0])):
@@ -121,24 +120,23 @@ def _walk_shard(root: LayoutScans, name: str, shard: Source,
                 spans.append((info.offset, shard.size, "the safetensors block"))
             continue
         spans.append((info.offset, end, what))
-        _scan_item(root, name, shard, what, info, new_scan)
+        _scan_item(root, name, shard, what, info)
     _coverage(root, name, shard.size, spans)
 
 
-def _scan_item(root: LayoutScans, name: str, shard: Source, what: str, info: StorageInfo,
-               new_scan: Callable[[Source], LayoutScans]) -> None:
+def _scan_item(root: LayoutScans, name: str, shard: Source, what: str,
+               info: StorageInfo) -> None:
     where = f"{name}@{info.offset} ({what})"
     window = ScanWindow(shard, info.offset, info.length, where)
-    sub = new_scan(window)  # type: ignore[arg-type]
     try:
-        layout = sub.run()
-    except CheckpointError as e:
-        root.flag("dcp", f"item {what!r} is not a torch.save archive: {e.message}", name,
-                  info.offset)
-        layout = "zip"
+        found = root.nested(window)  # type: ignore[arg-type]
     finally:
         window.close()
-    merge(root, sub, where)
+    layout = found.layout or "zip"
+    if found.error is not None:
+        root.flag("dcp", f"item {what!r} is not a torch.save archive: {found.error.message}",
+                  name, info.offset)
+    found.merge(where)
     if layout != "zip":
         root.flag("dcp", f"item {what!r} is {layout} data, not a torch.save archive (what "
                   "DCP writes; torch.load still reads it)", name, info.offset)
@@ -162,8 +160,7 @@ def _coverage(root: LayoutScans, name: str, size: int, spans: list[_Span]) -> No
                   "item of the metadata", name, pos)
 
 
-def _other_files(root: LayoutScans, path: str, used: set[str],
-                 new_scan: Callable[[Source], LayoutScans], *, everything: bool) -> None:
+def _other_files(root: LayoutScans, path: str, used: set[str], *, everything: bool) -> None:
     """Files of the directory the metadata does not name: torch's DCP reads none of them,
     but a file among them that is a checkpoint is scanned (a loader may be pointed at it);
     when the metadata is unreadable, every file, shards included."""
@@ -178,17 +175,15 @@ def _other_files(root: LayoutScans, path: str, used: set[str],
                 root.flag("dcp", f"cannot be read: {e.message}", entry)
             continue
         with source:
-            sub = new_scan(source)
-            try:
-                layout = sub.run()
-            except CheckpointError as e:
-                if everything:
-                    root.flag("dcp", f"not a checkpoint torch reads: {e.message}", entry)
-                continue
-            merge(root, sub, entry)
-            if not everything:
-                root.flag("dcp", f"a {layout} checkpoint the metadata does not name (DCP "
-                          "does not read it)", entry)
+            found = root.nested(source)
+        if found.error is not None:
+            if everything:
+                root.flag("dcp", f"not a checkpoint torch reads: {found.error.message}", entry)
+            continue
+        found.merge(entry)
+        if not everything:
+            root.flag("dcp", f"a {found.layout} checkpoint the metadata does not name (DCP "
+                      "does not read it)", entry)
 
 
 def _file_scan(path: str, root: LayoutScans) -> FileScan:

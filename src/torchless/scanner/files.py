@@ -169,7 +169,7 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
               explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
     """``unit``: whether ``path`` is a DCP directory (None: not known yet)."""
     if unit if unit is not None else not is_remote(path) and os.path.isdir(path):
-        return scan_dcp(path, lambda src: _File(src, strict, limits, allow,
+        return scan_dcp(path, lambda src: _File(src, strict, limits, allow, -1,
                                                 verify_crc=verify_crc))
     try:
         # a remote file is fetched whole: every byte of it is scanned
@@ -233,10 +233,6 @@ class _File(LayoutScans):
         return _File(source, self.strict, self.limits, self.allow, self.depth + 1,
                      verify_crc=self.verify_crc)
 
-    def flag(self, kind: str, message: str, member: str | None = None,
-             offset: int | None = None) -> None:
-        self.findings.note(kind, message, member, offset)
-
     # ---- verdicts ---------------------------------------------------------------------
 
     def verdict(self, g: FoundGlobal, severity: Severity) -> tuple[Verdict, str]:
@@ -272,10 +268,13 @@ class _File(LayoutScans):
     # ---- pickles ----------------------------------------------------------------------
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
-               tentative: bool = False, want_value: bool = False) -> StreamScan | None:
+               tentative: bool = False, want_value: bool = False,
+               plain: bool = False) -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
-        :func:`.pickles.plausible`. None if the bytes were not walked at all."""
+        :func:`.pickles.plausible`; ``plain``: a header pickle torch reads with plain
+        ``pickle.load`` (the header's name, ``what``, tells the pickle pass which). None if
+        the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
@@ -321,14 +320,16 @@ class _File(LayoutScans):
                 "the file is cut short", offset=result.problems[-1][0])
         return result
 
-    def chain(self, data: Any, start: int, end: int, member: str | None, what: str) -> None:
-        """Pickles one after another: anything after a STOP is scanned as another pickle."""
+    def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
+              tentative: bool = False) -> None:
+        """Pickles one after another: anything after a STOP is scanned as another pickle;
+        ``tentative``: the first too may be none (bytes no layout owns)."""
         pos = start
         for i in range(MAX_CHAINED):
-            result = self.pickle(data, pos, end, member, what, tentative=i > 0)
+            result = self.pickle(data, pos, end, member, what, tentative=tentative or i > 0)
             if result is None or not result.stopped or result.end >= end:
                 return
-            if i == 0:
+            if i == 0 and not tentative:
                 self.flag("trailing", f"{end - result.end} bytes after the {what} pickle's STOP "
                           "(a loader reading pickles one after another would run them)",
                           member, result.end)

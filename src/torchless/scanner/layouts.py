@@ -4,12 +4,15 @@ included, handed to the scanner's pickle pass (:meth:`LayoutScans.pickle`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torchless.containers import registry
 from torchless.containers.legacy import declared_storages, read_header, walk_storages
+from torchless.containers.regions import SNIFF, PickleRun, absorb, sink_reader
 from torchless.containers.storages import PickleReader
 from torchless.containers.tar import (
     MEMBERS,
@@ -28,10 +31,8 @@ from torchless.errors import CheckpointError, NotACheckpointError
 from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
 from torchless.scanner.pickles import (
-    MAX_CHAINED,
     PICKLE_START,
     RUNS_OUT,
-    StreamScan,
     looks_like_pickle,
     scan_stream,
 )
@@ -39,10 +40,9 @@ from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
 from torchless.scanner.torcharchives import archive_kind, nested_archives, package_code, unpickled
 
-__all__ = ["LayoutScans"]
+__all__ = ["LayoutScans", "NestedScan"]
 
-#: Bytes of the start of a member or region walked to decide whether it holds a pickle.
-_SNIFF = 64 << 10
+_SNIFF = SNIFF
 #: Bytes of a stored member checksummed at a time (then handed back to the page cache).
 _CRC_BLOCK = 64 << 20
 #: Members larger than this are not inflated just to check their CRC.
@@ -71,22 +71,65 @@ class LayoutScans:
     #: Check the CRC-32 of every member, tensor data included (else of those read whole).
     verify_crc: bool
 
-    def flag(self, kind: str, message: str, member: str | None = None,
-             offset: int | None = None) -> None:  # pragma: no cover - _File defines it
-        raise NotImplementedError
-
     def spawn(self, source: Source) -> LayoutScans:  # pragma: no cover - _File defines it
         """The scan of a file stored inside this one."""
         raise NotImplementedError
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
-               tentative: bool = False,
-               want_value: bool = False) -> StreamScan | None:  # pragma: no cover - _File's
+               tentative: bool = False, want_value: bool = False,
+               plain: bool = False) -> PickleRun | None:  # pragma: no cover - _File's
         raise NotImplementedError
 
-    def chain(self, data: Any, start: int, end: int, member: str | None,
-              what: str) -> None:  # pragma: no cover - _File defines it
+    def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
+              tentative: bool = False) -> None:  # pragma: no cover - _File defines it
         raise NotImplementedError
+
+    # ---- the region sink (containers.regions.RegionSink) ------------------------------
+
+    def flag(self, kind: str, message: str, member: str | None = None,
+             offset: int | None = None) -> None:
+        self.findings.note(kind, message, member, offset)
+
+    def found_any(self) -> bool:
+        return bool(self.anomalies or self.globals)
+
+    def could_be_pickle(self, data: Any) -> bool:
+        # the first byte's test first: most members are tensor data
+        return len(data) > 0 and data[0] in PICKLE_START and looks_like_pickle(data,
+                                                                               self.limits)
+
+    def broken_pickle(self, data: Any, start: int, end: int) -> tuple[int, str] | None:
+        probe = scan_stream(data, start, end, self.limits)
+        if not probe.stopped and not probe.globals and not probe.limited and \
+                probe.problems and not RUNS_OUT.search(probe.problems[-1][1]):
+            return probe.problems[-1]
+        return None
+
+    def code(self, member: str, data: bytes) -> None:
+        """The calls TorchScript code names: file and network access is dangerous, an
+        operator or class from a native library outside torch an anomaly (:mod:`.script`)."""
+        for call in script_calls(data.decode("utf-8", "replace")):
+            if call.op not in self.script_ops:
+                self.script_ops.append(call.op)
+            if call.danger:
+                ns, _, op = call.op.partition("::")
+                self.globals.append(GlobalRef(
+                    f"torch.ops.{ns}", op, call.offset, "TorchScript call", "dangerous",
+                    member, f"TorchScript code {call.danger}; torch.jit.load runs it "
+                            "when the code is in __setstate__"))
+            elif call.unknown:
+                self.flag("script", f"TorchScript code calls {call.op}, from a native "
+                          "library outside torch: what it does cannot be read from the "
+                          "file", member, call.offset)
+
+    def nested(self, source: Source) -> NestedScan:
+        sub = self.spawn(source)
+        try:
+            return NestedScan(self, sub, sub.run(), None)
+        except CheckpointError as e:
+            return NestedScan(self, sub, None, e)
+
+    # ---- the walks --------------------------------------------------------------------
 
     def run(self) -> str:
         head = bytes(self.buf[:8]) if self.size else b""
@@ -136,10 +179,9 @@ class LayoutScans:
         """A plain pickle (or several one after another). Bytes whose walk breaks on
         something no pickle holds (an unknown opcode …) before naming any global are no
         pickle at all: torch would fail on them before running anything."""
-        probe = scan_stream(self.buf, 0, min(self.size, _SNIFF), self.limits)
-        if not probe.stopped and not probe.globals and not probe.limited and \
-                probe.problems and not RUNS_OUT.search(probe.problems[-1][1]):
-            at, why = probe.problems[-1]
+        broken = self.broken_pickle(self.buf, 0, min(self.size, _SNIFF))
+        if broken is not None:
+            at, why = broken
             raise NotACheckpointError(
                 f"not a checkpoint: the bytes are not a pickle ({why} at byte {at}) and no "
                 f"other format torch reads (starts with {bytes(self.buf[:8]).hex()})",
@@ -190,28 +232,16 @@ class LayoutScans:
     def reader(self, member: str | None, layout: str) -> PickleReader:
         """The container walks' pickle reader: each pickle scanned and reported, its value
         from the inert run; None where the stream cannot be followed."""
-        def read(pos: int, end: int | None, what: str, plain: bool) -> tuple[Any, int] | None:
-            result = self.pickle(self.buf, pos, self.size if end is None else end, member,
-                                 f"{layout} {what}", want_value=True)
-            if result is None or not result.stopped:
-                return None
-            return result.value, result.end
-        return read
+        return sink_reader(self, self.buf, self.size, member, layout)
 
     def chain_tentative(self, pos: int) -> None:
-        for _ in range(MAX_CHAINED):
-            result = self.pickle(self.buf, pos, self.size, None, "trailing", tentative=True)
-            if result is None or not result.stopped or result.end >= self.size:
-                return
-            pos = result.end
+        self.chain(self.buf, pos, self.size, None, "trailing", tentative=True)
 
     # ---- ZIP --------------------------------------------------------------------------
 
     def zip(self, *, skip_prefix: bool) -> str:
         archive = ZipArchive(self.source, self.limits, mode="report")
-        self.anomalies.extend(a for a in archive.anomalies
-                              if not (skip_prefix and a.kind == "prefix"))
-        self.findings.truncated = self.findings.truncated or archive.findings.truncated
+        absorb(self, archive.findings, skip_prefix=skip_prefix)
         for lo, hi in archive.loose:
             if not (skip_prefix and lo == 0):
                 self.chain_region(lo, hi)
@@ -238,7 +268,7 @@ class LayoutScans:
                       f"({', '.join(prefixes[:4])}): several checkpoints in one archive")
         if kind is not None:
             return kind
-        if not self.anomalies and not self.globals and not pickles:
+        if not self.found_any() and not pickles:
             raise not_a_torch_zip(names)
         script = any(low.endswith("/constants.pkl") for low in listed)
         code = any("/code/" in low for low in listed)
@@ -248,10 +278,8 @@ class LayoutScans:
         return "torchscript" if script and code else "zip"
 
     def script(self, archive: ZipArchive, members: list[Entry], lows: list[str]) -> None:
-        """The calls the TorchScript code in the archive names (torch finds ``code/`` and
-        ``.py`` ignoring case; ``lows``: the members' names in lower case): file and network
-        access is dangerous, an operator or class from a native library outside torch an
-        anomaly (:mod:`.script`)."""
+        """The TorchScript code in the archive (torch finds ``code/`` and ``.py`` ignoring
+        case; ``lows``: the members' names in lower case)."""
         for m, name in zip(members, lows, strict=True):
             if "code/" not in name or not name.endswith(".py"):
                 continue
@@ -260,27 +288,10 @@ class LayoutScans:
                 data, _ = archive.head(m, self.limits.max_pickle_bytes)
             if data is None:
                 continue
-            for call in script_calls(data.decode("utf-8", "replace")):
-                if call.op not in self.script_ops:
-                    self.script_ops.append(call.op)
-                if call.danger:
-                    ns, _, op = call.op.partition("::")
-                    self.globals.append(GlobalRef(
-                        f"torch.ops.{ns}", op, call.offset, "TorchScript call", "dangerous",
-                        m.name, f"TorchScript code {call.danger}; torch.jit.load runs it "
-                                "when the code is in __setstate__"))
-                elif call.unknown:
-                    self.flag("script", f"TorchScript code calls {call.op}, from a native "
-                              "library outside torch: what it does cannot be read from the "
-                              "file", m.name, call.offset)
+            self.code(m.name, data)
 
     def chain_region(self, lo: int, hi: int) -> None:
-        pos = lo
-        for _ in range(MAX_CHAINED):
-            result = self.pickle(self.buf, pos, hi, None, "unowned", tentative=True)
-            if result is None or not result.stopped or result.end >= hi:
-                return
-            pos = result.end
+        self.chain(self.buf, lo, hi, None, "unowned", tentative=True)
 
     def member(self, archive: ZipArchive, m: Entry, pickled: bool | None = False,
                low: str | None = None) -> None:
@@ -305,12 +316,9 @@ class LayoutScans:
             return
         if len(data) < cap and "code/" in low:
             self._code[id(m)] = data  # the whole member: script() reads it again
-        if not is_pickle:
-            # looks_like_pickle's first test here: most members are tensor data
-            if not data or data[0] not in PICKLE_START or \
-                    not looks_like_pickle(data, self.limits):
-                self._check_crc(archive, m, data, whole=False)
-                return
+        if not is_pickle and not self.could_be_pickle(data):  # most members: tensor data
+            self._check_crc(archive, m, data, whole=False)
+            return
         self._check_crc(archive, m, data, whole=True)
         if not is_pickle:
             if m.size > len(data):
@@ -375,14 +383,13 @@ class LayoutScans:
     def tar(self) -> None:
         """The TAR layout, walked by the reader's own functions in report mode."""
         archive = TarArchive(self.source, self.limits, mode="report")
-        self.anomalies.extend(archive.anomalies)
-        self.findings.truncated = self.findings.truncated or archive.findings.truncated
-        if not self.anomalies and not any(m in archive.members for m in MEMBERS) and \
-                not archive.duplicates and not self.globals:
+        absorb(self, archive.findings)
+        if not self.found_any() and not any(m in archive.members for m in MEMBERS) and \
+                not archive.duplicates:
             members = list(archive.members)
             for m in archive.members.values():  # a pickle among its files is still scanned
                 self.chain_region(m.offset, m.offset + m.size)
-            if not self.globals and not self.anomalies:
+            if not self.found_any():
                 raise not_a_torch_tar(members)
             return
         f = self.findings
@@ -405,3 +412,30 @@ class LayoutScans:
                 walk_tensors(self.source, m, read, self.limits, f)
             else:
                 self.chain_region(m.offset, m.offset + m.size)
+
+
+@dataclass
+class NestedScan:
+    """The scan of a file inside another (:meth:`LayoutScans.nested`)."""
+
+    root: LayoutScans
+    sub: LayoutScans
+    layout: str | None
+    error: CheckpointError | None
+
+    def merge(self, where: str) -> None:
+        """What the nested scan found, added to the scan it is part of, each finding named
+        by ``where`` (and its own member inside it)."""
+        def inside(member: str | None) -> str:
+            return where if member is None else f"{where}: {member}"
+
+        root, sub = self.root, self.sub
+        root.pickles += sub.pickles
+        root.globals.extend(dataclasses.replace(g, member=inside(g.member))
+                            for g in sub.globals)
+        root.anomalies.extend(dataclasses.replace(a, member=inside(a.member))
+                              for a in sub.anomalies)
+        root.script_ops.extend(op for op in sub.script_ops if op not in root.script_ops)
+        cut = sub.findings.truncated
+        if cut is not None:
+            root.flag("truncated", cut.message, where, cut.offset)

@@ -18,57 +18,22 @@
 
 from __future__ import annotations
 
-import dataclasses
-import mmap
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torchless.containers.pt2 import MemberSource
+from torchless.containers.regions import ScanWindow
 from torchless.containers.ziparchive import Entry, ZipArchive
-from torchless.errors import CheckpointError
 from torchless.io.window import Window
 
 if TYPE_CHECKING:
     from torchless.scanner.layouts import LayoutScans
 
-__all__ = ["MAX_NESTED", "ScanWindow", "archive_kind", "merge", "nested_archives",
-           "package_code", "unpickled"]
+__all__ = ["MAX_NESTED", "archive_kind", "nested_archives", "package_code", "unpickled"]
 
 #: Archives inside archives (a torch.save file inside a PT2 archive …) scanned this deep.
 MAX_NESTED = 4
 _ZIP = b"PK\x03\x04"
-#: Windows smaller than this are copied to bytes, larger ones to an anonymous map.
-_SMALL = 1 << 20
 _PT2_PICKLED = ("/data/constants/opaque_obj_", "/data/constants/custom_obj_")
-
-
-class ScanWindow(Window):
-    """A :class:`~torchless.io.window.Window` whose ``raw`` is a copy of its bytes: the ZIP
-    walks search it (``find``) and the pickle walk matches it with regular expressions,
-    which a view of the file's map does not offer both of. A large copy is an anonymous
-    map, handed back to the system by :meth:`close` (the largest item of a file bounds the
-    scan's memory)."""
-
-    _copy: bytes | mmap.mmap | None = None
-
-    @property
-    def raw(self) -> Any:
-        if self._copy is None:
-            if self.size < _SMALL:
-                self._copy = bytes(self._view)
-            else:
-                self._copy = mmap.mmap(-1, self.size)
-                for lo in range(0, self.size, _SMALL):
-                    self._copy[lo:lo + _SMALL] = self._view[lo:lo + _SMALL]
-                    self.release(lo, min(_SMALL, self.size - lo))
-        return self._copy
-
-    def close(self) -> None:
-        copy, self._copy = self._copy, None
-        if isinstance(copy, mmap.mmap):
-            try:
-                copy.close()
-            except BufferError:  # pragma: no cover - a view still held: freed with it
-                pass
 
 
 def archive_kind(names: list[str]) -> tuple[str | None, str]:
@@ -147,32 +112,15 @@ def nested_scan(scan: LayoutScans, archive: ZipArchive, m: Entry) -> None:
                       f"{'' if why else f'max_pickle_bytes={cap}'}", m.name)
             return
         source = MemberSource(m.name, data)
-    sub = scan.spawn(source)  # type: ignore[arg-type]
     try:
-        layout = sub.run()
-    except CheckpointError as e:
-        scan.flag("nested", f"a ZIP archive torch.load would read, but not a torch archive: "
-                  f"{e.message}", m.name)
-        return
+        found = scan.nested(source)  # type: ignore[arg-type]
     finally:
         source.close()
-    merge(scan, sub, m.name)
-    if layout != "zip":
-        scan.flag("nested", f"a {layout} file where torch.export.save writes a torch.save "
-                  "archive", m.name)
-
-
-def merge(root: LayoutScans, sub: LayoutScans, where: str) -> None:
-    """What the scan of a nested file found, added to the scan it is part of, each finding
-    named by ``where`` (and its own member inside it)."""
-    def inside(member: str | None) -> str:
-        return where if member is None else f"{where}: {member}"
-
-    root.pickles += sub.pickles
-    root.globals.extend(dataclasses.replace(g, member=inside(g.member)) for g in sub.globals)
-    root.anomalies.extend(dataclasses.replace(a, member=inside(a.member))
-                          for a in sub.anomalies)
-    root.script_ops.extend(op for op in sub.script_ops if op not in root.script_ops)
-    cut = sub.findings.truncated
-    if cut is not None:
-        root.flag("truncated", cut.message, where, cut.offset)
+    if found.error is not None:
+        scan.flag("nested", "a ZIP archive torch.load would read, but not a torch "
+                  f"archive: {found.error.message}", m.name)
+        return
+    found.merge(m.name)
+    if found.layout != "zip":
+        scan.flag("nested", f"a {found.layout} file where torch.export.save writes a "
+                  "torch.save archive", m.name)
