@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchless.containers import registry
-from torchless.containers.legacy import declared_storages, read_header, walk_storages
+from torchless.containers.legacy import legacy_regions
 from torchless.containers.regions import SNIFF, PickleRun, absorb, sink_reader
 from torchless.containers.storages import PickleReader
 from torchless.containers.tar import (
@@ -208,34 +208,12 @@ class LayoutScans:
         return "npy"
 
     def legacy(self) -> None:
-        """The legacy stream, walked by the reader's own functions in report mode."""
-        read = self.reader(None, "legacy")
-        header = read_header(read, self.findings)
-        if header is None:
-            return
-        _, byteorder, pos = header
-        obj = self.pickle(self.buf, pos, self.size, None, "legacy object", want_value=True)
-        if obj is None or not obj.stopped:
-            return
-        got = read(obj.end, None, "storage keys", True)
-        if got is None:
-            return
-        keys, pos = got
-        declared = declared_storages(obj.pids, self.source, self.limits, byteorder,
-                                     self.findings)
-        walked = walk_storages(self.source, pos, keys, declared, byteorder, self.findings)
-        if walked is not None and walked[1] < self.size:
-            end = walked[1]
-            self.flag("trailing", f"{self.size - end} bytes after the last storage", None, end)
-            self.chain_tentative(end)
+        legacy_regions(self.source, self.limits, self)
 
     def reader(self, member: str | None, layout: str) -> PickleReader:
         """The container walks' pickle reader: each pickle scanned and reported, its value
         from the inert run; None where the stream cannot be followed."""
         return sink_reader(self, self.buf, self.size, member, layout)
-
-    def chain_tentative(self, pos: int) -> None:
-        self.chain(self.buf, pos, self.size, None, "trailing", tentative=True)
 
     # ---- ZIP --------------------------------------------------------------------------
 
