@@ -12,17 +12,8 @@ from typing import Any
 
 from torchless.containers import registry
 from torchless.containers.legacy import legacy_regions
-from torchless.containers.regions import SNIFF, PickleRun, absorb, sink_reader
-from torchless.containers.storages import PickleReader
-from torchless.containers.tar import (
-    MEMBERS,
-    check_object_end,
-    not_a_torch_tar,
-    read_sys_info,
-    walk_tensors,
-)
-from torchless.containers.tar import walk_storages as walk_tar_storages
-from torchless.containers.tararchive import TarArchive
+from torchless.containers.regions import SNIFF, PickleRun, absorb
+from torchless.containers.tar import tar_regions
 from torchless.containers.torchzip import not_a_torch_zip
 from torchless.containers.ziparchive import Entry, ZipArchive
 from torchless.core.findings import Anomaly, Findings
@@ -210,11 +201,6 @@ class LayoutScans:
     def legacy(self) -> None:
         legacy_regions(self.source, self.limits, self)
 
-    def reader(self, member: str | None, layout: str) -> PickleReader:
-        """The container walks' pickle reader: each pickle scanned and reported, its value
-        from the inert run; None where the stream cannot be followed."""
-        return sink_reader(self, self.buf, self.size, member, layout)
-
     # ---- ZIP --------------------------------------------------------------------------
 
     def zip(self, *, skip_prefix: bool) -> str:
@@ -359,38 +345,7 @@ class LayoutScans:
     # ---- TAR --------------------------------------------------------------------------
 
     def tar(self) -> None:
-        """The TAR layout, walked by the reader's own functions in report mode."""
-        archive = TarArchive(self.source, self.limits, mode="report")
-        absorb(self, archive.findings)
-        if not self.found_any() and not any(m in archive.members for m in MEMBERS) and \
-                not archive.duplicates:
-            members = list(archive.members)
-            for m in archive.members.values():  # a pickle among its files is still scanned
-                self.chain_region(m.offset, m.offset + m.size)
-            if not self.found_any():
-                raise not_a_torch_tar(members)
-            return
-        f = self.findings
-        for dup in archive.duplicates:
-            self.chain_region(dup.offset, dup.offset + dup.size)
-        for name, m in archive.members.items():
-            read = self.reader(name, "TAR")
-            if name == "pickle":
-                end = m.offset + m.size
-                result = self.pickle(self.buf, m.offset, end, name, "TAR object")
-                if result is not None and result.stopped:
-                    check_object_end(result.end, m, f)
-                    if result.end < end:
-                        self.chain_region(result.end, end)
-            elif name == "sys_info":
-                read_sys_info(m, read, f)
-            elif name == "storages":
-                walk_tar_storages(self.source, m, read, self.limits, f)
-            elif name == "tensors":
-                walk_tensors(self.source, m, read, self.limits, f)
-            else:
-                self.chain_region(m.offset, m.offset + m.size)
-
+        tar_regions(self.source, self.limits, self)
 
 @dataclass
 class NestedScan:
