@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchless.containers import registry
+from torchless.containers.base import npy_regions, plain_regions
 from torchless.containers.legacy import legacy_regions
 from torchless.containers.regions import SNIFF, PickleRun, absorb
 from torchless.containers.tar import tar_regions
@@ -125,7 +126,7 @@ class LayoutScans:
     def run(self) -> str:
         head = bytes(self.buf[:8]) if self.size else b""
         if head.startswith(b"\x93NUMPY"):
-            return self.npy()
+            return npy_regions(self.source, self.limits, self)
         zip_tail = has_zip_tail(self.source)
         try:
             layout: str | None = registry.sniff_file(self.source).name
@@ -167,36 +168,11 @@ class LayoutScans:
         return f"tar+{name}" if tar_too is not None else name
 
     def plain(self) -> None:
-        """A plain pickle (or several one after another). Bytes whose walk breaks on
-        something no pickle holds (an unknown opcode …) before naming any global are no
-        pickle at all: torch would fail on them before running anything."""
-        broken = self.broken_pickle(self.buf, 0, min(self.size, _SNIFF))
-        if broken is not None:
-            at, why = broken
-            raise NotACheckpointError(
-                f"not a checkpoint: the bytes are not a pickle ({why} at byte {at}) and no "
-                f"other format torch reads (starts with {bytes(self.buf[:8]).hex()})",
-                hint="check that you passed the right file: it is none of the formats "
-                     "torch.load reads (ZIP, TAR, legacy stream, pickle)")
-        self.chain(self.buf, 0, self.size, None, "plain")
+        plain_regions(self.source, self.limits, self)
 
     def _looks_like_pickle(self) -> bool:
         """A file torch.load would hand to the unpickler although no magic matched."""
         return self.size > 0 and looks_like_pickle(self.buf[:_SNIFF], self.limits)
-
-    def npy(self) -> str:
-        buf = self.buf
-        major = buf[6] if self.size > 7 else 0
-        width = 2 if major == 1 else 4
-        if self.size < 8 + width:
-            self.flag("npy", "NumPy header cut short")
-            return "npy"
-        n = int.from_bytes(buf[8:8 + width], "little")
-        header = bytes(buf[8 + width:8 + width + n]).decode("latin-1")
-        start = 8 + width + n
-        if "'O'" in header or "'|O'" in header:
-            self.chain(buf, start, self.size, None, "NumPy object-array")
-        return "npy"
 
     def legacy(self) -> None:
         legacy_regions(self.source, self.limits, self)
