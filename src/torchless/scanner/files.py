@@ -226,8 +226,6 @@ class _File(LayoutScans):
         self.findings = Findings("report")
         self.anomalies: list[Anomaly] = self.findings.anomalies
         self.pickles = 0
-        self._crcs: dict[tuple[int, int, int, int], int | None] = {}
-        self._code: dict[int, bytes] = {}
 
     def spawn(self, source: Source) -> _File:
         return _File(source, self.strict, self.limits, self.allow, self.depth + 1,
