@@ -1,4 +1,5 @@
-"""The scan of a ``torch.distributed.checkpoint`` (DCP) directory, as one item.
+"""The regions of a ``torch.distributed.checkpoint`` (DCP) directory, scanned as one item
+(the ``dcp`` layout's walk, beside its reader :mod:`.dcp`).
 
 What torch unpickles when it loads one (``torch/distributed/checkpoint/filesystem.py``,
 ``default_planner.py``):
@@ -22,47 +23,40 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 
 from torchless.containers.dcp import METADATA_NAME
 from torchless.containers.dcpmeta import DcpMetadata, StorageInfo, parse_metadata
 from torchless.containers.dcpst import is_safetensors_at
-from torchless.containers.regions import ScanWindow
+from torchless.containers.regions import RegionSink, ScanWindow
+from torchless.core.limits import Limits
 from torchless.errors import CheckpointError
 from torchless.io.source import Source
 from torchless.pickle.machine import run_pickle
 from torchless.rules.dcp import DcpResolver
-from torchless.scanner.layouts import LayoutScans
-from torchless.scanner.report import FileScan, FileStatus
 
-__all__ = ["scan_dcp"]
+__all__ = ["dcp_regions"]
 
 _PLAIN_NAME = re.compile(r"[^/\\\x00]+\Z")
 #: The interval of one item in its shard: (start, end, what).
 _Span = tuple[int, int, str]
 
 
-def scan_dcp(path: str, new_scan: Callable[[Source], LayoutScans]) -> FileScan:
-    """Scan the DCP directory ``path``; ``new_scan`` makes the scan that gathers the
-    directory's findings (its files are files of their own: a scan of depth -1)."""
-    try:
-        meta_source = Source(os.path.join(path, METADATA_NAME))
-    except CheckpointError as e:
-        return FileScan(path, "unreadable", "dcp", error=e.message, hint=e.hint)
-    with meta_source:
-        root = new_scan(meta_source)
-        root.chain(root.buf, 0, root.size, METADATA_NAME, "DCP metadata")
-        meta = _metadata(root, meta_source)
+def dcp_regions(path: str, limits: Limits, root: RegionSink) -> str:
+    """The regions of the DCP directory ``path``; a CheckpointError when its metadata file
+    cannot be opened."""
+    with Source(os.path.join(path, METADATA_NAME)) as meta_source:
+        root.chain(meta_source.raw, 0, meta_source.size, METADATA_NAME, "DCP metadata")
+        meta = _metadata(root, meta_source, limits)
         used: set[str] = {METADATA_NAME}
         if meta is not None:
             used |= _walk_items(root, path, meta)
         _other_files(root, path, used, everything=meta is None)
-        return _file_scan(path, root)
+    return "dcp"
 
 
-def _metadata(root: LayoutScans, source: Source) -> DcpMetadata | None:
+def _metadata(root: RegionSink, source: Source, limits: Limits) -> DcpMetadata | None:
     try:
-        value, _ = run_pickle(source.raw, DcpResolver(root.limits), root.limits)
+        value, _ = run_pickle(source.raw, DcpResolver(limits), limits)
         return parse_metadata(value)
     except CheckpointError as e:
         root.flag("dcp", f"the metadata cannot be read as DCP's ({e.message}): every file "
@@ -70,7 +64,7 @@ def _metadata(root: LayoutScans, source: Source) -> DcpMetadata | None:
         return None
 
 
-def _walk_items(root: LayoutScans, path: str, meta: DcpMetadata) -> set[str]:
+def _walk_items(root: RegionSink, path: str, meta: DcpMetadata) -> set[str]:
     """Scan every item in its window; returns the shard files the metadata names."""
     by_file: dict[str, list[tuple[str, bool, StorageInfo]]] = {}
     for (fqn, offsets), info in meta.storage.items():
@@ -97,7 +91,7 @@ def _walk_items(root: LayoutScans, path: str, meta: DcpMetadata) -> set[str]:
     return set(by_file)
 
 
-def _walk_shard(root: LayoutScans, name: str, shard: Source,
+def _walk_shard(root: RegionSink, name: str, shard: Source,
                 items: list[tuple[str, bool, StorageInfo]]) -> None:
     spans: list[_Span] = []
     blocks: set[int] = set()
@@ -124,7 +118,7 @@ def _walk_shard(root: LayoutScans, name: str, shard: Source,
     _coverage(root, name, shard.size, spans)
 
 
-def _scan_item(root: LayoutScans, name: str, shard: Source, what: str,
+def _scan_item(root: RegionSink, name: str, shard: Source, what: str,
                info: StorageInfo) -> None:
     where = f"{name}@{info.offset} ({what})"
     window = ScanWindow(shard, info.offset, info.length, where)
@@ -143,7 +137,7 @@ def _scan_item(root: LayoutScans, name: str, shard: Source, what: str,
     shard.release(info.offset, info.length)
 
 
-def _coverage(root: LayoutScans, name: str, size: int, spans: list[_Span]) -> None:
+def _coverage(root: RegionSink, name: str, size: int, spans: list[_Span]) -> None:
     pos = 0
     last = ""
     for lo, hi, what in sorted(spans):
@@ -160,7 +154,7 @@ def _coverage(root: LayoutScans, name: str, size: int, spans: list[_Span]) -> No
                   "item of the metadata", name, pos)
 
 
-def _other_files(root: LayoutScans, path: str, used: set[str], *, everything: bool) -> None:
+def _other_files(root: RegionSink, path: str, used: set[str], *, everything: bool) -> None:
     """Files of the directory the metadata does not name: torch's DCP reads none of them,
     but a file among them that is a checkpoint is scanned (a loader may be pointed at it);
     when the metadata is unreadable, every file, shards included."""
@@ -185,10 +179,3 @@ def _other_files(root: LayoutScans, path: str, used: set[str], *, everything: bo
             root.flag("dcp", f"a {found.layout} checkpoint the metadata does not name (DCP "
                       "does not read it)", entry)
 
-
-def _file_scan(path: str, root: LayoutScans) -> FileScan:
-    dangerous = any(g.verdict == "dangerous" for g in root.globals)
-    status: FileStatus = ("dangerous" if dangerous else
-                          "anomalous" if root.anomalies else "clean")
-    return FileScan(path, status, "dcp", root.pickles, tuple(root.globals),
-                    tuple(dict.fromkeys(root.anomalies)), script_ops=tuple(root.script_ops))

@@ -1,43 +1,39 @@
-"""Which layout's region walk a file gets (the walks live beside the readers, in
-:mod:`torchless.containers`), and the scanner's side of the region protocol
-(:class:`~torchless.containers.regions.RegionSink`): pickles to the pickle pass
-(:meth:`LayoutScans.pickle`), TorchScript code to :func:`.script.script_calls`, nested files
-to a scan of their own whose findings are merged."""
+"""The scanner's side of the region protocol (:mod:`torchless.containers.regions`): which
+layout's walk a file gets, and what is done with the regions the walk hands back.
+
+The layout is found the reader's way (:func:`~torchless.containers.registry.sniff_file`) and
+the registered layout's own region walk runs with the scan as its sink; the scanner only adds
+what a reader refuses outright and a scanner must walk on through: a file that is two layouts
+at once (a polyglot: the other layout's walk runs too), bytes no magic matches that torch
+would still unpickle, and a NumPy object array (``numpy.load`` unpickles it; no torch layout).
+Pickles go to the pickle pass (``scanner.files._File.pickle``), TorchScript code to
+:func:`.script.script_calls`, nested files to a scan of their own whose findings are merged.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from torchless.containers import registry
-from torchless.containers.base import npy_regions, plain_regions
-from torchless.containers.legacy import legacy_regions
+from torchless.containers.base import npy_regions
 from torchless.containers.regions import SNIFF, PickleRun
-from torchless.containers.tar import tar_regions
 from torchless.containers.zipregions import zip_regions
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
 from torchless.io.detect import has_zip_tail, tar_polyglot
 from torchless.io.source import Source
-from torchless.scanner.pickles import (
-    PICKLE_START,
-    RUNS_OUT,
-    looks_like_pickle,
-    scan_stream,
-)
+from torchless.scanner.pickles import PICKLE_START, RUNS_OUT, looks_like_pickle, scan_stream
 from torchless.scanner.report import GlobalRef
 from torchless.scanner.script import script_calls
 
-__all__ = ["LayoutScans", "NestedScan"]
-
-_SNIFF = SNIFF
+__all__ = ["RegionScan"]
 
 
-class LayoutScans:
-    """The layout half of the scan of one file (see ``scanner.files._File``)."""
+class RegionScan:
+    """The sink half of the scan of one file (see ``scanner.files._File``)."""
 
     source: Source
     buf: Any
@@ -54,7 +50,7 @@ class LayoutScans:
     #: Check the CRC-32 of every member, tensor data included (else of those read whole).
     verify_crc: bool
 
-    def spawn(self, source: Source) -> LayoutScans:  # pragma: no cover - _File defines it
+    def spawn(self, source: Source) -> RegionScan:  # pragma: no cover - _File defines it
         """The scan of a file stored inside this one."""
         raise NotImplementedError
 
@@ -67,7 +63,50 @@ class LayoutScans:
               tentative: bool = False) -> None:  # pragma: no cover - _File defines it
         raise NotImplementedError
 
-    # ---- the region sink (containers.regions.RegionSink) ------------------------------
+    def run(self) -> str:
+        """Walk the file's regions; returns its layout's name."""
+        source, limits = self.source, self.limits
+        head = bytes(self.buf[:8]) if self.size else b""
+        if head.startswith(b"\x93NUMPY"):
+            return npy_regions(source, limits, self)
+        zip_tail = has_zip_tail(source)
+        try:
+            layout: registry.FileLayout | None = registry.sniff_file(source)
+        except NotACheckpointError:
+            if not zip_tail and not self._looks_like_pickle():
+                raise
+            layout = None if zip_tail else registry.file_layout("pickle")
+        except CheckpointError:
+            if not zip_tail:
+                raise
+            layout = None
+        if layout is not None and layout.name != "zip" and zip_tail:
+            self.flag("polyglot", f"the file starts as a {layout.name} checkpoint and ends "
+                      "with a ZIP archive: torch and ZIP readers load different content")
+        tar_too = tar_polyglot(bytes(self.buf[:512]), self.size)
+        if tar_too is not None:
+            self.flag("polyglot", f"the file is both a TAR archive and {tar_too}: torch.load "
+                      "reads the TAR archive, other readers the rest")
+            tar = registry.file_layout("tar")
+            if layout is tar:
+                layout = registry.file_layout(
+                    "zip" if tar_too.endswith("ZIP archive") else
+                    "legacy" if "legacy" in tar_too else "pickle")
+            tar.regions(source, limits, self)
+        if layout is None:  # a ZIP archive found by its end records alone
+            name = zip_regions(source, limits, self)
+        else:
+            name = layout.regions(source, limits, self)
+            if zip_tail and layout.name != "zip":
+                zip_regions(source, limits, self, skip_prefix=True)
+                name = f"{name}+zip"
+        return f"tar+{name}" if tar_too is not None else name
+
+    def _looks_like_pickle(self) -> bool:
+        """A file torch.load would hand to the unpickler although no magic matched."""
+        return self.size > 0 and looks_like_pickle(self.buf[:SNIFF], self.limits)
+
+    # ---- the region sink --------------------------------------------------------------
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:
@@ -112,74 +151,13 @@ class LayoutScans:
         except CheckpointError as e:
             return NestedScan(self, sub, None, e)
 
-    # ---- the walks --------------------------------------------------------------------
-
-    def run(self) -> str:
-        head = bytes(self.buf[:8]) if self.size else b""
-        if head.startswith(b"\x93NUMPY"):
-            return npy_regions(self.source, self.limits, self)
-        zip_tail = has_zip_tail(self.source)
-        try:
-            layout: str | None = registry.sniff_file(self.source).name
-        except NotACheckpointError:
-            if not zip_tail and not self._looks_like_pickle():
-                raise
-            layout = None if zip_tail else "pickle"
-        except CheckpointError:
-            if not zip_tail:
-                raise
-            layout = None
-        if layout is not None and layout != "zip" and zip_tail:
-            self.flag("polyglot", f"the file starts as a {layout} checkpoint and ends "
-                      "with a ZIP archive: torch and ZIP readers load different content")
-        tar_too = tar_polyglot(bytes(self.buf[:512]), self.size)
-        if tar_too is not None:
-            self.flag("polyglot", f"the file is both a TAR archive and {tar_too}: torch.load "
-                      "reads the TAR archive, other readers the rest")
-            if layout == "tar":
-                layout = "zip" if tar_too.endswith("ZIP archive") else \
-                    "legacy" if "legacy" in tar_too else "pickle"
-            self.tar()
-        walks: dict[str, Callable[[], None]] = {
-            "legacy": self.legacy, "tar": self.tar,
-            "pickle": self.plain}
-        if layout is not None and layout != "zip":
-            walk = walks.get(layout)
-            if walk is None:  # a registered layout the scanner has no walk for
-                self.flag("layout", f"no scanner walk for the {layout} layout: its pickles "
-                          "were not looked at")
-            else:
-                walk()
-        if layout == "zip" or zip_tail:
-            name = self.zip(skip_prefix=layout is not None and layout != "zip")
-            name = name if layout in (None, "zip") else f"{layout}+zip"
-        else:
-            assert layout is not None
-            name = layout
-        return f"tar+{name}" if tar_too is not None else name
-
-    def plain(self) -> None:
-        plain_regions(self.source, self.limits, self)
-
-    def _looks_like_pickle(self) -> bool:
-        """A file torch.load would hand to the unpickler although no magic matched."""
-        return self.size > 0 and looks_like_pickle(self.buf[:_SNIFF], self.limits)
-
-    def legacy(self) -> None:
-        legacy_regions(self.source, self.limits, self)
-
-    def zip(self, *, skip_prefix: bool) -> str:
-        return zip_regions(self.source, self.limits, self, skip_prefix=skip_prefix)
-
-    def tar(self) -> None:
-        tar_regions(self.source, self.limits, self)
 
 @dataclass
 class NestedScan:
-    """The scan of a file inside another (:meth:`LayoutScans.nested`)."""
+    """The scan of a file inside another (:meth:`RegionScan.nested`)."""
 
-    root: LayoutScans
-    sub: LayoutScans
+    root: RegionScan
+    sub: RegionScan
     layout: str | None
     error: CheckpointError | None
 
