@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.project.test_hostile import Hostile, hostile  # noqa: F401  (fixture)
+from torchless.containers import zipregions
 from torchless.io.source import Source
 from torchless.scanner import files, pickles
 from torchless.scanner.files import scan, scan_paths
@@ -59,13 +60,7 @@ def _general(mp: pytest.MonkeyPatch) -> Iterator[None]:
         m.setattr(Source, "zip_ends", property(lambda self: None, lambda self, v: None))
         m.setattr(pickles, "PLAIN", PlainStreams())
         m.setattr(PlainStreams, "find", lambda *args: None)
-        init = files._File.__init__
-
-        def forgetful(self: files._File, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
-            self._code = _Forgets()
-
-        m.setattr(files._File, "__init__", forgetful)
+        m.setattr(zipregions, "_remember", _Forgets)
         yield
 
 

@@ -1,4 +1,5 @@
-"""What every container reader provides, and the plain-pickle reader (the simplest one).
+"""What every container reader provides, and the plain-pickle reader (the simplest one) with
+its region walks (:func:`plain_regions`, and :func:`npy_regions` for a NumPy object array).
 
 A container turns a file into (object pickle, storages): ``load(resolver)`` runs the
 object pickle with the resolver, calling back ``persistent_load`` for each storage it
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from torchless.containers.regions import SNIFF, RegionSink
 from torchless.core.limits import Limits
 from torchless.errors import NotACheckpointError, PickleError, UnsupportedOpcodeError
 from torchless.io.source import Source
@@ -19,7 +21,7 @@ from torchless.pickle.machine import run_pickle
 from torchless.rules.resolver import TorchResolver
 
 __all__ = ["ARCHIVE_OF_FILES", "CHECKPOINT_SUFFIXES", "Container", "PlainPickle",
-           "archive_of_files"]
+           "archive_of_files", "npy_regions", "plain_regions"]
 
 
 class Container(Protocol):
@@ -106,3 +108,39 @@ class PlainPickle:
 
     def module_hook(self) -> ModuleHook:
         return module_state_dict
+
+
+def plain_regions(source: Source, limits: Limits, sink: RegionSink) -> str:
+    """A plain pickle, and every pickle after it. Bytes whose walk breaks on something no
+    pickle holds (an unknown opcode …) before naming any global are no pickle at all: torch
+    would fail on them before running anything."""
+    buf, size = source.raw, source.size
+    broken = sink.broken_pickle(buf, 0, min(size, SNIFF))
+    if broken is not None:
+        at, why = broken
+        raise NotACheckpointError(
+            f"not a checkpoint: the bytes are not a pickle ({why} at byte {at}) and no "
+            f"other format torch reads (starts with {bytes(buf[:8]).hex()})",
+            hint="check that you passed the right file: it is none of the formats "
+                 "torch.load reads (ZIP, TAR, legacy stream, pickle)")
+    # torch.load reads a plain pickle as a legacy stream's magic number: pickle.load
+    sink.chain(buf, 0, size, None, "plain", plain=True)
+    return "pickle"
+
+
+def npy_regions(source: Source, limits: Limits, sink: RegionSink) -> str:
+    """A NumPy ``.npy`` file: no layout torch reads (the registry refuses it), but
+    ``numpy.load(allow_pickle=True)`` unpickles an object array's data, a plain pickle after
+    the header; the scanner walks it as one before asking the registry."""
+    buf, size = source.raw, source.size
+    major = buf[6] if size > 7 else 0
+    width = 2 if major == 1 else 4
+    if size < 8 + width:
+        sink.flag("npy", "NumPy header cut short")
+        return "npy"
+    n = int.from_bytes(buf[8:8 + width], "little")
+    header = bytes(buf[8 + width:8 + width + n]).decode("latin-1")
+    start = 8 + width + n
+    if "'O'" in header or "'|O'" in header:
+        sink.chain(buf, start, size, None, "NumPy object-array", plain=True)
+    return "npy"

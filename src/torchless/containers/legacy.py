@@ -16,8 +16,8 @@ Offsets of the raw bytes are found by walking the counts (never reading the data
 every count must equal the element count the object pickle declared. Bytes after the last
 storage are ignored, as torch ignores them (``info["trailing_bytes"]`` counts them).
 
-The reader (:class:`LegacyStream`) and the scanner walk the stream with the same functions
-(:func:`read_header`, :func:`walk_storages`), strict and in report mode.
+The reader (:class:`LegacyStream`) and the scanner (:func:`legacy_regions`) walk the stream
+with the same functions (:func:`read_header`, :func:`walk_storages`), strict and in report mode.
 """
 
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchless.containers.regions import RegionSink, sink_reader
 from torchless.containers.storages import (
     PickleReader,
     StorageTable,
@@ -48,7 +49,8 @@ from torchless.model.graph import ModuleHook, module_state_dict
 from torchless.pickle.machine import run_pickle
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["LegacyStream", "declared_storages", "persistent", "read_header", "walk_storages"]
+__all__ = ["LegacyStream", "declared_storages", "legacy_regions", "persistent", "read_header",
+           "walk_storages"]
 
 PROTOCOL_VERSION = 1001
 
@@ -234,3 +236,29 @@ class LegacyStream:
         # one file object writes two); a ZIP archive there is refused earlier, as a polyglot
         self.trailing_bytes = src.size - pos
         return value
+
+
+def legacy_regions(source: Source, limits: Limits, sink: RegionSink) -> str:
+    """The stream's regions, walked by the reader's own functions in report mode: its five
+    pickles (the three header pickles and the storage keys read as plain data), and any
+    pickle after its last storage."""
+    buf, size = source.raw, source.size
+    read = sink_reader(sink, buf, size, None, "legacy")
+    header = read_header(read, sink.findings)
+    if header is None:
+        return "legacy"
+    _, byteorder, pos = header
+    obj = sink.pickle(buf, pos, size, None, "legacy object", want_value=True, pids="legacy")
+    if obj is None or not obj.stopped:
+        return "legacy"
+    got = read(obj.end, None, "storage keys", True)
+    if got is None:
+        return "legacy"
+    keys, pos = got
+    declared = declared_storages(obj.pids, source, limits, byteorder, sink.findings)
+    walked = walk_storages(source, pos, keys, declared, byteorder, sink.findings)
+    if walked is not None and walked[1] < size:
+        end = walked[1]
+        sink.flag("trailing", f"{size - end} bytes after the last storage", None, end)
+        sink.chain(buf, end, size, None, "trailing", tentative=True)
+    return "legacy"

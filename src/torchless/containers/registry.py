@@ -1,9 +1,12 @@
 """Which container reads a path: the layouts torchless knows, each found by sniffing a file's
 first bytes or a directory's entries, never by a name's extension.
 
-A new layout is one module (a class that follows :class:`~torchless.containers.base.Container`)
-and one :func:`register` call here; ``torchless.open`` and everything built on it then read it,
-and ``Checkpoint.format`` / ``info["layout"]`` report it.
+A new layout is one module and one :func:`register` call here, for reading and scanning
+both: the module has a class that follows :class:`~torchless.containers.base.Container` (its
+reader) and a region walk beside it (:mod:`.regions`: what torch would unpickle or compile in
+the file, handed to the scanner's sink). ``torchless.open`` and everything built on it then
+read it, ``Checkpoint.format`` / ``info["layout"]`` report it, and ``torchless scan`` walks
+it: a layout cannot be registered without its region walk, so none is ever left unscanned.
 """
 
 from __future__ import annotations
@@ -11,40 +14,49 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from torchless.containers import dcp, dcpst
-from torchless.containers.base import Container, PlainPickle
-from torchless.containers.legacy import LegacyStream
-from torchless.containers.tar import TorchTar
+from torchless.containers.base import Container, PlainPickle, plain_regions
+from torchless.containers.dcpregions import dcp_regions
+from torchless.containers.legacy import LegacyStream, legacy_regions
+from torchless.containers.regions import EACH_FILE, DirectoryWalk, FileWalk
+from torchless.containers.tar import TorchTar, tar_regions
 from torchless.containers.zipkinds import extracted_archive, open_zip
+from torchless.containers.zipregions import zip_regions
 from torchless.core.limits import Limits
 from torchless.errors import AmbiguousArchiveError, NotACheckpointError
 from torchless.io import detect
 from torchless.io.source import Source
 
-__all__ = ["DirectoryLayout", "FileLayout", "find_directory", "find_file", "layouts",
-           "register", "sniff_directory", "sniff_file"]
+__all__ = ["DirectoryLayout", "FileLayout", "file_layout", "find_directory", "find_file",
+           "layouts", "register", "sniff_directory", "sniff_file"]
 
 
 @dataclass(frozen=True)
 class FileLayout:
     """A layout of one file. ``sniff(head, size)`` looks at its first 512 bytes; a ``weak``
-    sniff (any pickle) is tried only after every known other format is ruled out."""
+    sniff (any pickle) is tried only after every known other format is ruled out;
+    ``regions`` walks what torch would unpickle or compile in it, for the scanner."""
 
     name: str
     sniff: Callable[[bytes, int], bool]
     open: Callable[[Source, Limits, bool], Container]  # (source, limits, verify_crc)
+    regions: FileWalk
     weak: bool = False
 
 
 @dataclass(frozen=True)
 class DirectoryLayout:
     """A layout of a directory (a sharded checkpoint). ``sniff(path)`` looks at its entries;
-    ``open`` returns a container that also has ``close()``."""
+    ``open`` returns a container that also has ``close()``; ``regions`` walks the directory
+    as one item for the scanner, or is :data:`~.regions.EACH_FILE`: its files are scanned
+    each as a file of its own (no pickle torch unpickles spans them)."""
 
     name: str
     sniff: Callable[[str], bool]
     open: Callable[[str, Limits, bool], Container]
+    regions: DirectoryWalk | Literal["each file"]
 
 
 _FILES: list[FileLayout] = []
@@ -53,6 +65,10 @@ _DIRECTORIES: list[DirectoryLayout] = []
 
 def register(layout: FileLayout | DirectoryLayout, *, first: bool = False) -> None:
     """Add a layout (tried after those registered before it, or before all with ``first``)."""
+    if not (callable(layout.regions) or
+            (isinstance(layout, DirectoryLayout) and layout.regions == EACH_FILE)):
+        raise TypeError(f"the {layout.name!r} layout has no region walk: the scanner could "
+                        "not look at its pickles")
     if layout.name in layouts():
         raise ValueError(f"a layout named {layout.name!r} is already registered")
     if isinstance(layout, FileLayout):
@@ -64,6 +80,14 @@ def register(layout: FileLayout | DirectoryLayout, *, first: bool = False) -> No
 def layouts() -> tuple[str, ...]:
     """The names of every registered layout, files first, in the order they are tried."""
     return tuple([x.name for x in _FILES] + [x.name for x in _DIRECTORIES])
+
+
+def file_layout(name: str) -> FileLayout:
+    """The registered file layout named ``name`` (KeyError if there is none)."""
+    found = next((x for x in _FILES if x.name == name), None)
+    if found is None:
+        raise KeyError(name)
+    return found
 
 
 def sniff_file(source: Source) -> FileLayout:
@@ -125,13 +149,17 @@ def find_directory(path: str) -> DirectoryLayout:
     return found
 
 
-register(FileLayout("zip", detect.is_zip, open_zip))  # torch.save, .pt2, torch.package
-register(FileLayout("legacy", detect.is_legacy, lambda s, lim, crc: LegacyStream(s, lim)))
-register(FileLayout("tar", detect.is_tar, lambda s, lim, crc: TorchTar(s, lim)))
+register(FileLayout("zip", detect.is_zip, open_zip,  # torch.save, .pt2, torch.package
+                    zip_regions))
+register(FileLayout("legacy", detect.is_legacy, lambda s, lim, crc: LegacyStream(s, lim),
+                    legacy_regions))
+register(FileLayout("tar", detect.is_tar, lambda s, lim, crc: TorchTar(s, lim), tar_regions))
 register(FileLayout("pickle", detect.is_pickle, lambda s, lim, crc: PlainPickle(s, lim),
-                    weak=True))
+                    plain_regions, weak=True))
 register(DirectoryLayout("dcp", dcp.is_dcp_dir,
-                         lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc)))
+                         lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc),
+                         dcp_regions))
 register(DirectoryLayout("dcp-hf", dcpst.is_hf_sharded_dir,
                          lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc,
-                                                              hf_sharded=True)))
+                                                              hf_sharded=True),
+                         "each file"))

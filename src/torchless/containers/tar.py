@@ -11,9 +11,10 @@
     pickle     the object; its persistent ids are tensor or storage keys
 
 The members come from :class:`~.tararchive.TarArchive`. The reader (:class:`TorchTar`) and
-the scanner walk them with the same functions (:func:`read_sys_info`, :func:`walk_storages`,
-:func:`walk_tensors`, :func:`check_object_end`), strict and in report mode; the reader
-builds its storages and tensors from what the walk hands it. Nothing is ever extracted.
+the scanner (:func:`tar_regions`) walk them with the same functions (:func:`read_sys_info`,
+:func:`walk_storages`, :func:`walk_tensors`, :func:`check_object_end`), strict and in report
+mode; the reader builds its storages and tensors from what the walk hands it. Nothing is
+ever extracted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchless.containers.base import archive_of_files
+from torchless.containers.regions import RegionSink, absorb, sink_reader
 from torchless.containers.storages import (
     PickleReader,
     StorageTable,
@@ -49,7 +51,7 @@ from torchless.pickle.machine import run_pickle
 from torchless.rules.resolver import TorchResolver
 
 __all__ = ["MEMBERS", "TorchTar", "check_object_end", "not_a_torch_tar", "read_sys_info",
-           "walk_storages", "walk_tensors"]
+           "tar_regions", "walk_storages", "walk_tensors"]
 
 #: The members a TAR checkpoint has.
 MEMBERS = ("sys_info", "storages", "tensors", "pickle")
@@ -288,3 +290,45 @@ class TorchTar:
         value, pos = run_pickle(self.source.raw, resolver, self.limits, start=m.offset)
         check_object_end(pos, m, self.findings)
         return value
+
+
+def tar_regions(source: Source, limits: Limits, sink: RegionSink) -> str:
+    """The archive's regions, walked by the reader's own functions in report mode: each of
+    torch's members (the ``sys_info``, ``storages`` and ``tensors`` passes read as plain
+    data), and every other member and duplicate as bytes that may hold a pickle."""
+    buf, size = source.raw, source.size
+    archive = TarArchive(source, limits, mode="report")
+    absorb(sink, archive.findings)
+
+    def unowned(lo: int, hi: int) -> None:
+        sink.chain(buf, lo, hi, None, "unowned", tentative=True)
+
+    if not sink.found_any() and not any(m in archive.members for m in MEMBERS) and \
+            not archive.duplicates:
+        members = list(archive.members)
+        for m in archive.members.values():  # a pickle among its files is still scanned
+            unowned(m.offset, m.offset + m.size)
+        if not sink.found_any():
+            raise not_a_torch_tar(members)
+        return "tar"
+    f = sink.findings
+    for dup in archive.duplicates:
+        unowned(dup.offset, dup.offset + dup.size)
+    for name, m in archive.members.items():
+        read = sink_reader(sink, buf, size, name, "TAR")
+        if name == "pickle":
+            end = m.offset + m.size
+            result = sink.pickle(buf, m.offset, end, name, "TAR object", pids="tar")
+            if result is not None and result.stopped:
+                check_object_end(result.end, m, f)
+                if result.end < end:
+                    unowned(result.end, end)
+        elif name == "sys_info":
+            read_sys_info(m, read, f)
+        elif name == "storages":
+            walk_storages(source, m, read, limits, f)
+        elif name == "tensors":
+            walk_tensors(source, m, read, limits, f)
+        else:
+            unowned(m.offset, m.offset + m.size)
+    return "tar"

@@ -14,8 +14,10 @@ found from the content, never the name, and then:
   it), ``opaque`` (a class kept as inert data) or ``dangerous`` (calling or importing it could
   run code, touch files, processes or the network; or its name cannot be read statically);
 * container anomalies that make scanners and torch see different files are listed: the
-  reader's own ZIP, TAR and legacy parsers run in report mode (:mod:`.layouts`), so that
-  whatever the reader refuses the scanner reports; the pickle pass reports broken streams.
+  reader's own ZIP, TAR and legacy parsers run in report mode, each registered layout's
+  region walk beside its reader (:mod:`torchless.containers.regions`, dispatched by
+  :mod:`.sink`), so that whatever the reader refuses the scanner reports; the pickle pass
+  reports broken streams.
 
 Status of a file: ``dangerous`` (a dangerous global), ``anomalous`` (an anomaly, no dangerous
 global), ``clean``, ``unreadable`` (cannot be opened or is not a checkpoint but was named
@@ -36,6 +38,8 @@ from typing import Any
 
 from torchless.containers import registry
 from torchless.containers.base import ARCHIVE_OF_FILES
+from torchless.containers.pt2 import MemberSource
+from torchless.containers.regions import EACH_FILE
 from torchless.core.collector import collector_paused
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
@@ -43,8 +47,6 @@ from torchless.errors import CheckpointError, InternalError, TruncatedInputError
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.rules.resolver import TorchResolver
-from torchless.scanner.dcpwalk import scan_dcp
-from torchless.scanner.layouts import LayoutScans
 from torchless.scanner.pickles import (
     MAX_CHAINED,
     PICKLE_START,
@@ -67,6 +69,7 @@ from torchless.scanner.report import (
     format_table,
     new_global_ref,
 )
+from torchless.scanner.sink import RegionScan
 
 __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
            "format_table", "scan", "scan_paths"]
@@ -140,7 +143,7 @@ def _scan_job(path: str, explicit: bool, strict: bool, limits: Limits,
 def _is_unit(path: str) -> bool:
     """A directory that is one checkpoint (DCP), scanned as one item."""
     found = registry.sniff_directory(path)
-    return found is not None and found.name == "dcp"
+    return found is not None and found.regions != EACH_FILE
 
 
 def _walk(root: str) -> Iterator[tuple[str, bool]]:
@@ -174,8 +177,8 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
               explicit: bool, verify_crc: bool = False, unit: bool | None = None) -> FileScan:
     """``unit``: whether ``path`` is a DCP directory (None: not known yet)."""
     if unit if unit is not None else not is_remote(path) and os.path.isdir(path):
-        return scan_dcp(path, lambda src: _File(src, strict, limits, allow,
-                                                verify_crc=verify_crc))
+        return _scan_directory(path, _File(MemberSource(path, b""), strict, limits, allow, -1,
+                                           verify_crc=verify_crc))
     try:
         # a remote file is fetched whole: every byte of it is scanned
         source = RemoteSource(path) if is_remote(path) else Source(path, copy_below=_COPY_BELOW)
@@ -210,7 +213,25 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
                         script_ops=tuple(state.script_ops), actions=tuple(state.actions))
 
 
-class _File(LayoutScans):
+def _scan_directory(path: str, root: _File) -> FileScan:
+    """A directory that is one checkpoint, walked by its layout's regions walk; ``root``
+    gathers the findings (its files are files of their own: depth 0)."""
+    layout = registry.sniff_directory(path)
+    if layout is None or layout.regions == EACH_FILE:
+        return FileScan(path, "unreadable", error="no registered layout reads the directory "
+                        "as one checkpoint")
+    try:
+        name = layout.regions(path, root.limits, root)
+    except CheckpointError as e:
+        return FileScan(path, "unreadable", layout.name, error=e.message, hint=e.hint)
+    dangerous = any(g.verdict == "dangerous" for g in root.globals)
+    status: FileStatus = ("dangerous" if dangerous else
+                          "anomalous" if root.anomalies else "clean")
+    return FileScan(path, status, name, root.pickles, tuple(root.globals),
+                    tuple(dict.fromkeys(root.anomalies)), script_ops=tuple(root.script_ops))
+
+
+class _File(RegionScan):
     """The scan of one file: what has been found so far."""
 
     def __init__(self, source: Source, strict: bool, limits: Limits,
@@ -231,16 +252,10 @@ class _File(LayoutScans):
         self.findings = Findings("report")
         self.anomalies: list[Anomaly] = self.findings.anomalies
         self.pickles = 0
-        self._crcs: dict[tuple[int, int, int, int], int | None] = {}
-        self._code: dict[int, bytes] = {}
 
     def spawn(self, source: Source) -> _File:
         return _File(source, self.strict, self.limits, self.allow, self.depth + 1,
                      verify_crc=self.verify_crc)
-
-    def flag(self, kind: str, message: str, member: str | None = None,
-             offset: int | None = None) -> None:
-        self.findings.note(kind, message, member, offset)
 
     # ---- verdicts ---------------------------------------------------------------------
 
@@ -281,7 +296,8 @@ class _File(LayoutScans):
                pids: str = "storage", plain: bool = False) -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
-        :func:`.pickles.plausible`; ``plain``: torch reads it with plain ``pickle.load``
+        :func:`.pickles.plausible`; ``pids``: what the loader's persistent_load makes of an
+        id; ``plain``: torch reads it with plain ``pickle.load``
         (:mod:`torchless.rules.findclass`). None if the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
@@ -330,15 +346,17 @@ class _File(LayoutScans):
         return result
 
     def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
-              plain: bool = False) -> None:
-        """Pickles one after another: anything after a STOP is scanned as another pickle
-        (``plain``: as torch's plain ``pickle.load`` passes read them)."""
+              tentative: bool = False, plain: bool = False) -> None:
+        """Pickles one after another: anything after a STOP is scanned as another pickle;
+        ``tentative``: the first too may be none (bytes no layout owns); ``plain``: as torch's
+        plain ``pickle.load`` passes read them."""
         pos = start
         for i in range(MAX_CHAINED):
-            result = self.pickle(data, pos, end, member, what, tentative=i > 0, plain=plain)
+            result = self.pickle(data, pos, end, member, what, tentative=tentative or i > 0,
+                                 plain=plain)
             if result is None or not result.stopped or result.end >= end:
                 return
-            if i == 0:
+            if i == 0 and not tentative:
                 self.flag("trailing", f"{end - result.end} bytes after the {what} pickle's STOP "
                           "(a loader reading pickles one after another would run them)",
                           member, result.end)

@@ -1,4 +1,5 @@
-"""The scan of a ``torch.distributed.checkpoint`` (DCP) directory, as one item.
+"""The regions of a ``torch.distributed.checkpoint`` (DCP) directory, scanned as one item
+(the ``dcp`` layout's walk, beside its reader :mod:`.dcp`).
 
 What torch unpickles when it loads one (``torch/distributed/checkpoint/filesystem.py``,
 ``default_planner.py``):
@@ -22,46 +23,41 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 
 from torchless.containers.dcp import METADATA_NAME
 from torchless.containers.dcpmeta import DcpMetadata, StorageInfo, parse_metadata
 from torchless.containers.dcpst import is_safetensors_at
+from torchless.containers.regions import RegionSink, ScanWindow
+from torchless.core.limits import Limits
 from torchless.errors import CheckpointError
 from torchless.io.source import Source
 from torchless.pickle.machine import run_pickle
 from torchless.rules.dcp import DcpResolver
-from torchless.scanner.layouts import LayoutScans
-from torchless.scanner.report import FileScan, FileStatus
-from torchless.scanner.torcharchives import ScanWindow, merge
 
-__all__ = ["scan_dcp"]
+__all__ = ["dcp_regions"]
 
 _PLAIN_NAME = re.compile(r"[^/\\\x00]+\Z")
 #: The interval of one item in its shard: (start, end, what).
 _Span = tuple[int, int, str]
 
 
-def scan_dcp(path: str, new_scan: Callable[[Source], LayoutScans]) -> FileScan:
-    """Scan the DCP directory ``path``; ``new_scan`` makes the scan of one file."""
-    try:
-        meta_source = Source(os.path.join(path, METADATA_NAME))
-    except CheckpointError as e:
-        return FileScan(path, "unreadable", "dcp", error=e.message, hint=e.hint)
-    with meta_source:
-        root = new_scan(meta_source)
-        root.chain(root.buf, 0, root.size, METADATA_NAME, "DCP metadata", plain=True)
-        meta = _metadata(root, meta_source)
+def dcp_regions(path: str, limits: Limits, root: RegionSink) -> str:
+    """The regions of the DCP directory ``path``; a CheckpointError when its metadata file
+    cannot be opened. torch's FileSystemReader reads ``.metadata`` with plain ``pickle.load``."""
+    with Source(os.path.join(path, METADATA_NAME)) as meta_source:
+        root.chain(meta_source.raw, 0, meta_source.size, METADATA_NAME, "DCP metadata",
+                   plain=True)
+        meta = _metadata(root, meta_source, limits)
         used: set[str] = {METADATA_NAME}
         if meta is not None:
-            used |= _walk_items(root, path, meta, new_scan)
-        _other_files(root, path, used, new_scan, everything=meta is None)
-        return _file_scan(path, root)
+            used |= _walk_items(root, path, meta)
+        _other_files(root, path, used, everything=meta is None)
+    return "dcp"
 
 
-def _metadata(root: LayoutScans, source: Source) -> DcpMetadata | None:
+def _metadata(root: RegionSink, source: Source, limits: Limits) -> DcpMetadata | None:
     try:
-        value, _ = run_pickle(source.raw, DcpResolver(root.limits), root.limits)
+        value, _ = run_pickle(source.raw, DcpResolver(limits), limits)
         return parse_metadata(value)
     except CheckpointError as e:
         root.flag("dcp", f"the metadata cannot be read as DCP's ({e.message}): every file "
@@ -69,8 +65,7 @@ def _metadata(root: LayoutScans, source: Source) -> DcpMetadata | None:
         return None
 
 
-def _walk_items(root: LayoutScans, path: str, meta: DcpMetadata,
-                new_scan: Callable[[Source], LayoutScans]) -> set[str]:
+def _walk_items(root: RegionSink, path: str, meta: DcpMetadata) -> set[str]:
     """Scan every item in its window; returns the shard files the metadata names."""
     by_file: dict[str, list[tuple[str, bool, StorageInfo]]] = {}
     for (fqn, offsets), info in meta.storage.items():
@@ -93,13 +88,12 @@ def _walk_items(root: LayoutScans, path: str, meta: DcpMetadata,
             root.flag("dcp", f"the shard cannot be read: {e.message}", name)
             continue
         with shard:
-            _walk_shard(root, name, shard, items, new_scan)
+            _walk_shard(root, name, shard, items)
     return set(by_file)
 
 
-def _walk_shard(root: LayoutScans, name: str, shard: Source,
-                items: list[tuple[str, bool, StorageInfo]],
-                new_scan: Callable[[Source], LayoutScans]) -> None:
+def _walk_shard(root: RegionSink, name: str, shard: Source,
+                items: list[tuple[str, bool, StorageInfo]]) -> None:
     spans: list[_Span] = []
     blocks: set[int] = set()
     for what, is_value, info in sorted(items, key=lambda i: (i[2].offset, i[0])):
@@ -121,31 +115,30 @@ def _walk_shard(root: LayoutScans, name: str, shard: Source,
                 spans.append((info.offset, shard.size, "the safetensors block"))
             continue
         spans.append((info.offset, end, what))
-        _scan_item(root, name, shard, what, info, new_scan)
+        _scan_item(root, name, shard, what, info)
     _coverage(root, name, shard.size, spans)
 
 
-def _scan_item(root: LayoutScans, name: str, shard: Source, what: str, info: StorageInfo,
-               new_scan: Callable[[Source], LayoutScans]) -> None:
+def _scan_item(root: RegionSink, name: str, shard: Source, what: str,
+               info: StorageInfo) -> None:
     where = f"{name}@{info.offset} ({what})"
     window = ScanWindow(shard, info.offset, info.length, where)
-    sub = new_scan(window)  # type: ignore[arg-type]
     try:
-        layout = sub.run()
-    except CheckpointError as e:
-        root.flag("dcp", f"item {what!r} is not a torch.save archive: {e.message}", name,
-                  info.offset)
-        layout = "zip"
+        found = root.nested(window)  # type: ignore[arg-type]
     finally:
         window.close()
-    merge(root, sub, where)
+    layout = found.layout or "zip"
+    if found.error is not None:
+        root.flag("dcp", f"item {what!r} is not a torch.save archive: {found.error.message}",
+                  name, info.offset)
+    found.merge(where)
     if layout != "zip":
         root.flag("dcp", f"item {what!r} is {layout} data, not a torch.save archive (what "
                   "DCP writes; torch.load still reads it)", name, info.offset)
     shard.release(info.offset, info.length)
 
 
-def _coverage(root: LayoutScans, name: str, size: int, spans: list[_Span]) -> None:
+def _coverage(root: RegionSink, name: str, size: int, spans: list[_Span]) -> None:
     pos = 0
     last = ""
     for lo, hi, what in sorted(spans):
@@ -162,8 +155,7 @@ def _coverage(root: LayoutScans, name: str, size: int, spans: list[_Span]) -> No
                   "item of the metadata", name, pos)
 
 
-def _other_files(root: LayoutScans, path: str, used: set[str],
-                 new_scan: Callable[[Source], LayoutScans], *, everything: bool) -> None:
+def _other_files(root: RegionSink, path: str, used: set[str], *, everything: bool) -> None:
     """Files of the directory the metadata does not name: torch's DCP reads none of them,
     but a file among them that is a checkpoint is scanned (a loader may be pointed at it);
     when the metadata is unreadable, every file, shards included."""
@@ -178,22 +170,13 @@ def _other_files(root: LayoutScans, path: str, used: set[str],
                 root.flag("dcp", f"cannot be read: {e.message}", entry)
             continue
         with source:
-            sub = new_scan(source)
-            try:
-                layout = sub.run()
-            except CheckpointError as e:
-                if everything:
-                    root.flag("dcp", f"not a checkpoint torch reads: {e.message}", entry)
-                continue
-            merge(root, sub, entry)
-            if not everything:
-                root.flag("dcp", f"a {layout} checkpoint the metadata does not name (DCP "
-                          "does not read it)", entry)
+            found = root.nested(source)
+        if found.error is not None:
+            if everything:
+                root.flag("dcp", f"not a checkpoint torch reads: {found.error.message}", entry)
+            continue
+        found.merge(entry)
+        if not everything:
+            root.flag("dcp", f"a {found.layout} checkpoint the metadata does not name (DCP "
+                      "does not read it)", entry)
 
-
-def _file_scan(path: str, root: LayoutScans) -> FileScan:
-    dangerous = any(g.verdict == "dangerous" for g in root.globals)
-    status: FileStatus = ("dangerous" if dangerous else
-                          "anomalous" if root.anomalies else "clean")
-    return FileScan(path, status, "dcp", root.pickles, tuple(root.globals),
-                    tuple(dict.fromkeys(root.anomalies)), script_ops=tuple(root.script_ops))
