@@ -77,11 +77,12 @@ class RegionSink(Protocol):
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
                tentative: bool = False, want_value: bool = False, pids: str = "storage",
-               plain: bool = False) -> PickleRun | None:
+               plain: bool = False, returned: bool = True) -> PickleRun | None:
         """Scan the pickle at ``data[start:end]``; None if the bytes were not walked.
         ``pids``: what the loader's persistent_load makes of an id (``"storage"``: torch's
         ZIP loader, ``"legacy"``, ``"tar"``); ``plain``: torch reads it with plain
-        ``pickle.load`` (no storage names, no persistent ids)."""
+        ``pickle.load`` (no storage names, no persistent ids); ``returned``: its value
+        reaches the program (False: torch's loader consumes it, as a header's)."""
 
     def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
               tentative: bool = False, plain: bool = False) -> None:
@@ -122,10 +123,12 @@ def sink_reader(sink: RegionSink, data: Any, size: int, member: str | None,
                 layout: str) -> PickleReader:
     """The :data:`~.storages.PickleReader` of a layout walked for the scanner: each pickle
     scanned and reported, its value from the inert run; None where the stream cannot be
-    followed."""
+    followed. Their values are torch's loader's own (a magic number it compares, storage
+    keys it looks up, a storage record whose type's ``_dtype`` it reads), never the
+    program's: ``returned=False``."""
     def read(pos: int, end: int | None, what: str, plain: bool) -> tuple[Any, int] | None:
         result = sink.pickle(data, pos, size if end is None else end, member,
-                             f"{layout} {what}", want_value=True, plain=plain)
+                             f"{layout} {what}", want_value=True, plain=plain, returned=False)
         if result is None or not result.stopped:
             return None
         return result.value, result.end

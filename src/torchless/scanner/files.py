@@ -293,18 +293,20 @@ class _File(RegionScan):
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
                tentative: bool = False, want_value: bool = False,
-               pids: str = "storage", plain: bool = False) -> StreamScan | None:
+               pids: str = "storage", plain: bool = False,
+               returned: bool = True) -> StreamScan | None:
         """Scan one pickle; ``tentative``: bytes that merely might hold one (a member not
         named .pkl, data before or after an archive or a stream): report it only if
         :func:`.pickles.plausible`; ``pids``: what the loader's persistent_load makes of an
         id; ``plain``: torch reads it with plain ``pickle.load``
-        (:mod:`torchless.rules.findclass`). None if the bytes were not walked at all."""
+        (:mod:`torchless.rules.findclass`); ``returned``: its value reaches the program
+        (every callable in it counts as called). None if the bytes were not walked at all."""
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
                              member=member, tentative=tentative,
                              header=what if want_value and what in HEADERS else "", pids=pids,
-                             plain=plain)
+                             plain=plain, returned=returned)
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1

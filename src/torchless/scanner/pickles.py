@@ -70,7 +70,8 @@ DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 limits: Limits | None = None, *, want_value: bool = False,
                 member: str | None = None, tentative: bool = False,
-                header: str = "", pids: str = "storage", plain: bool = False) -> StreamScan:
+                header: str = "", pids: str = "storage", plain: bool = False,
+                returned: bool = True) -> StreamScan:
     """The traced run of the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
     ``member``: the archive member it is, for the actions' report. ``tentative``: bytes that
     need not be a pickle, which the caller drops unless :func:`plausible` (a name read
@@ -78,7 +79,8 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     (a legacy stream's pickles); ``header``: what the stream is, when it is one of
     :data:`.plain.HEADERS`; ``pids``: what the loader's persistent_load makes of an id
     (:data:`.modelrun.PIDS`); ``plain``: torch reads the stream with plain ``pickle.load``
-    (:mod:`torchless.rules.findclass`)."""
+    (:mod:`torchless.rules.findclass`); ``returned``: the value reaches the program, so every
+    callable in it counts as called (False: torch's loader consumes it, a header's)."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
@@ -94,7 +96,8 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
     try:
         scan.value, scan.end = machine.run(start)
         scan.stopped = True
-        recorder.model_result(scan.value, start)
+        if returned:
+            recorder.model_result(scan.value, start)
     except CheckpointError as e:
         scan.limited = isinstance(e, LimitError)
         scan.end = e.offset if e.offset is not None else start

@@ -56,7 +56,8 @@ class RegionScan:
 
     def pickle(self, data: Any, start: int, end: int, member: str | None, what: str, *,
                tentative: bool = False, want_value: bool = False, pids: str = "storage",
-               plain: bool = False) -> PickleRun | None:  # pragma: no cover - _File's
+               plain: bool = False,
+               returned: bool = True) -> PickleRun | None:  # pragma: no cover - _File's
         raise NotImplementedError
 
     def chain(self, data: Any, start: int, end: int, member: str | None, what: str, *,
