@@ -10,6 +10,9 @@ from __future__ import annotations
 import struct
 import time
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from torchless.scanner.files import FileScan, scan
 
@@ -125,3 +128,23 @@ def test_torch_constants_returned_are_not_calls(tmp_path: Path) -> None:
     body = b"(" + _g("torch", "float16") + _g("torch", "bfloat16") + _g("torch", "strided") + \
         _g("torch", "per_tensor_affine") + b"l"
     assert _scan(tmp_path, body).status == "clean"
+
+
+@pytest.mark.torch
+def test_typing_forms_and_initializers_kept_in_a_checkpoint_are_clean(
+        torch: ModuleType, tmp_path: Path) -> None:
+    """torch.save of typing forms at protocol 4 names ``_operator.getitem`` (the module the
+    function says it is from), and a Hydra-style partial of an initializer; both are benign.
+    ``_operator.getitem`` of anything but a typing form stays dangerous."""
+    import functools
+    import typing
+
+    obj = {"t": typing.Optional[int], "d": typing.Dict[str, int],  # noqa: UP006, UP045
+           "init": functools.partial(torch.nn.init.normal_, std=0.02),
+           "fn": torch.nn.init.xavier_uniform_}
+    for proto in (2, 4):
+        path = tmp_path / f"forms{proto}.pt"
+        torch.save(obj, path, pickle_protocol=proto)
+        assert scan(path).files[0].status == "clean", proto
+    bad = b"\x8c\x09_operator\x8c\x07getitem\x93" + _g("os", "environ") + _s("HOME") + b"\x86R"
+    assert _scan(tmp_path, bad).status == "dangerous"

@@ -219,6 +219,8 @@ FORWARDS: dict[str, str] = {
     "builtins.getattr": "reads one attribute; calling what it read calls a method",
     "builtins.type": "type(x) reads the type of x; type(name, bases, ns) makes a class",
     "operator.getitem": "subscripts its first argument (typing.Optional[int] is pickled so)",
+    # protocols 4 and 5 name it by its __module__, the C module operator re-exports
+    "_operator.getitem": "subscripts its first argument (typing.Optional[int] is pickled so)",
     "hmac.new": "calls its digestmod", "hmac.HMAC": "calls its digestmod",
     "hmac.digest": "calls its digest",
 }
@@ -264,6 +266,11 @@ ANY_ARGS: dict[str, str] = {
        "calling it makes a tensor from sizes or data" for n in (
         "Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",
         "ComplexFloat", "ComplexDouble")},
+    **{f"torch.nn.init.{n}": "a torch initializer: fills the tensor it is given in place "
+       "under no_grad (tensor.normal_() …), pure tensor computation" for n in (
+        "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
+        "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
+        "orthogonal_", "sparse_")},
     **{f"math.{n}": "a math function: pure computation on numbers" for n in (
         "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "tanh", "erf", "floor",
         "ceil", "pow", "fabs", "isfinite", "isnan", "isinf", "gcd", "prod", "fsum")},
@@ -304,6 +311,7 @@ HANDED_ON: dict[str, tuple[frozenset[int], frozenset[str]]] = {
     "builtins.getattr": (frozenset({0}), frozenset()),
     "builtins.type": (frozenset({0}), frozenset()),
     "operator.getitem": (frozenset({0, 1}), frozenset()),
+    "_operator.getitem": (frozenset({0, 1}), frozenset()),
     "hmac.new": (frozenset({2}), frozenset({"digestmod"})),
     "hmac.HMAC": (frozenset({2}), frozenset({"digestmod"})),
     "hmac.digest": (frozenset({2}), frozenset({"digest"})),

@@ -333,7 +333,7 @@ class Model(DuckCalls):
                            "type(name, bases, namespace) makes a class: its bases' and "
                            "metaclass's code runs", offset, args)
             return Made("builtins.type()", "vetted" if ok else "dangerous", origin)
-        if path == "operator.getitem":
+        if path in ("operator.getitem", "_operator.getitem"):
             base = args[0] if args else None
             ok = isinstance(base, Global) and base.module in _TYPING
             self._add_call(func, "vetted" if ok else "dangerous",
