@@ -141,7 +141,8 @@ _FORMATS = ("torch.nn.parameter.Parameter", "collections.OrderedDict", "builtins
             "torch.nested._internal.nested_tensor._rebuild_njt")
 #: Entries whose plain-data call is not clean by design: a non-text codec, getattr and
 #: getitem of a non-name (their own rules), hmac (not vetted).
-_BY_DESIGN = ("_codecs.encode", "builtins.getattr", "operator.getitem", "hmac.")
+_BY_DESIGN = ("_codecs.encode", "builtins.getattr", "operator.getitem", "_operator.getitem",
+              "hmac.")
 
 
 @pytest.fixture(scope="module")

@@ -271,6 +271,11 @@ ANY_ARGS: dict[str, str] = {
         "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
         "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
         "orthogonal_", "sparse_")},
+    **{path: "a storage class: calling it makes a storage of a size or from a sequence "
+       "(THPStorage_pynew, TypedStorage.__new__); from_file is a classmethod of its own, "
+       "never reached by calling the class" for path in (
+        "torch.storage.UntypedStorage", "torch.UntypedStorage", "torch.storage.TypedStorage",
+        "torch.TypedStorage")},
     **{f"math.{n}": "a math function: pure computation on numbers" for n in (
         "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "tanh", "erf", "floor",
         "ceil", "pow", "fabs", "isfinite", "isnan", "isinf", "gcd", "prod", "fsum")},
