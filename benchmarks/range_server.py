@@ -1,6 +1,6 @@
 """A local HTTP server with real ``Range`` support that counts the requests it answers and
 the bytes it sends: the remote benchmark (``remote_batch.py``) and the remote tests
-(``tests/reader/test_remote.py``) both measure torchless's remote reads with it."""
+(``tests/io/test_remote.py``) both measure torchless's remote reads with it."""
 
 from __future__ import annotations
 

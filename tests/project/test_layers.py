@@ -136,3 +136,15 @@ def test_a_planted_cycle_is_caught(tmp_path: Path) -> None:
 
 def _last_line(path: Path) -> int:
     return len(path.read_text().splitlines())
+
+
+def test_tests_mirror_the_packages() -> None:
+    """Each package of src/torchless has its tests in the directory of the same name under
+    tests/ (tests/project holds the ones about the project as a whole)."""
+    root = Path(__file__).resolve().parents[2]
+    packages = {p.name for p in (root / "src" / "torchless").iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()}
+    tests = {p.name for p in (root / "tests").iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages - tests == set(), "packages without a tests/ directory of their name"
+    assert tests - packages - {"project"} == set(), "test directories no package matches"

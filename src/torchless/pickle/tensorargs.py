@@ -19,7 +19,7 @@ runs the opcodes. Then it does what the general loop does, opcode by opcode, in 
 order: the same stack segments, memo writes (dense, sparse, or the same limit error), memo
 reads (or the same error), nesting records of tuples, and the same resolver calls with the
 same arguments and offsets, so that errors the resolver raises are the same too.
-tests/pickling/test_tensor_fast_path.py runs both over many files and compares.
+tests/pickle/test_tensor_fast_path.py runs both over many files and compares.
 """
 
 from __future__ import annotations

@@ -371,7 +371,7 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
 def _storage_type(name: str) -> StorageType:
     """torch's ``StorageType(name)`` for a name of its table (each has a dtype of ours)."""
     dtype = _dtypes.by_storage_name(name)
-    assert dtype is not None, name  # a subset (tests/reader/test_findclass_torch)
+    assert dtype is not None, name  # a subset (tests/rules/test_findclass_torch)
     return StorageType(name, dtype)
 
 
