@@ -287,9 +287,11 @@ def test_a_registered_directory_layout_just_works(tmp_path: Path,
         (tmp_path / f"{name}.raw").write_bytes(arr.tobytes())
     (tmp_path / "shapes.json").write_text(json.dumps({k: list(v.shape)
                                                       for k, v in arrays.items()}))
-    layout = registry.DirectoryLayout(
+    from torchless.containers.regions import EACH_FILE
+
+    layout = registry.DirectoryLayout(  # raw arrays, no pickle: the scanner reads each file
         "npydir", lambda p: Path(p, "shapes.json").is_file(),
-        lambda p, limits, crc: _NpyDirectory(p))
+        lambda p, limits, crc: _NpyDirectory(p), EACH_FILE)
     monkeypatch.setattr(registry, "_DIRECTORIES", [layout])
     with torchless.safe_open(tmp_path, "np") as f:
         assert f.keys() == ["b", "w"] and f.metadata() == {"format": "pt"}
