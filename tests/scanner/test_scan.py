@@ -254,6 +254,17 @@ def test_verdicts_come_from_the_model(tmp_path: Path) -> None:
     assert allowed.status == "clean"
 
 
+def test_allowing_a_dangerous_name_does_not_make_it_clean(tmp_path: Path) -> None:
+    """--allow-global lets the reader read a file; it does not change what torch.load of it
+    would run: an allowed os.system call stays dangerous, and says it was allowed."""
+    path = _write(tmp_path, "s.pkl", b"cposix\nsystem\n(S'true'\ntR.")
+    f = _one(path, allow_globals=["posix.system"])
+    assert f.status == "dangerous"
+    calls = [a for a in f.actions if a.kind == "call"]
+    assert calls and all(a.severity == "dangerous" for a in calls)
+    assert all("allowed by the caller" in a.reason for a in calls)
+
+
 def test_extension_opcode_is_dangerous(tmp_path: Path) -> None:
     f = _one(_write(tmp_path, "e.pkl", b"\x80\x02\x82\x01."))
     assert [g.opcode for g in f.dangerous] == ["EXT1"]

@@ -277,11 +277,16 @@ class _File(RegionScan):
         return ("rebuilt", "") if known else ("opaque", "")
 
     def judged(self, action: Action) -> Action:
-        """The action as this scan reports it: ``allow_globals`` vets its target; strict
-        mode counts an unvetted one as dangerous."""
+        """The action as this scan reports it: ``allow_globals`` vets an unvetted target (the
+        user trusts their own package) but never a dangerous one, which the report names as
+        allowed (allowing lets the reader read the file; what loading it with torch would
+        run stays what it is); strict mode counts an unvetted one as dangerous."""
         if action.severity == "vetted":
             return action
         if action.target.removesuffix(".__new__") in self.allow:
+            if action.severity == "dangerous":
+                return replace(action, reason=f"allowed by the caller (allow_globals), and "
+                               f"still dangerous: {action.reason}")
             return replace(action, severity="vetted", reason="allowed by the caller "
                            "(allow_globals)")
         if action.severity == "unvetted" and self.strict:
