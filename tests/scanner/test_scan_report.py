@@ -119,3 +119,28 @@ def test_main_is_the_running_program(tmp_path: Path) -> None:
     text = " ".join(a.reason for a in f.actions)
     assert "standard library" not in text
     assert "program that calls torch.load" in text
+
+
+def test_safetensors_and_inert_files_scan_clean(tmp_path: Path) -> None:
+    """torchless's own outputs hold no pickle: a safetensors file and an inert file (the
+    object tree in its header) are clean, exit 0, their header checked as the reader
+    checks it; a header whose byte ranges run past the data is an anomaly (issue 26, row 6)."""
+    import struct
+
+    import torchless
+
+    repo = Path(__file__).resolve().parents[2]
+    plain = tmp_path / "tiny.safetensors"
+    torchless.convert(repo / "examples" / "tiny.pt", plain, tree=False)
+    inert = tmp_path / "inert.safetensors"
+    torchless.save({"step": 3, "cfg": {"lr": 0.1}}, inert)
+    report = torchless.scan(tmp_path)
+    assert [(Path(f.path).name, f.status, f.layout) for f in report.files] == [
+        ("inert.safetensors", "clean", "safetensors"), ("tiny.safetensors", "clean",
+                                                        "safetensors")]
+    assert report.exit_code == 0
+    header = b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,99]}}'
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", len(header)) + header + b"\x00" * 16)
+    (f,) = torchless.scan(bad).files
+    assert f.status == "anomalous" and [a.kind for a in f.anomalies] == ["safetensors"]

@@ -23,7 +23,7 @@ from torchless.containers.zipregions import zip_regions
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError
-from torchless.io.detect import has_zip_tail, tar_polyglot
+from torchless.io.detect import has_zip_tail, looks_like_safetensors, tar_polyglot
 from torchless.io.source import Source
 from torchless.scanner.pickles import NOT_AN_OPCODE, PICKLE_START, looks_like_pickle, scan_stream
 from torchless.scanner.report import GlobalRef
@@ -71,6 +71,8 @@ class RegionScan:
         head = bytes(self.buf[:8]) if self.size else b""
         if head.startswith(b"\x93NUMPY"):
             return npy_regions(source, limits, self)
+        if looks_like_safetensors(bytes(self.buf[:16]), self.size):
+            return self._safetensors()
         zip_tail = has_zip_tail(source)
         try:
             layout: registry.FileLayout | None = registry.sniff_file(source)
@@ -109,6 +111,20 @@ class RegionScan:
         return self.size > 0 and looks_like_pickle(self.buf[:SNIFF], self.limits)
 
     # ---- the region sink --------------------------------------------------------------
+
+    def _safetensors(self) -> str:
+        """A safetensors file (an inert one too, which torchless writes): no pickle, nothing
+        a loader runs. Its header is checked as the reader checks it (JSON nested within the
+        limit, known dtypes, byte ranges that tile the data with no holes or overlaps); one
+        that does not pass is an anomaly, so the file is never clean."""
+        from torchless.write.safetensors import read_header
+
+        try:
+            read_header(self.buf, self.limits.max_depth)
+        except CheckpointError as e:
+            self.flag("safetensors", f"the safetensors header does not check out: "
+                      f"{e.message}", None, e.offset)
+        return "safetensors"
 
     def flag(self, kind: str, message: str, member: str | None = None,
              offset: int | None = None) -> None:
