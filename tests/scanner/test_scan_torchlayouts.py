@@ -411,3 +411,47 @@ def test_package_module_running_on_import(torch: Any, tmp_path: Path,
     f = scan(path).files[0]
     assert f.status != "clean" and f.exit_code == 1, f
     assert [a.member for a in f.anomalies if a.kind == "code"] == ["evil/pkgmod_evil.py"]
+
+
+class _Config:
+    """A class of the test package (``tests``, which no one vetted): creating it runs that
+    package's code."""
+
+    def __init__(self) -> None:
+        self.lr = 0.1
+
+
+def test_unvetted_inside_nested_archives_is_not_clean(torch: Any, dcp_cases: Path,  # noqa: F811
+                                                       pt2_file: Path, tmp_path: Path) -> None:
+    """An unvetted class in a DCP value item or in a PT2 archive's sample inputs makes the
+    whole item unvetted, as the same pickle does in a file of its own: the nested scan's
+    actions count toward the verdict, not only its dangerous names."""
+    blob = _torch_save(torch, {"cfg": _Config()})
+    alone = tmp_path / "alone.pt"
+    alone.write_bytes(blob)
+    assert scan(alone).files[0].status == "unvetted"
+    d = tmp_path / "ckpt"
+    shutil.copytree(dcp_cases / "single", d)
+    meta, index = _value_item(d)
+    info = meta.storage_data[index]
+    shard = d / info.relative_path
+    offset = shard.stat().st_size
+    with open(shard, "ab") as fh:
+        fh.write(blob)
+    meta.storage_data[index] = type(info)(info.relative_path, offset, len(blob),
+                                          info.transform_descriptors)
+    meta.storage_data[type(index)(index.fqn + "_old", None, None)] = info
+    meta.state_dict_metadata[index.fqn + "_old"] = meta.state_dict_metadata[index.fqn]
+    with open(d / ".metadata", "wb") as fh:
+        pickle.dump(meta, fh)
+    f = scan(d).files[0]
+    assert (f.status, f.anomalies) == ("unvetted", ()), f
+    assert any(a.severity == "unvetted" and (a.member or "").startswith(info.relative_path)
+               for a in f.actions)
+    path = tmp_path / "cfg.pt2"
+    shutil.copy(pt2_file, path)
+    _rewrite(path, "data/sample_inputs/model.pt", blob)
+    f = scan(path).files[0]
+    assert f.status == "unvetted", f
+    assert any(a.severity == "unvetted" and "sample_inputs" in (a.member or "")
+               for a in f.actions)

@@ -196,21 +196,28 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
             ) or e.message.startswith(ARCHIVE_OF_FILES)  # it may hide checkpoints
             unread: FileStatus = "unreadable" if explicit or compressed else "skipped"
             return FileScan(path, unread, error=e.message, hint=e.hint)
-        severities = {a.severity for a in state.actions}
-        dangerous = "dangerous" in severities or any(
-            g.verdict == "dangerous" for g in state.globals)
-        cut = state.findings.truncated
-        if not dangerous and cut is not None:  # torch cannot read it either
-            return FileScan(path, "unreadable", layout, state.pickles, tuple(state.globals),
-                            tuple(dict.fromkeys(state.anomalies)), error=cut.message,
-                            hint=cut.hint, script_ops=tuple(state.script_ops),
-                            actions=tuple(state.actions))
-        status: FileStatus = ("dangerous" if dangerous else
-                              "anomalous" if state.anomalies else
-                              "unvetted" if "unvetted" in severities else "clean")
-        return FileScan(path, status, layout, state.pickles, tuple(state.globals),
-                        tuple(dict.fromkeys(state.anomalies)),
-                        script_ops=tuple(state.script_ops), actions=tuple(state.actions))
+        return _file_scan(path, layout, state)
+
+
+def _file_scan(path: str, layout: str, state: _File) -> FileScan:
+    """The verdict on what a scan found (a file's, or a directory's that is one item): the
+    worst of its actions and names, its anomalies, or unreadable when it is cut short (torch
+    cannot read it either) and nothing in it is dangerous."""
+    severities = {a.severity for a in state.actions} | {
+        g.verdict for g in state.globals if g.verdict in ("dangerous", "unvetted")}
+    dangerous = "dangerous" in severities
+    cut = state.findings.truncated
+    if not dangerous and cut is not None:  # torch cannot read it either
+        return FileScan(path, "unreadable", layout, state.pickles, tuple(state.globals),
+                        tuple(dict.fromkeys(state.anomalies)), error=cut.message,
+                        hint=cut.hint, script_ops=tuple(state.script_ops),
+                        actions=tuple(state.actions))
+    status: FileStatus = ("dangerous" if dangerous else
+                          "anomalous" if state.anomalies else
+                          "unvetted" if "unvetted" in severities else "clean")
+    return FileScan(path, status, layout, state.pickles, tuple(state.globals),
+                    tuple(dict.fromkeys(state.anomalies)),
+                    script_ops=tuple(state.script_ops), actions=tuple(state.actions))
 
 
 def _scan_directory(path: str, root: _File) -> FileScan:
@@ -224,11 +231,7 @@ def _scan_directory(path: str, root: _File) -> FileScan:
         name = layout.regions(path, root.limits, root)
     except CheckpointError as e:
         return FileScan(path, "unreadable", layout.name, error=e.message, hint=e.hint)
-    dangerous = any(g.verdict == "dangerous" for g in root.globals)
-    status: FileStatus = ("dangerous" if dangerous else
-                          "anomalous" if root.anomalies else "clean")
-    return FileScan(path, status, name, root.pickles, tuple(root.globals),
-                    tuple(dict.fromkeys(root.anomalies)), script_ops=tuple(root.script_ops))
+    return _file_scan(path, name, root)
 
 
 class _File(RegionScan):
@@ -309,9 +312,8 @@ class _File(RegionScan):
         if tentative and (start >= end or data[start] not in PICKLE_START):
             return None
         result = scan_stream(data, start, end, self.limits, want_value=want_value,
-                             member=member, tentative=tentative,
-                             header=what if want_value and what in HEADERS else "", pids=pids,
-                             plain=plain, returned=returned)
+                             member=member, pids=pids, plain=plain, returned=returned,
+                             header=what if want_value and what in HEADERS else "")
         if tentative and not plausible(result, data):
             return result  # not reported; a caller may still walk on after its STOP
         self.pickles += 1

@@ -26,7 +26,7 @@ from torchless.errors import CheckpointError, NotACheckpointError
 from torchless.io.detect import has_zip_tail, looks_like_safetensors, tar_polyglot
 from torchless.io.source import Source
 from torchless.scanner.pickles import NOT_AN_OPCODE, PICKLE_START, looks_like_pickle, scan_stream
-from torchless.scanner.report import GlobalRef
+from torchless.scanner.report import Action, GlobalRef
 from torchless.scanner.script import MAX_CODE_BYTES, MAX_CODE_TOTAL, script_calls
 
 __all__ = ["RegionScan"]
@@ -42,6 +42,8 @@ class RegionScan:
     findings: Findings
     anomalies: list[Anomaly]
     globals: list[GlobalRef]
+    #: Every action torch.load would take (a nested file's too, once merged).
+    actions: list[Action]
     #: The operators the TorchScript code in the file calls (:mod:`.script`).
     script_ops: list[str]
     pickles: int
@@ -213,6 +215,8 @@ class NestedScan:
                             for g in sub.globals)
         root.anomalies.extend(dataclasses.replace(a, member=inside(a.member))
                               for a in sub.anomalies)
+        root.actions.extend(dataclasses.replace(a, member=inside(a.member))
+                            for a in sub.actions)
         root.script_ops.extend(op for op in sub.script_ops if op not in root.script_ops)
         cut = sub.findings.truncated
         if cut is not None:
