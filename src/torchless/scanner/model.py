@@ -174,12 +174,15 @@ def _opcode(data: Any, offset: int) -> str:
     return "?"
 
 
+_STORAGE_NAME = "torch's find_class maps a storage name to its type without an import"
+
+
 def storage_verdict(module: str, name: str, *, plain: bool = False) -> tuple[Severity, str] | None:
     """The verdict on a name torch's unpickler maps to a storage type without an import
     (None for any other name, which is an import: :func:`imported`). ``plain``: the stream
     is one torch reads with plain ``pickle.load``, where no name is a storage type."""
     if isinstance(find_class(module, name, 0, "plain" if plain else "torch"), StorageName):
-        return "vetted", "torch's find_class maps a storage name to its type without an import"
+        return "vetted", _STORAGE_NAME
     return None
 
 
@@ -190,8 +193,7 @@ def imported(module: str, name: str, proto: int = 2,
     torch's resolution: (module, name, dotted path), and the verdict on the import."""
     found = find_class(module, name, proto, "plain" if plain else "torch")
     if isinstance(found, StorageName):
-        return (module, name, f"{module}.{name}", "vetted",
-                "torch's find_class maps a storage name to its type without an import")
+        return module, name, f"{module}.{name}", "vetted", _STORAGE_NAME
     if isinstance(found, Failure):
         return module, name, f"{module}.{name}", "vetted", f"the unpickler fails: {found.reason}"
     module, name = found.module, found.name
@@ -222,7 +224,7 @@ class Model(DuckCalls):
 
     def known_constant(self, module: str, name: str) -> bool:
         return storage_verdict(module, name, plain=self.plain) is not None
-    #: Containers the walks for handed-on callables followed (kept alive: ids stay unique).
+
     # ---- names -------------------------------------------------------------------------
 
     def model_global(self, module: str, name: str, offset: int) -> Global:

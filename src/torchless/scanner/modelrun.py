@@ -108,10 +108,12 @@ PIDS = ("storage", "legacy", "tar")
 class ModelRecorder(Model, _Recorder):
     """The recorder, with the execution model deciding what each name and call does."""
 
-    def __init__(self, data: Any, member: str | None = None, pids: str = "storage") -> None:
+    def __init__(self, data: Any, member: str | None = None, pids: str = "storage",
+                 plain: bool = False) -> None:
         super().__init__(data)
         self.log = ActionLog(data, member)
         self.pid_kind = pids
+        self.plain = plain
         self.model_init()
 
     def persistent_load(self, pid: Any, offset: int) -> Any:
@@ -165,12 +167,13 @@ class ModelRecorder(Model, _Recorder):
         self.model_update(obj, offset, items)
 
 
-def trace(data: Any, limits: Limits, member: str | None = None,
-          pids: str = "storage") -> tuple[Machine, ModelRecorder]:
+def trace(data: Any, limits: Limits, member: str | None = None, pids: str = "storage",
+          plain: bool = False) -> tuple[Machine, ModelRecorder]:
     """The scanner's run of ``data``: the one interpreter in trace mode (it reads on as the C
     unpickler does where the reader refuses, :class:`~torchless.pickle.machine.Machine`),
-    with the recording resolver."""
-    recorder = ModelRecorder(data, member, pids)
+    with the recording resolver (``pids``: :data:`PIDS`; ``plain``: a plain ``pickle.load``
+    pass, :mod:`torchless.rules.findclass`)."""
+    recorder = ModelRecorder(data, member, pids, plain)
     return Machine(data, recorder, limits, trace=True), recorder
 
 

@@ -69,18 +69,18 @@ DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z
 
 def scan_stream(data: Any, start: int = 0, end: int | None = None,
                 limits: Limits | None = None, *, want_value: bool = False,
-                member: str | None = None, tentative: bool = False,
-                header: str = "", pids: str = "storage", plain: bool = False,
-                returned: bool = True) -> StreamScan:
-    """The traced run of the pickle at ``data[start:end]`` (``data``: bytes or an mmap);
-    ``member``: the archive member it is, for the actions' report. ``tentative``: bytes that
-    need not be a pickle, which the caller drops unless :func:`plausible` (a name read
-    inline that is no dotted name: no pickle). ``want_value``: the caller reads the value
-    (a legacy stream's pickles); ``header``: what the stream is, when it is one of
-    :data:`.plain.HEADERS`; ``pids``: what the loader's persistent_load makes of an id
-    (:data:`.modelrun.PIDS`); ``plain``: torch reads the stream with plain ``pickle.load``
-    (:mod:`torchless.rules.findclass`); ``returned``: the value reaches the program, so every
-    callable in it counts as called (False: torch's loader consumes it, a header's)."""
+                member: str | None = None, header: str = "", pids: str = "storage",
+                plain: bool = False, returned: bool = True) -> StreamScan:
+    """The traced run of the pickle at ``data[start:end]`` (``data``: bytes or an mmap).
+
+    ``member``: the archive member it is, for the actions' report (bytes that need not be a
+    pickle are run alike: the caller drops them unless :func:`plausible`); ``want_value``:
+    the caller reads the value (a legacy stream's pickles); ``header``: what the stream is,
+    when it is one of :data:`.plain.HEADERS`; ``pids``: what the loader's persistent_load
+    makes of an id (:data:`.modelrun.PIDS`); ``plain``: torch reads the stream with plain
+    ``pickle.load`` (:mod:`torchless.rules.findclass`); ``returned``: the value reaches the
+    program, so every callable in it counts as called (False: torch's loader consumes it, a
+    header's)."""
     stop = len(data) if end is None else end
     scan = StreamScan(start, stop, False)
     lim = limits or Limits()
@@ -91,8 +91,7 @@ def scan_stream(data: Any, start: int = 0, end: int | None = None,
             scan.value, scan.end = known
             scan.stopped = True
             return scan
-    machine, recorder = trace(view, lim, member, pids)
-    recorder.plain = plain
+    machine, recorder = trace(view, lim, member, pids, plain)
     try:
         scan.value, scan.end = machine.run(start)
         scan.stopped = True
@@ -133,7 +132,7 @@ def looks_like_pickle(head: Any, limits: Limits) -> bool:
     Tensor bytes pass neither test by chance, so real checkpoints raise no false alarm."""
     if not head or head[0] not in PICKLE_START:
         return False
-    probe = scan_stream(head, 0, len(head), limits, tentative=True)
+    probe = scan_stream(head, 0, len(head), limits)
     if not probe.stopped and probe.end >= len(head) and probe.globals:
         return True  # the sniffed window ends inside a stream that names globals
     return plausible(probe, head)
