@@ -380,7 +380,7 @@ def error_boundary(doing: str, path: str | None = None, *, max_depth: int = -1,
                              hint="close other programs, or work on a machine with more "
                                   "memory") from e
         if isinstance(e, OSError):
-            verb = doing.split()[0] if doing.endswith("ing") or " " in doing else doing
+            verb = doing.split()[0]
             raise CheckpointError(f"{_SYSTEM_VERBS.get(verb, 'failed while ' + doing)}: "
                                   f"{e.strerror or e}", path=path) from e
         raise InternalError.wrap(e, doing, path) from e
