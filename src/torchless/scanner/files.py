@@ -19,6 +19,10 @@ found from the content, never the name, and then:
   :mod:`.sink`), so that whatever the reader refuses the scanner reports; the pickle pass
   reports broken streams.
 
+A Hugging Face index file (``*.index.json`` with a ``weight_map``) is JSON, which runs
+nothing: it scans ``clean`` when every shard it names is there, ``unreadable`` naming those
+that are missing; named explicitly, its shards are scanned after it (:func:`index_scan`).
+
 Status of a file: ``dangerous`` (a dangerous global), ``anomalous`` (an anomaly, no dangerous
 global), ``clean``, ``unreadable`` (cannot be opened or is not a checkpoint but was named
 explicitly, or is a compressed container that may hide one), or ``skipped`` (met while walking
@@ -72,7 +76,7 @@ from torchless.scanner.report import (
 from torchless.scanner.sink import RegionScan
 
 __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
-           "format_table", "scan", "scan_paths"]
+           "format_table", "index_scan", "index_shards", "scan", "scan_paths"]
 
 #: The limits of a scan that names none (a frozen dataclass: shared by every scan).
 _LIMITS = Limits()
@@ -121,6 +125,8 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
                 jobs.extend((f, False, not is_file) for f, is_file in _walk(p))
         else:
             jobs.append((p, True, False))
+            jobs.extend((shard, True, False) for shard in index_shards(p, lim))
+    jobs = list({j[0]: j for j in reversed(jobs)}.values())[::-1]  # each path once, first
     if executor is None:
         files = [_scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc, unit=u)
                  for f, e, u in jobs]
@@ -191,6 +197,9 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
         except (RecursionError, MemoryError) as e:  # pragma: no cover - defensive
             return FileScan(path, "unreadable", error=f"scanner gave up: {type(e).__name__}")
         except CheckpointError as e:  # what the content is, if not a checkpoint
+            index = index_scan(path, limits)
+            if index is not None:
+                return index
             compressed = (source.size > 0 and any(
                 bytes(source.raw[:len(m)]) == m for m in _COMPRESSED)
             ) or e.message.startswith(ARCHIVE_OF_FILES)  # it may hide checkpoints
@@ -370,3 +379,53 @@ class _File(RegionScan):
                           "(a loader reading pickles one after another would run them)",
                           member, result.end)
             pos = result.end
+
+
+# ---- Hugging Face index files (model.safetensors.index.json, pytorch_model.bin.index.json)
+
+def _index_map(path: str, limits: Limits) -> dict[str, str] | None:
+    """An index file's weight_map (its shard names checked to be plain file names), None
+    for a file that is no index; the index's own errors are raised."""
+    from torchless.reader import formats
+
+    if is_remote(path) or formats.sniff(path) != "index":
+        return None
+    return formats.read_index(path, limits)[0]
+
+
+def index_shards(path: str, limits: Limits) -> list[str]:
+    """The shard files an index file names that exist beside it, in the order first named
+    (none for a file that is no index, or an index that cannot be read: its scan says so)."""
+    try:
+        wmap = _index_map(path, limits)
+    except CheckpointError:
+        return []
+    if not wmap:
+        return []
+    folder = os.path.dirname(path)
+    shards = (os.path.join(folder, s) for s in dict.fromkeys(wmap.values()))
+    return [s for s in shards if os.path.isfile(s)]
+
+
+def index_scan(path: str, limits: Limits) -> FileScan | None:
+    """The scan of an index file: JSON that runs nothing, ``clean`` when every shard it
+    names is there (the shards are scanned as files of their own), ``unreadable`` naming the
+    shards that are missing or when it cannot be read; None for a file that is no index."""
+    try:
+        wmap = _index_map(path, limits)
+    except CheckpointError as e:
+        return FileScan(path, "unreadable", "index", error=f"the index cannot be read: "
+                        f"{e.message}", hint=e.hint)
+    if wmap is None:
+        return None
+    folder = os.path.dirname(path)
+    shards = list(dict.fromkeys(wmap.values()))
+    missing = [s for s in shards if not os.path.isfile(os.path.join(folder, s))]
+    if missing:
+        return FileScan(path, "unreadable", "index", error=(
+            f"the index names {len(shards)} shard files, {len(missing)} of them missing: "
+            + ", ".join(missing[:10]) + (f" … {len(missing) - 10} more" if len(missing) > 10
+                                         else "")),
+            hint="the download is incomplete: fetch the missing shards (all from one "
+                 "revision) and scan again")
+    return FileScan(path, "clean", "index")
