@@ -32,7 +32,7 @@ def test_inspect_example_text() -> None:
 def test_inspect_json_matches_torch(torch: Any) -> None:
     out = run("inspect", str(EXAMPLE), "--json")
     assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
+    (doc,) = json.loads(out.stdout)["files"]
     ref = torch.load(EXAMPLE, weights_only=False)
     expected = {f"state_dict.{k}": v for k, v in ref["state_dict"].items()}
     for name, t in expected.items():
@@ -67,7 +67,8 @@ def test_names_that_are_not_unicode_print_escaped(tmp_path: Path, torch: Any) ->
     assert "bad\\ud800" in out.stdout and "ok" in out.stdout
     out = run("inspect", str(path), "--json")
     assert out.returncode == 0, out.stderr
-    assert "bad\ud800" in {r["name"] for r in json.loads(out.stdout)["tensors"]}
+    (doc,) = json.loads(out.stdout)["files"]
+    assert "bad\ud800" in {r["name"] for r in doc["tensors"]}
 
 
 def test_missing_file_is_exit_1(tmp_path: Path) -> None:
@@ -76,10 +77,15 @@ def test_missing_file_is_exit_1(tmp_path: Path) -> None:
     assert "cannot open" in out.stderr
 
 
-def test_usage_error_is_exit_2() -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["inspect"])
-    assert info.value.code == 2
+def test_usage_error_is_exit_4(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's own errors (a missing argument, an unknown option) exit 4 too, not
+    argparse's 2 (scan's "unreadable")."""
+    for argv in (["inspect"], ["inspect", str(EXAMPLE), "--bogus"], ["scan"],
+                 ["convert", str(EXAMPLE), "--max-shard-size"], ["frobnicate"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 4, argv
+        assert "error:" in capsys.readouterr().err
 
 
 def test_convert_src_dst_is_refused_before_writing(tmp_path: Path,
@@ -92,7 +98,7 @@ def test_convert_src_dst_is_refused_before_writing(tmp_path: Path,
     dst = tmp_path / "out.safetensors"
     with pytest.raises(SystemExit) as info:
         main(["convert", str(src), str(dst)])
-    assert info.value.code == 2
+    assert info.value.code == 4
     err = capsys.readouterr().err
     assert f"-o {dst}" in err and "does not exist" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
@@ -162,7 +168,7 @@ def test_directory_without_checkpoints_is_an_error(command: str, tmp_path: Path)
     (tmp_path / "notes.txt").write_text("no checkpoint here")
     (tmp_path / ".hidden.pt").write_bytes(EXAMPLE.read_bytes())
     out = run(command, str(tmp_path))
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == 3 and out.stdout == ""  # nothing to do
     error, hint = out.stderr.splitlines()
     assert error.startswith("torchless: error: no checkpoint files in ")
     assert str(tmp_path) in error and "*.pt" in error
@@ -192,7 +198,7 @@ def test_names_from_a_file_cannot_drive_the_terminal(torch: Any, tmp_path: Path)
         assert not any(line.startswith("forged line") for line in text.splitlines()), what
     assert escaped in outputs["inspect"].stdout and escaped in outputs["verify"].stdout
     # JSON keeps the name exactly
-    doc = json.loads(run("inspect", str(src), "--json").stdout)
+    (doc,) = json.loads(run("inspect", str(src), "--json").stdout)["files"]
     assert hostile in {t["name"] for t in doc["tensors"]}
 
 
@@ -200,5 +206,5 @@ def test_report_with_one_source_is_a_usage_error(tmp_path: Path) -> None:
     """Was: accepted and silently ignored (no report file written)."""
     out = run("convert", str(EXAMPLE), "-o", str(tmp_path / "x.safetensors"),
               "--report", str(tmp_path / "r.jsonl"))
-    assert out.returncode == 2 and "--report" in out.stderr
+    assert out.returncode == 4 and "--report" in out.stderr
     assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "x.safetensors").exists()

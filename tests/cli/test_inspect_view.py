@@ -11,6 +11,7 @@ import json
 import random
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,6 +46,15 @@ def _lightning(torch: ModuleType, path: Path) -> None:
         "hyper_parameters": argparse.Namespace(lr=1e-3, hidden=16)}, path)
 
 
+def _entry(text: str) -> dict[str, Any]:
+    """The one file's entry of an ``inspect --json`` document."""
+    doc = json.loads(text)
+    assert doc["format"] == "torchless-inspect" and doc["version"] == 1
+    (entry,) = doc["files"]
+    assert entry["ok"] is True
+    return dict(entry)
+
+
 def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert main(args) == 0
     return capsys.readouterr().out
@@ -61,7 +71,7 @@ def test_lightning_summary_comes_first(torch: ModuleType, tmp_path: Path,
     assert "state for 2 params (exp_avg, exp_avg_sq, step)" in summary
     assert "scheduler (lr_schedulers.0): step_size=10, gamma=0.5" in summary
     assert "callbacks: ModelCheckpoint, EarlyStopping" in summary
-    doc = json.loads(_run(["inspect", str(tmp_path / "last.ckpt"), "--json"], capsys))
+    doc = _entry(_run(["inspect", str(tmp_path / "last.ckpt"), "--json"], capsys))
     kinds = [s["kind"] for s in doc["summary"]]
     assert kinds == ["lightning", "config", "optimizer", "scheduler", "callbacks"]
 
@@ -96,7 +106,7 @@ def test_inert_records_show_their_fields(torch: ModuleType, tmp_path: Path,
     for field, value in (("output_dir", "'out'"), ("learning_rate", "5e-05"),
                          ("num_train_epochs", "3.0"), ("seed", "42")):
         assert f"    {field}: {value}\n" in out
-    doc = json.loads(_run(["inspect", str(tmp_path / "training_args.bin"), "--json"], capsys))
+    doc = _entry(_run(["inspect", str(tmp_path / "training_args.bin"), "--json"], capsys))
     assert doc["values"]["seed"] == "42" and doc["values"]["output_dir"] == "'out'"
 
 
@@ -109,7 +119,7 @@ def test_nothing_is_cut_silently(torch: ModuleType, tmp_path: Path,
     assert "  … 20 more values (use --all)\n" in out and "v119" not in out
     full = _run(["inspect", str(tmp_path / "many.pt"), "--all"], capsys)
     assert "more tensors" not in full and "w129" in full and "v119: 119" in full
-    doc = json.loads(_run(["inspect", str(tmp_path / "many.pt"), "--json"], capsys))
+    doc = _entry(_run(["inspect", str(tmp_path / "many.pt"), "--json"], capsys))
     assert len(doc["tensors"]) == 130 and len(doc["values"]) == 120
 
 
@@ -131,7 +141,7 @@ def test_tree_and_filter(torch: ModuleType, tmp_path: Path,
     assert picked.splitlines() == ["dict (3)", "  model: dict (3)",
                                    "    a.weight: Tensor float32 3x2",
                                    "    b.weight: Tensor float32 2x3"]
-    doc = json.loads(_run(["inspect", str(tmp_path / "m.pt"), "--json", "--filter",
+    doc = _entry(_run(["inspect", str(tmp_path / "m.pt"), "--json", "--filter",
                            "model.a.*"], capsys))
     assert [t["name"] for t in doc["tensors"]] == ["model.a.weight", "model.a.bias"]
     assert doc["tensors_in_file"] == 3
@@ -144,7 +154,7 @@ def test_options_that_need_each_other(tmp_path: Path) -> None:
     for bad in (["--html"], ["-o", str(tmp_path / "x.html")]):
         with pytest.raises(SystemExit) as info:
             main(["inspect", tiny, *bad])
-        assert info.value.code == 2
+        assert info.value.code == 4
     assert not (tmp_path / "x.html").exists()
 
 
@@ -206,7 +216,7 @@ def test_values_clip_long_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str
     src = tmp_path / "k.pt"
     src.write_bytes(zip_checkpoint(_memo_key_pickle(
         b"k" * (1 << 20), b"](" + b"}h\x01K\x07s" * 2000 + b"e")))
-    doc = json.loads(_run(["inspect", str(src), "--json"], capsys))
+    doc = _entry(_run(["inspect", str(src), "--json"], capsys))
     clipped = "k" * 100 + "…(1048576 characters)"
     assert len(doc["values"]) == 2000
     assert doc["values"][f"x.0.{clipped}"] == "7"
@@ -227,7 +237,7 @@ def test_values_stop_where_their_names_pass_64_mib(tmp_path: Path,
     chain = b"}h\x01" * 100 + b"}(" + items + b"u" + b"s" * 100
     src = tmp_path / "d.pt"
     src.write_bytes(zip_checkpoint(_memo_key_pickle(key, chain)))
-    doc = json.loads(_run(["inspect", str(src), "--json"], capsys))
+    doc = _entry(_run(["inspect", str(src), "--json"], capsys))
     values = doc["values"]
     assert 3000 < len(values) < 4000
     assert values["…"].endswith("more values not listed: their names pass 67108864 characters")

@@ -1,6 +1,10 @@
 """``inspect --html``: one self-contained page (no script, style or font fetched from
-anywhere) with the scan verdict, the known structures, the totals by dtype, a treemap of
-tensor bytes by module prefix and the tensor table, sortable by any column.
+anywhere) with the scan verdict and its findings (per file scanned: the actions torch.load
+would take grouped by package, the globals named, the anomalies), the known structures, the
+totals by dtype, a treemap of tensor bytes by module prefix, the tensor table (sortable by
+any column) and the records (sparse, quantized … tensors; inert objects). A file torchless
+refuses (a dangerous one) gets the page too: read with the names it was refused for kept
+as inert records, for the page only.
 
 Every name from the file is HTML-escaped and reaches the page only as element text or an
 attribute value; the page's one script reads nothing but the table's cells (and, for tests
@@ -22,7 +26,8 @@ body{font:14px system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fff}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}
 .muted{color:#57606a}.verdict{display:inline-block;padding:2px 10px;border-radius:10px;
 font-weight:600}.clean{background:#dafbe1;color:#116329}.dangerous,.anomalous,.unreadable,
-.error{background:#ffebe9;color:#a40e26}table{border-collapse:collapse}
+.error{background:#ffebe9;color:#a40e26}.unvetted{background:#fff8c5;color:#7d4e00}
+.error-text{color:#a40e26}h3{font-size:14px;margin:16px 0 6px}table{border-collapse:collapse}
 th,td{padding:3px 10px;border-bottom:1px solid #d0d7de;text-align:left;white-space:nowrap}
 th{cursor:pointer;user-select:none;background:#f6f8fa;position:sticky;top:0}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
@@ -160,38 +165,111 @@ def _table(rows: list[dict[str, Any]], human: Any) -> str:
     return head + "".join(body) + "</tbody></table>"
 
 
+def _findings(scan: dict[str, Any]) -> str:
+    """Per scanned file (one, or an index and its shards): its status, error and hint, the
+    actions torch.load would take grouped by package (dangerous and unvetted ones), the
+    globals it names and the container's anomalies."""
+    e = html.escape
+    parts: list[str] = []
+    for f in scan.get("files", ()):
+        status = str(f["status"])
+        parts.append(f'<h3><code>{e(f["path"])}</code> <span class="verdict {e(status)}">'
+                     f'{e(status)}</span> <span class=muted>{e(f.get("layout") or "")}'
+                     '</span></h3>')
+        if f.get("error"):
+            parts.append(f"<p class=error-text>{e(f['error'])}</p>")
+        if f.get("hint"):
+            parts.append(f"<p class=muted>{e(f['hint'])}</p>")
+        if f["groups"]:
+            parts.append('<table class=groups><thead><tr><th>severity</th><th>what '
+                         'torch.load would do</th><th>first at</th><th>why</th></tr></thead>'
+                         '<tbody>')
+            parts.extend(f'<tr class="{e(g["severity"])}"><td>{e(g["severity"])}</td>'
+                         f'<td>{e(g["text"])}</td><td><code>{e(g["opcode"])} '
+                         f'{e(g["where"])}</code></td><td>{e(g["reason"])}</td></tr>'
+                         for g in f["groups"])
+            parts.append("</tbody></table>")
+        if f["globals"]:
+            parts.append('<details class=globals><summary>'
+                         f'{len(f["globals"])} globals named</summary><table><thead><tr>'
+                         '<th>global</th><th>verdict</th><th>opcode</th><th>at</th>'
+                         '<th>why</th></tr></thead><tbody>')
+            parts.extend(f'<tr><td><code>{e(g["name"])}</code></td><td>{e(g["verdict"])}'
+                         f'</td><td>{e(g["opcode"])}</td><td>{e(g["where"])}</td>'
+                         f'<td>{e(g["reason"])}</td></tr>' for g in f["globals"])
+            parts.append("</tbody></table></details>")
+        if f["anomalies"]:
+            parts.append("<ul class=anomalies>" + "".join(
+                f"<li>anomaly: {e(a)}</li>" for a in f["anomalies"]) + "</ul>")
+    return "".join(parts)
+
+
+def _records(doc: dict[str, Any]) -> str:
+    """Sparse, quantized, nested and meta tensors (records of their parts) and the tensors
+    torchless does not read."""
+    e = html.escape
+    rows = []
+    for name, r in doc.get("records", {}).items():
+        shape = "x".join(map(str, r["shape"])) if r["shape"] is not None else "?"
+        parts = ", ".join(f"{k} {p['dtype']} {'x'.join(map(str, p['shape'])) or 'scalar'}"
+                          for k, p in r["parts"].items())
+        rows.append(f"<tr><td>{e(name)}</td><td>{e(r['kind'])}</td><td>{e(shape)}</td>"
+                    f"<td>{e(parts)}</td></tr>")
+    for name, kind in doc.get("unsupported", {}).items():
+        if name not in doc.get("records", {}):
+            rows.append(f"<tr><td>{e(name)}</td><td>{e(str(kind))}</td><td>?</td>"
+                        "<td>not readable</td></tr>")
+    if not rows:
+        return ""
+    return ("<h2>Records</h2><table id=records><thead><tr><th>name</th><th>kind</th>"
+            "<th>shape</th><th>parts</th></tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table>")
+
+
 def page(doc: dict[str, Any], scan: dict[str, Any], human: Any) -> str:
-    """The report page for ``doc`` (an ``inspect --json`` document) and ``scan`` (the scan
-    verdict: ``status``, ``dangerous`` globals, ``anomalies``)."""
+    """The report page for ``doc`` (an ``inspect --json`` entry: a file read, or one
+    torchless refused, with its ``error``) and ``scan`` (the verdict: ``status`` and, per
+    file scanned, its findings)."""
     e = html.escape
     status = str(scan.get("status", "unknown"))
-    verdict = [f'<span class="verdict {e(status)}" id="verdict">{e(status)}</span>']
-    for g in scan.get("dangerous", ()):
-        verdict.append(f"<li>dangerous global: <code>{e(g)}</code></li>")
-    for a in scan.get("anomalies", ()):
-        verdict.append(f"<li>anomaly: {e(a)}</li>")
-    if scan.get("error"):
-        verdict.append(f"<li>{e(scan['error'])}</li>")
+    verdict = f'<span class="verdict {e(status)}" id="verdict">{e(status)}</span>'
+    head = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+            "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
+            f"<title>{e(doc['path'])} · torchless inspect</title><style>{_STYLE}</style>"
+            f"</head><body><h1>{e(doc['path'])}</h1>"]
+    findings = _findings(scan)
+    scanned = f"<h2>Scan</h2><div id=findings>{findings}</div>" if findings else ""
+    if not doc.get("ok", True):
+        return "".join([
+            *head, f"<p class=muted>Not read: {e(str(doc.get('error')))}</p>",
+            f"<p>Scan verdict: {verdict}</p>",
+            f"<p class=muted>{e(str(doc.get('hint') or ''))}</p>", scanned,
+            "</body></html>\n"])
     summary = "".join(f"<li>{e(s['text'])}</li>" for s in doc["summary"])
     dtypes = "".join(
         f"<tr><td>{e(dt)}</td><td class=num>{t['count']}</td>"
         f"<td class=num>{human(t['bytes'])}</td></tr>"
         for dt, t in sorted(doc["totals_by_dtype"].items(), key=lambda kv: -kv[1]["bytes"]))
     opaque = "".join(f"<li><code>{e(g)}</code></li>" for g in doc["opaque_globals"])
+    also = "".join(f"<li><code>{e(n)}</code></li>" for n in doc.get("also_in_dir", ()))
+    refused = doc.get("refused")
+    note = "" if not refused else (
+        f"<p id=refused class=error-text>Refused: {e(refused['error'])}</p><p class=muted>"
+        f"{e(refused['hint'] or '')}</p><p class=muted>For this page only, "
+        + ", ".join(f"<code>{e(n)}</code>" for n in refused["kept_inert"])
+        + " were kept as inert records (never imported or called), as --allow-global does."
+          "</p>")
     return "".join([
-        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
-        f"<title>{e(doc['path'])} · torchless inspect</title><style>{_STYLE}</style></head>",
-        f"<body><h1>{e(doc['path'])}</h1><p class=muted>{e(doc['description'])}</p>",
+        *head, f"<p class=muted>{e(doc['description'])}</p>",
         f"<p>{doc['tensor_count']} tensors, {human(doc['total_bytes'])}. Scan verdict: ",
-        verdict[0], "</p>",
-        f"<ul>{''.join(verdict[1:])}</ul>" if len(verdict) > 1 else "",
+        verdict, "</p>", note, scanned,
         f"<h2>Summary</h2><ul id=summary>{summary}</ul>" if summary else "",
         "<h2>Bytes by module prefix</h2>", _treemap(doc["tensors"], human),
         "<h2>By dtype</h2><table id=dtypes><thead><tr><th>dtype</th><th class=num>tensors"
         f"</th><th class=num>bytes</th></tr></thead><tbody>{dtypes}</tbody></table>",
         "<h2>Tensors</h2><p class=muted>Click a column to sort.</p>",
-        _table(doc["tensors"], human),
-        f"<h2>Kept as inert records</h2><ul>{opaque}</ul>" if opaque else "",
+        _table(doc["tensors"], human), _records(doc),
+        f"<h2>Kept as inert records</h2><ul id=opaque>{opaque}</ul>" if opaque else "",
+        f"<h2>Also in the model directory</h2><ul id=also>{also}</ul>" if also else "",
         f"<script>{_SCRIPT}</script></body></html>\n"])

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_bug, print_error
-from torchless.cli.parser import build_parser
+from torchless.cli.parser import EXIT_FAILED, EXIT_NOTHING, EXIT_OK, build_parser
 from torchless.core.limits import Limits
-from torchless.core.text import line_writer
 from torchless.errors import CheckpointError, InternalError
 
 if TYPE_CHECKING:
@@ -23,7 +22,12 @@ if TYPE_CHECKING:
     from torchless.conversion.common import ConversionReport
     from torchless.scanner.report import ScanReport
 
-__all__ = ["main"]
+__all__ = ["NothingToRead", "main"]
+
+
+class NothingToRead(CheckpointError):
+    """A directory named holds no checkpoint: exit 3 (nothing to do), not 1 (a file
+    refused) or scan's 1 (dangerous)."""
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
@@ -52,16 +56,19 @@ def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionRepor
 
 def _run_convert(args: argparse.Namespace) -> int:
     from torchless.cli.dirreport import directory_json, directory_text
-    from torchless.cli.show import Bar, report_json, report_text
+    from torchless.cli.progress import Progress, progress_wanted
+    from torchless.cli.show import human, report_json, report_text
 
     if _is_batch(args.src):
         return _run_batch(args)
-    bar = Bar() if sys.stderr.isatty() else None
+    bar = Progress(human) if progress_wanted(args.quiet or args.json) else None
     try:
         report = _quiet_convert(args.src[0], args.output, progress=bar, **_options(args))
     finally:
         if bar is not None:
             bar.close()
+    if args.quiet:
+        return EXIT_OK
     if args.json:
         json.dump(directory_json(report, report_json(report)), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -82,12 +89,6 @@ def _workers(jobs: int) -> contextlib.AbstractContextManager[Executor | None]:
         return ProcessPoolExecutor(max_workers=jobs,
                                    mp_context=multiprocessing.get_context("forkserver"))
     return contextlib.nullcontext()
-
-
-def _is_checkpoint_dir(path: str) -> bool:
-    from torchless.conversion.hflayout import is_checkpoint_dir
-
-    return is_checkpoint_dir(path)
 
 
 def _output_as_source(sources: Sequence[str], output: str | None) -> bool:
@@ -116,7 +117,7 @@ def _checkpoint_files(paths: Sequence[str]) -> list[str]:
 
     files = expand(paths)
     if not files:
-        raise CheckpointError(
+        raise NothingToRead(
             f"no checkpoint files in {', '.join(paths)} (looked for "
             f"{', '.join('*' + x for x in CHECKPOINT_SUFFIXES)}, hidden files left out)",
             hint="check the path, or name the files themselves: a file named on the command "
@@ -128,58 +129,52 @@ def _run_batch(args: argparse.Namespace) -> int:
     """Many sources (directories walked), each to its default output; a failure does not
     stop the others; outputs already there and verified are skipped."""
     from torchless.api.batch import BatchResult, batch
-    from torchless.cli.show import batch_doc, batch_line
+    from torchless.cli.progress import Progress, progress_wanted
+    from torchless.cli.show import batch_doc, batch_line, human
 
     files = _checkpoint_files(args.src)
     options = _options(args)
     options["resume"] = not args.force
+    bar = Progress(human, unit="files") if progress_wanted(args.quiet or args.json) else None
+    done: list[BatchResult] = []
 
     def show(result: BatchResult) -> None:
-        batch_line(batch_doc(result), args.json)
+        done.append(result)
+        if bar is not None:
+            bar.clear()
+        batch_line(batch_doc(result), args.json or args.quiet)
+        if bar is not None:
+            tensors = sum(r.detail.get("tensors", 0) for r in done if r.ok)
+            bar.count = f"{tensors} tensors"
+            bar(len(done), len(files))
 
-    with _workers(args.jobs) as pool:
-        results = batch(files, "convert", pool, report=args.report, on_result=show,
-                        **options)
+    try:
+        with _workers(args.jobs) as pool:
+            results = batch(files, "convert", pool, report=args.report, on_result=show,
+                            **options)
+    finally:
+        if bar is not None:
+            bar.close()
     if args.json:
         json.dump([batch_doc(r) for r in results], sys.stdout, indent=1)
         sys.stdout.write("\n")
     failed = [r for r in results if not r.ok]
-    if not args.json:
+    if not args.json and not args.quiet:
         skipped = sum(r.status == "skipped" for r in results)
         sys.stdout.write(f"{len(results) - len(failed) - skipped} converted, {skipped} "
                          f"already done, {len(failed)} failed\n")
     return 1 if failed else 0
 
 
-def _run_inspect_many(args: argparse.Namespace) -> int:
-    """A summary per file (directories walked), in worker processes with -j."""
-    from torchless.api.batch import BatchResult, batch
-    from torchless.cli.show import human
+def _run_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from torchless.cli.inspecting import run_inspect, targets
 
-    def show(r: BatchResult) -> None:
-        if args.json:
-            sys.stdout.write(r.to_json() + "\n")
-        elif r.ok:
-            d = r.detail
-            line_writer(sys.stdout)(f"{r.path}: {d['format']}, {d['tensors']} tensors, "
-                                    f"{human(d['bytes'])}"
-                                    + (f", {len(d['opaque_globals'])} opaque classes"
-                                       if d["opaque_globals"] else "") + "\n")
-        else:
-            print_error(r.error, r.hint)
-
-    files = _checkpoint_files(args.file)
-    options = {"strict": args.strict, "allow_globals": tuple(args.allow_global),
-               "limits": _limits(args), "verify_crc": args.verify_crc}
-    with _workers(args.jobs) as pool:
-        results = batch(files, "inspect", pool, on_result=show, **options)
-    return 0 if all(r.ok for r in results) else 1
-
-
-def _run_inspect(args: argparse.Namespace) -> int:
-    from torchless.cli.inspecting import run_inspect
-
-    return run_inspect(args, _limits(args))
+    found, one = targets(args.file, _checkpoint_files)
+    if (args.html or args.tree) and not one:
+        parser.error("--html and --tree take one checkpoint: a file, a DCP directory or a "
+                     "model directory")
+    with _workers(args.jobs if len(found) > 1 else 1) as pool:
+        return run_inspect(args, _limits(args), found, one, pool)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -199,7 +194,7 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 def _run_scan(args: argparse.Namespace) -> int:
     """Exit 0 clean, 1 dangerous, anomalous or unvetted, 2 unreadable (never raises for a
-    file)."""
+    file), 3 a directory with nothing to scan."""
     from torchless.scanner.files import format_table, scan_paths
 
     with _workers(args.jobs) as pool:
@@ -209,7 +204,7 @@ def _run_scan(args: argparse.Namespace) -> int:
     _no_checkpoints_in(args.paths, report)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
-    else:
+    elif not args.quiet:
         sys.stdout.write(format_table(report, verbose=args.verbose))
     return report.exit_code
 
@@ -223,14 +218,59 @@ def _no_checkpoints_in(paths: Sequence[str], report: ScanReport) -> None:
         under = [f for f in report.files
                  if f.path == path or f.path.startswith(os.path.join(path, ""))]
         if not any(f.status != "skipped" for f in under):
-            raise CheckpointError(
+            raise NothingToRead(
                 f"no checkpoint files in {path}" + (
                     f" ({len(under)} files, none of them a checkpoint)" if under else ""),
                 hint="check the path, or name the files themselves: a file named on the "
                      "command line is scanned whatever it holds")
 
 
+def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What convert refuses before reading anything: options that do not go together, and
+    a source that would be its own output (never converted over, nor verified against,
+    itself)."""
+    batch = _is_batch(args.src)
+    if batch and args.output is not None:
+        parser.error("-o/--output takes a single SRC; several SRC (or a directory of "
+                     "checkpoints) go to their default outputs")
+    if not batch and args.report is not None:
+        parser.error("--report writes one line per file for several SRC or a directory "
+                     "of checkpoints; with one SRC, --json prints its summary")
+    if _output_as_source(args.src, args.output):
+        parser.error(f"{args.src[1]} does not exist, so it is no SRC: name the output "
+                     f"with -o (torchless convert {args.src[0]} -o {args.src[1]}); "
+                     "several SRC are each converted to their default output")
+    from torchless.conversion.common import default_dst
+    from torchless.io.remote import is_remote
+
+    for i, src in enumerate(args.src):
+        if is_remote(src) or os.path.isdir(src):
+            continue
+        dst = args.output if args.output is not None and not os.path.isdir(
+            args.output) else default_dst(src)
+        if not _same_file(src, dst):
+            continue
+        if i > 0 and len(args.src) == 2 and args.output is None:
+            parser.error(f"{src} is a safetensors file, what convert writes: as SRC it would "
+                         "be its own output. To write "
+                         f"{args.src[0]} there, name it with -o (torchless convert "
+                         f"{args.src[0]} -o {src}, with --force to replace it)")
+        parser.error(f"{src} would be its own output: name another with -o")
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; the exit codes are listed in :mod:`torchless.cli.parser`."""
+    from torchless.cli.progress import quiet_from_env
+
     # names in a file may hold anything, lone surrogates included: printed escaped, never
     # a crash of the printing
     for stream in (sys.stdout, sys.stderr):
@@ -238,55 +278,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if quiet_from_env() and not vars(args).get("json") and not vars(args).get("jsonl"):
+        args.quiet = True
     if args.command == "convert":
-        if _is_batch(args.src) and args.output is not None:
-            parser.error("-o/--output takes a single SRC; several SRC (or a directory of "
-                         "checkpoints) go to their default outputs")
-        if not _is_batch(args.src) and args.report is not None:
-            parser.error("--report writes one line per file for several SRC or a directory "
-                         "of checkpoints; with one SRC, --json prints its summary")
-        if _output_as_source(args.src, args.output):
-            parser.error(f"{args.src[1]} does not exist, so it is no SRC: name the output "
-                         f"with -o (torchless convert {args.src[0]} -o {args.src[1]}); "
-                         "several SRC are each converted to their default output")
+        _check_convert(parser, args)
     if args.command == "inspect":
         if args.html and not args.output:
             parser.error("--html writes a page: name it with -o FILE")
         if args.output and not args.html:
             parser.error("-o/--output goes with --html")
-        if (args.html or args.tree) and (len(args.file) > 1 or os.path.isdir(args.file[0])):
-            parser.error("--html and --tree take one checkpoint file")
     if vars(args).get("jobs", 1) < 1:
         parser.error("-j/--jobs must be at least 1")
     try:
-        if args.command == "inspect" and (len(args.file) > 1 or (
-                os.path.isdir(args.file[0]) and not _is_checkpoint_dir(args.file[0]))):
-            return _run_inspect_many(args)
         if args.command == "inspect":
-            return _run_inspect(args)
+            return _run_inspect(args, parser)
         if args.command == "convert":
             return _run_convert(args)
         if args.command == "verify":
             return _run_verify(args)
         elif args.command == "scan":
             return _run_scan(args)
-        return 0
+        return EXIT_OK
     except InternalError as e:
         print_bug(e)
-        return 1
+        return EXIT_FAILED
+    except NothingToRead as e:
+        print_error(str(e), e.hint)
+        return EXIT_NOTHING
     except CheckpointError as e:
         print_error(str(e), e.hint)
-        return 1
+        return EXIT_FAILED
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 0
+        return EXIT_OK
     except OSError as e:  # a file of ours (the --report file)
         where = f"{e.filename}: " if e.filename else ""
         print_error(f"{where}{e.strerror or e}",
                      "check that the path exists, is not a directory and that you may write "
                      "there")
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         sys.stderr.write("torchless: interrupted\n")
         return 130
@@ -294,6 +325,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         bug = InternalError.wrap(e, f"running {args.command}")
         bug.__cause__ = e
         print_bug(bug)
-        return 1
-
+        return EXIT_FAILED
 

@@ -1,14 +1,47 @@
 """The ``torchless`` command's options: one argparse parser, the reading options every
-command shares (one vocabulary with the Python API) and the examples each command shows."""
+command shares (one vocabulary with the Python API), the examples each command shows and
+the exit codes."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import NoReturn
 
 from torchless._version import __version__
 from torchless.core.limits import Limits
 
-__all__ = ["build_parser"]
+__all__ = ["EXIT_DANGER", "EXIT_FAILED", "EXIT_NOTHING", "EXIT_OK", "EXIT_UNREADABLE",
+           "EXIT_USAGE", "EXIT_CODES", "Parser", "build_parser"]
+
+#: Every command: it did what was asked (scan: every file clean).
+EXIT_OK = 0
+#: A file was refused or a step failed (scan: a file is dangerous, anomalous or unvetted).
+EXIT_FAILED = EXIT_DANGER = 1
+#: scan: a file could not be read (and none is dangerous).
+EXIT_UNREADABLE = 2
+#: A directory named holds no checkpoint: nothing to read, convert or scan.
+EXIT_NOTHING = 3
+#: The command line itself is wrong (an unknown option, options that do not go together).
+EXIT_USAGE = 4
+#: The exit codes as the help and the docs list them.
+EXIT_CODES = """\
+exit codes:
+  0  done (scan: every file clean)
+  1  a file refused or a step failed (scan: a file dangerous, anomalous or unvetted)
+  2  scan: a file unreadable (none dangerous)
+  3  nothing to do: a directory with no checkpoint in it
+  4  usage: the command line is wrong
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its own exit code for usage errors (argparse's 2 is taken:
+    scan's "unreadable"). Subcommands' parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 _EXAMPLES = """\
 examples:
@@ -17,7 +50,9 @@ examples:
   torchless inspect checkpoint.ckpt --strict
   torchless convert model.pt                 # writes model.safetensors
   torchless verify model.pt model.safetensors
-"""
+  torchless scan ./models/
+
+""" + EXIT_CODES
 
 _CONVERT_EXAMPLES = """\
 examples:
@@ -84,8 +119,13 @@ def _add_limit(parser: argparse.ArgumentParser) -> None:
              "max_tensors=2000000 (repeatable; NAME: a field of torchless.Limits)")
 
 
+def _add_quiet(group: argparse._MutuallyExclusiveGroup, text: str) -> None:
+    group.add_argument("-q", "--quiet", action="store_true",
+                       help=text + "; TORCHLESS_QUIET=1 in the environment does the same")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="torchless",
         description="Read PyTorch checkpoints without PyTorch and without running pickle code.",
         epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,7 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "files or directories give one summary line (or JSON line) each")
     ins.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                      help="with several files: inspect them in N worker processes")
-    ins.add_argument("--json", action="store_true", help="print a JSON document")
+    out = ins.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true",
+                     help="print one JSON document: {\"files\": [...]}, an entry per file "
+                          "(one for one file)")
+    out.add_argument("--jsonl", action="store_true",
+                     help="print JSON lines: one entry per file, as each is read")
+    _add_quiet(out, "print nothing on success (the exit code says whether every file reads)")
     ins.add_argument("--all", action="store_true",
                      help="list every tensor and value (default: the first 100 of each, and "
                           "a line saying how many more)")
@@ -159,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the tensors only, not the rest of the object (epochs, "
                            "optimizer state, configs …) as an inert tree")
     _add_reading(conv)
-    conv.add_argument("--json", action="store_true", help="print a JSON summary")
+    out = conv.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print a JSON summary")
+    _add_quiet(out, "print no progress and no summary (errors still go to stderr)")
     ver = sub.add_parser(
         "verify", help="compare a checkpoint with a safetensors file",
         description="Compare every tensor of a torch checkpoint with a safetensors file by "
@@ -176,8 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading(ver)
     out = ver.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON report")
-    out.add_argument("-q", "--quiet", action="store_true",
-                     help="print nothing: the exit code says it (0 exact match, 1 not)")
+    _add_quiet(out, "print nothing: the exit code says it (0 exact match, 1 not)")
     sc = sub.add_parser(
         "scan", help="list what torch.load would do with files, without running anything",
         description="Scan checkpoints (files or directories, recursively; layout found from "
@@ -185,13 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "(imports, calls, builds), judged by a vetted allowlist, and container "
                     "anomalies that make scanners and torch see different files. Every pickle "
                     "is walked, not only data.pkl. Exit 0 clean, 1 dangerous, anomalous or "
-                    "unvetted, 2 unreadable.",
+                    "unvetted, 2 unreadable, 3 nothing to scan.",
         epilog="examples:\n  torchless scan model.pt\n  torchless scan ./models/ --json\n"
                "  torchless scan model.ckpt --strict   # unvetted actions count as dangerous\n"
                "  torchless scan ./hub-cache/ -j 4     # in 4 worker processes\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
-    sc.add_argument("--json", action="store_true", help="print a JSON report")
+    out = sc.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print a JSON report")
+    _add_quiet(out, "print nothing: the exit code says it (0 clean, 1 dangerous …)")
     _add_reading(sc, strict="count every action that is not vetted as dangerous")
     sc.add_argument("-v", "--verbose", action="store_true",
                     help="list every action (not only those not vetted) and skipped files")

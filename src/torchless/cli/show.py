@@ -1,4 +1,4 @@
-"""What the command line prints: tables, progress bars and JSON documents, with every name
+"""What the command line prints: tables and JSON documents, with every name
 from a file escaped (a name could otherwise drive the terminal or forge a line)."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import argparse
 import collections
 import fnmatch
 import sys
-import time
 import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,39 +23,9 @@ if TYPE_CHECKING:  # annotations only: printing a report loads neither module
     from torchless.conversion.common import ConversionReport, VerifyReport
     from torchless.reader import checkpoint as _checkpoint
 
-__all__ = ["Bar", "batch_doc", "batch_line", "describe_format", "human", "inspect_json",
+__all__ = ["batch_doc", "batch_line", "describe_format", "human", "inspect_json",
            "inspect_text", "report_json", "report_text", "shared_keys",
            "short", "values", "verify_json", "verify_text"]
-
-
-class Bar:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.shown = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - self.last < 0.1 and done < total:
-            return
-        self.last = now
-        elapsed = now - self.start
-        if elapsed < 0.5 and not self.shown:
-            return
-        self.shown = True
-        frac = done / total if total else 1.0
-        speed = done / elapsed if elapsed > 0 else 0.0
-        bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\r[{bar:<30}] {human(done)} / {human(total)}  "
-                         f"{human(int(speed))}/s ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def verify_json(r: VerifyReport) -> dict[str, Any]:
