@@ -170,13 +170,15 @@ def test_cli_inspect_and_scan_many(torch: ModuleType, tmp_path: Path,
 
     root = _mixed_dir(torch, tmp_path / "d")
     for jobs in ("1", "2"):
-        assert main(["inspect", str(root), "--json", "-j", jobs]) == 1  # two refused
+        assert main(["inspect", str(root), "--jsonl", "-j", jobs]) == 1  # two refused
         docs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
         by_name = {os.path.relpath(d["path"], root): d for d in docs}
         assert set(by_name) == set(EXPECTED)
-        assert by_name["m3.pt"]["detail"]["tensors"] == 1 and by_name["m3.pt"]["ok"]
-        assert by_name["sub/n.pth"]["detail"]["format"] == "legacy"
+        assert by_name["m3.pt"]["tensor_count"] == 1 and by_name["m3.pt"]["ok"]
+        assert by_name["sub/n.pth"]["format"] == "legacy"
         assert by_name["evil.pkl"]["status"] == "refused"
+        assert main(["inspect", str(root), "--json", "-j", jobs]) == 1  # the same entries
+        assert json.loads(capsys.readouterr().out)["files"] == docs
         assert main(["scan", str(root), "--json", "-j", jobs]) == 1  # evil.pkl
         report = json.loads(capsys.readouterr().out)
         status = {os.path.relpath(f["path"], root): f["status"] for f in report["files"]}

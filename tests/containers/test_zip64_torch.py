@@ -197,7 +197,7 @@ def test_open_reads_the_bytes_torch_loads(big_checkpoint: Path,
 def test_cli_inspect_convert_scan(big_checkpoint: Path, torch_tensors: dict[str, Any]) -> None:
     r = cli("inspect", "--json", str(big_checkpoint))
     assert r.returncode == 0, r.stderr
-    report = json.loads(r.stdout)
+    (report,) = json.loads(r.stdout)["files"]
     assert [(t["name"], t["dtype"], tuple(t["shape"])) for t in report["tensors"]] == [
         (name, dtype, shape) for name, (dtype, shape, _) in torch_tensors.items()]
 

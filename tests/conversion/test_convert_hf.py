@@ -386,7 +386,7 @@ def test_cli_batch(torch: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixt
 def test_cli_batch_rejects_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["convert", "a.pt", "b.pt", "-o", str(tmp_path / "x")])
-    assert info.value.code == 2 and "single SRC" in capsys.readouterr().err
+    assert info.value.code == 4 and "single SRC" in capsys.readouterr().err
 
 
 def test_interrupted_run_leaves_nothing(torch: ModuleType, tmp_path: Path,

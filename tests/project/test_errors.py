@@ -310,7 +310,7 @@ def test_limit_flag_is_the_advice_that_works(tmp_path: Path,
     assert main(["inspect", str(path), "--limit", "max_tensors=3"]) == 0
     with pytest.raises(SystemExit) as info:
         main(["inspect", str(path), "--limit", "max_bogus=3"])
-    assert info.value.code == 2
+    assert info.value.code == 4
     assert "max_tensors" in capsys.readouterr().err  # the valid names are listed
 
 
@@ -344,7 +344,7 @@ def test_inspect_many_and_scan_json_carry_the_hint(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "html.pt").write_bytes(CASES["html.pt"][0])
     (tmp_path / "good.pt").write_bytes(small_zip_checkpoint())
-    assert main(["inspect", str(tmp_path), "--json"]) == 1
+    assert main(["inspect", str(tmp_path), "--jsonl"]) == 1
     rows = {Path(d["path"]).name: d for d in map(json.loads, capsys.readouterr().out.split(
         "\n")[:-1])}
     assert rows["html.pt"]["hint"] == NotACheckpointError.hint

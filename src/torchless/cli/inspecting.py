@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_error
-from torchless.cli.modeldir import ModelDir, model_dir
+from torchless.cli.modeldir import ModelDir, is_checkpoint_dir, model_dir
 from torchless.core.limits import Limits
 from torchless.core.text import line_writer
 from torchless.errors import CheckpointError, InternalError
@@ -45,8 +45,6 @@ def targets(paths: Sequence[str], walk: Callable[[Sequence[str]], list[str]]
     """What ``paths`` stand for, and whether it is one checkpoint (named as a file, a DCP
     directory or a model directory) rather than files found by ``walk`` (which raises when
     a directory holds none)."""
-    from torchless.conversion.hflayout import is_checkpoint_dir
-
     out: list[Target] = []
     for p in paths:
         model = model_dir(p)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["ModelDir", "model_dir"]
+__all__ = ["ModelDir", "is_checkpoint_dir", "model_dir"]
 
 #: The weights a loader takes from a directory, in transformers' (and diffusers') order:
 #: safetensors before pickles, an index before a single file of the same kind.
@@ -30,11 +30,17 @@ class ModelDir:
     others: tuple[str, ...]
 
 
+def is_checkpoint_dir(path: str) -> bool:
+    """A directory that is one checkpoint (DCP), read like a file (without the conversion
+    package: inspect loads the reader only)."""
+    from torchless.containers import registry
+
+    return os.path.isdir(path) and registry.sniff_directory(path) is not None
+
+
 def model_dir(path: str) -> ModelDir | None:
     """The model in directory ``path``: the first of the known weight names there, else
     its only ``*.index.json``; None when it holds none (nor is one checkpoint, DCP)."""
-    from torchless.conversion.hflayout import is_checkpoint_dir
-
     if not os.path.isdir(path) or is_checkpoint_dir(path):
         return None
     try:
