@@ -197,3 +197,73 @@ def test_squarify_tiles_the_rectangle() -> None:
             overlap_h = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
             assert overlap_w <= 1e-9 or overlap_h <= 1e-9
     assert rects[0] == pytest.approx((0.0, 0.0, 3.0, 2.0))  # the paper's first row: 2 x 3
+
+
+def _dangerous(tmp_path: Path) -> Path:
+    """A torch ZIP checkpoint whose pickle calls os.system beside a tensor (written by hand:
+    the payload is never run)."""
+    from tests._fuzz_inputs import tensor_ops, zip_checkpoint
+
+    data = (b"\x80\x02ccollections\nOrderedDict\n)R(" + b"X\x01\x00\x00\x00w"
+            + tensor_ops("0", 2, 0, (2,), (1,)) + b"X\x01\x00\x00\x00x"
+            + b"cos\nsystem\nX\x04\x00\x00\x00true\x85R" + b"u.")
+    src = tmp_path / "evil.pt"
+    src.write_bytes(zip_checkpoint(data, {"0": bytes(8)}))
+    return src
+
+
+def test_a_dangerous_file_gets_its_report(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Was: no page at all (the file is refused); the page never listed the findings. Now:
+    the red verdict, the actions grouped by package, the globals, the tensors and the
+    inert records, and exit 1 (the file is refused)."""
+    src = _dangerous(tmp_path)
+    out = tmp_path / "report.html"
+    assert main(["inspect", str(src), "--html", "-o", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert "scan verdict dangerous" in printed.out and "refused global" in printed.err
+    text = out.read_text()
+    assert 'id="verdict">dangerous<' in text
+    assert "calls 1 callable of os 1 time: system" in text  # scanner.report.action_groups
+    assert "imports 1 name of os: system" in text
+    assert "<code>collections.OrderedDict</code></td><td>rebuilt" in text  # the globals
+    assert "<code>os.system</code></td><td>dangerous" in text
+    assert 'id=refused' in text and "kept as inert records" in text
+    assert _rows(text).rows[0][:3] == ["w", "float32", "2"]  # the tensor table
+    assert "<h2>Kept as inert records</h2><ul id=opaque><li><code>os.system</code>" in text
+
+
+def test_a_dangerous_report_renders_red(chromium: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.html"
+    assert main(["inspect", str(_dangerous(tmp_path)), "--html", "-o", str(out)]) == 1
+    capsys.readouterr()
+    shot = tmp_path / "shot.png"
+    _run(chromium, tmp_path, "--window-size=800,600", f"--screenshot={shot}", out.as_uri())
+    _, _, px = _png_pixels(shot.read_bytes())
+    red = np.all(np.abs(px[:, :, :3] - np.array([255, 235, 233])) <= 2, axis=2)
+    green = np.all(np.abs(px[:, :, :3] - np.array([218, 251, 225])) <= 2, axis=2)
+    assert red.sum() > 100 and green.sum() == 0  # the red badges, no clean one
+    dom = _run(chromium, tmp_path, "--dump-dom", out.as_uri())
+    assert "calls 1 callable of os 1 time: system" in dom
+    assert len(_rows(dom).rows) == 1  # the tensor table is there, with the tensor
+
+
+def test_the_report_of_a_clean_index_and_its_shards(chromium: str, tmp_path: Path) -> None:
+    """An index's page: the model's tensors, and the scan of the index and each shard, all
+    clean: no red pill."""
+    from safetensors.numpy import save_file
+
+    save_file({"a": np.zeros(2, np.float32)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": np.ones(3, np.float32)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", '
+                     '"b": "model-00002-of-00002.safetensors"}}')
+    page = _report(tmp_path, index)
+    shot = tmp_path / "shot.png"
+    _run(chromium, tmp_path, "--window-size=800,600", f"--screenshot={shot}", page.as_uri())
+    _, _, px = _png_pixels(shot.read_bytes())
+    red = np.all(np.abs(px[:, :, :3] - np.array([255, 235, 233])) <= 2, axis=2)
+    green = np.all(np.abs(px[:, :, :3] - np.array([218, 251, 225])) <= 2, axis=2)
+    assert red.sum() == 0 and green.sum() > 100
+    assert len(_rows(_run(chromium, tmp_path, "--dump-dom", page.as_uri())).rows) == 2
