@@ -43,6 +43,14 @@ def _scratch(root: Path) -> Path:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(EXAMPLE, root / name)
     (root / "my-model" / "config.json").write_text('{"model_type": "tiny"}')
+    (root / "sharded").mkdir()
+    weight_map = {}
+    for k in (1, 2):
+        shard = f"pytorch_model-0000{k}-of-00002.bin"
+        shutil.copy(EXAMPLE, root / "sharded" / shard)
+        weight_map[f"t{k}"] = shard
+    (root / "sharded" / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
     return root
 
 

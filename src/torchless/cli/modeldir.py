@@ -10,12 +10,12 @@ from dataclasses import dataclass
 __all__ = ["ModelDir", "is_checkpoint_dir", "model_dir"]
 
 #: The weights a loader takes from a directory, in transformers' (and diffusers') order:
-#: safetensors before pickles, an index before a single file of the same kind.
-_WEIGHTS = ("model.safetensors.index.json", "model.safetensors",
-            "pytorch_model.bin.index.json", "pytorch_model.bin",
-            "diffusion_pytorch_model.safetensors.index.json",
+#: safetensors before pickles, a single file before an index of the same kind.
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json",
+            "pytorch_model.bin", "pytorch_model.bin.index.json",
             "diffusion_pytorch_model.safetensors",
-            "diffusion_pytorch_model.bin.index.json", "diffusion_pytorch_model.bin")
+            "diffusion_pytorch_model.safetensors.index.json",
+            "diffusion_pytorch_model.bin", "diffusion_pytorch_model.bin.index.json")
 #: Files a directory listing names as "also here": other weights and checkpoints.
 _CHECKPOINTS = (".safetensors", ".index.json", ".pt", ".pth", ".bin", ".ckpt", ".tar",
                 ".pkl", ".pickle")

@@ -46,7 +46,7 @@ class Parser(argparse.ArgumentParser):
 _EXAMPLES = """\
 examples:
   torchless inspect model.pt
-  torchless inspect model.pt --json | jq '.tensors[].name'
+  torchless inspect model.pt --json | jq '.files[0].tensors[].name'
   torchless inspect checkpoint.ckpt --strict
   torchless convert model.pt                 # writes model.safetensors
   torchless verify model.pt model.safetensors
@@ -137,12 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoint (Lightning, optimizers, schedulers, RNG states, an HF "
                     "Trainer's trainer_state.json beside it), tensors (name, dtype, shape, "
                     "size), totals by dtype, other values and the globals kept as inert "
-                    "records. Long lists end with a line saying how many more --all shows.",
+                    "records. Long lists end with a line saying how many more --all shows. "
+                    "A model directory (an index and its shards, .bin or safetensors, or "
+                    "one weights file: what convert writes, what save_pretrained writes) "
+                    "is one model, in every view; a DCP directory is one checkpoint.",
         epilog="examples:\n  torchless inspect model.pt\n  torchless inspect model.pt --json\n"
                "  torchless inspect model.pt --tree --filter '*.weight'\n"
                "  torchless inspect model.pt --html -o report.html\n"
+               "  torchless inspect ./my-model/                    # one model, its shards\n"
                "  torchless inspect https://example.org/model.pt   # a few range requests\n"
-               "  torchless inspect ./checkpoints/ -j 4            # one line per file\n",
+               "  torchless inspect ./checkpoints/ -j 4            # one line per file\n"
+               "  torchless inspect a.pt b.pt --jsonl              # one JSON line per file\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ins.add_argument("file", nargs="+",
                      help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …) or URL; several "
@@ -174,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         "convert", help="write a checkpoint's tensors as a safetensors file",
         description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
                     "contiguous and little-endian, written atomically (temporary file, fsync, "
-                    "rename). Shared tensors are written once per name unless --dedupe.",
+                    "rename). Shared tensors are written once per name unless --dedupe. An "
+                    "existing output is refused unless --force (several SRC: one that "
+                    "verifies is skipped); a SRC is never its own output. On a terminal a "
+                    "progress line shows bytes (files, for several SRC), %, rate and time "
+                    "left: -q or TORCHLESS_PROGRESS=0 turns it off.",
         epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     conv.add_argument("src", nargs="+",
                       help="checkpoint file, Hugging Face model directory or *.bin.index.json "
@@ -234,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "is walked, not only data.pkl. Exit 0 clean, 1 dangerous, anomalous or "
                     "unvetted, 2 unreadable, 3 nothing to scan.",
         epilog="examples:\n  torchless scan model.pt\n  torchless scan ./models/ --json\n"
+               "  torchless scan sharded/pytorch_model.bin.index.json  # the index, its shards\n"
                "  torchless scan model.ckpt --strict   # unvetted actions count as dangerous\n"
                "  torchless scan ./hub-cache/ -j 4     # in 4 worker processes\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
