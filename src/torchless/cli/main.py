@@ -29,6 +29,7 @@ class NothingToRead(CheckpointError):
     """A directory named holds no checkpoint: exit 3 (nothing to do), not 1 (a file
     refused) or scan's 1 (dangerous)."""
 
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
