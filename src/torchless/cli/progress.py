@@ -36,8 +36,10 @@ def progress_wanted(quiet: bool, stream: TextIO | None = None) -> bool:
     stream = sys.stderr if stream is None else stream
     if quiet or _env_flag("TORCHLESS_PROGRESS") is False:
         return False
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty is not None and isatty())
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a stand-in without it, or a closed stream
+        return False
 
 
 def eta(seconds: float) -> str:
