@@ -369,7 +369,7 @@ def import_reader(server: str) -> float:
     if server in ("torchless", "torch", "dropin"):
         import numpy  # noqa: F401
     if server in ("torchless", "dropin"):
-        import torchless  # noqa: F401
+        import torchless
     if server in ("torch", "dropin"):
         import torch  # noqa: F401
     if server == "dropin":
