@@ -22,8 +22,14 @@ and measures, for every file and every reader:
             all 8-byte words of each tensor; ``--touch page``: one byte per 4 KiB page);
 
 with the readers ``torchless`` (``torchless.open``), ``torch-mmap``
-(``torch.load(mmap=True)``, ZIP files only) and ``torch`` (``torch.load``), plus ``copy``:
-``shutil.copyfileobj`` of the file into a null sink, the floor for reading the bytes at all.
+(``torch.load(mmap=True)``, ZIP files only), ``torch`` (``torch.load``), the drop-in
+``dropin`` (``torchless.torch.load``) and ``dropin-mmap`` (``torchless.torch.load(mmap=True)``,
+ZIP files only, as torch), plus ``copy``: ``shutil.copyfileobj`` of the file into a null sink,
+the floor for reading the bytes at all. ``--readers`` picks some of them; the drop-in's peak
+RSS against torch's, each in a fresh process of the same run::
+
+    python benchmarks/bench_read.py --files big --big-mib 64 --reps 1 \
+        --readers torch,torch-mmap,dropin,dropin-mmap
 
 Every measurement runs in a fresh process. By default (``--isolation fork``) that process is
 forked from a per-reader server that has already imported the reader's libraries and has
@@ -72,11 +78,14 @@ from typing import Any
 MiB = 1 << 20
 #: What --quick sets (options given explicitly still win): seconds, not figures.
 QUICK = {"big_mib": 1, "big_tensors": 4, "many_tensors": 30, "reps": 1}
-READERS = ("torchless", "torch-mmap", "torch", "copy")
+READERS = ("torchless", "torch-mmap", "torch", "dropin", "dropin-mmap", "copy")
 OPS = ("list", "read")
 FILES = ("big", "many", "legacy")
 #: Which server process runs a reader (the libraries it has imported).
-SERVER = {"torchless": "torchless", "torch-mmap": "torch", "torch": "torch", "copy": "plain"}
+SERVER = {"torchless": "torchless", "torch-mmap": "torch", "torch": "torch",
+          "dropin": "dropin", "dropin-mmap": "dropin", "copy": "plain"}
+#: The readers that give torch objects, and whether they map the file.
+TORCH_READERS = {"torch": False, "torch-mmap": True, "dropin": False, "dropin-mmap": True}
 COPY_CHUNK = 1 << 20
 PAGE = 4096
 
@@ -357,12 +366,14 @@ def generate(cfg: dict[str, Any]) -> dict[str, Any]:
 def import_reader(server: str) -> float:
     """Import what a reader needs; return the seconds it took."""
     t0 = time.perf_counter()
-    if server in ("torchless", "torch"):
+    if server in ("torchless", "torch", "dropin"):
         import numpy  # noqa: F401
-    if server == "torchless":
-        import torchless  # noqa: F401
-    elif server == "torch":
+    if server in ("torchless", "dropin"):
+        import torchless
+    if server in ("torch", "dropin"):
         import torch  # noqa: F401
+    if server == "dropin":
+        import torchless.torch  # noqa: F401
     return time.perf_counter() - t0
 
 
@@ -452,8 +463,14 @@ def run_op(reader: str, op: str, path: str, touch: str, weights_only: bool) -> d
     else:
         import torch
 
-        obj = torch.load(path, map_location="cpu", weights_only=weights_only,
-                         mmap=reader == "torch-mmap")
+        if reader.startswith("dropin"):
+            import torchless.torch
+
+            load = torchless.torch.load
+        else:
+            load = torch.load
+        obj = load(path, map_location="cpu", weights_only=weights_only,
+                   mmap=TORCH_READERS[reader])
         flat: dict[str, Any] = {}
         flatten_torch(obj, "", flat)
         if op == "list":
@@ -612,7 +629,7 @@ def plan(files: dict[str, Any], readers: list[str]) -> list[tuple[str, str, str]
             for reader in readers:
                 if reader == "copy" and op == "list":
                     continue
-                if reader == "torch-mmap" and name == "legacy":
+                if TORCH_READERS.get(reader) and name == "legacy":
                     continue  # torch: mmap needs the ZIP layout
                 combos.append((name, op, reader))
     return combos
@@ -674,7 +691,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     continue
                 tl = base.get("torchless")
                 row["torchless_over_this"] = (tl / row["median"] if tl is not None
-                                              and row["reader"] in ("torch", "torch-mmap")
+                                              and row["reader"] in TORCH_READERS
                                               else None)
                 row["over_copy"] = (row["median"] / copy if copy and op == "read"
                                     and row["reader"] != "copy" else None)
@@ -710,7 +727,7 @@ def table(results: dict[str, Any]) -> str:
       "  +op      peak - base: the memory the op needed at its height\n"
       "  anon     anonymous RSS at the end of the op, its result still alive\n"
       "  file     file-backed RSS then (mapped checkpoint pages: the kernel can drop them)\n\n")
-    head = (f"  {'file':7} {'op':4} {'reader':10} {'median s':>9} {'min s':>8} {'max s':>8} "
+    head = (f"  {'file':7} {'op':4} {'reader':11} {'median s':>9} {'min s':>8} {'max s':>8} "
             f"{'tl/this':>7} {'xcopy':>6} {'base MiB':>8} {'peak MiB':>8} {'+op MiB':>8} "
             f"{'anon MiB':>8} {'file MiB':>8}\n")
     p(head)
@@ -725,7 +742,7 @@ def table(results: dict[str, Any]) -> str:
         if last is not None and (row["file"], row["op"]) != last:
             p("\n")
         last = (row["file"], row["op"])
-        p(f"  {row['file']:7} {row['op']:4} {row['reader']:10} {row['median']:9.4f} "
+        p(f"  {row['file']:7} {row['op']:4} {row['reader']:11} {row['median']:9.4f} "
           f"{row['min']:8.4f} {row['max']:8.4f} {num(row['torchless_over_this'], '7.2f')} "
           f"{num(row['over_copy'], '6.2f')} {num(row['base_mib'], '8.0f')} "
           f"{num(row['peak_mib'], '8.0f')} {num(row['op_mib'], '8.0f')} "
@@ -748,6 +765,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=5, help="repetitions per measurement (5)")
     ap.add_argument("--files", default=",".join(FILES),
                     help=f"comma-separated subset of {','.join(FILES)}")
+    ap.add_argument("--readers", default="",
+                    help=f"comma-separated subset of {','.join(READERS)} (default: all)")
     ap.add_argument("--touch", choices=("full", "page"), default="full",
                     help="read every byte (full, default) or one byte per 4 KiB page")
     ap.add_argument("--isolation", choices=("fork", "exec"), default="fork",
@@ -799,6 +818,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown file kinds {sorted(unknown)}; choose from {FILES}")
     have_torch = torch_present() and not args.no_torch
     readers = [r for r in READERS if have_torch or r in ("torchless", "copy")]
+    if args.readers:
+        wanted = [r for r in args.readers.split(",") if r]
+        unknown = set(wanted) - set(READERS)
+        if unknown:
+            raise SystemExit(f"unknown readers {sorted(unknown)}; choose from {READERS}")
+        readers = [r for r in readers if r in wanted]
     notes = ["all figures are warm-cache: the page cache cannot be dropped without root, so "
              "every file was read once before measuring."]
     if not have_torch:
@@ -806,8 +831,8 @@ def main(argv: list[str] | None = None) -> int:
                      "floor were measured; the files were written by the built-in writer "
                      "of torch's layouts.")
     if "legacy" in files_wanted and have_torch:
-        notes.append("torch.load(mmap=True) refuses the legacy stream, so torch-mmap has no "
-                     "legacy rows.")
+        notes.append("torch.load(mmap=True) refuses the legacy stream, so torch-mmap (and "
+                     "dropin-mmap, which refuses it as torch does) has no legacy rows.")
     weights_only = args.weights_only == "true"
     if have_torch:
         notes.append("torch.load without mmap reads every tensor's bytes into memory, even "
@@ -876,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
                 done += 1
                 shown = f"{res['seconds']:.3f} s" if "seconds" in res else res.get("error")
                 log(f"  [{done}/{total}] {time.perf_counter() - started:5.0f} s  rep {rep + 1} "
-                    f"{name:6} {op:4} {reader:10} {shown}")
+                    f"{name:6} {op:4} {reader:11} {shown}")
         if args.isolation == "exec":
             for reader in readers:
                 samples = [r["import_s"] for r in runs if r["reader"] == reader

@@ -15,6 +15,8 @@
     ├── PickleError(…, ValueError)         malformed opcode stream (offset, opcode)
     │   └── UnsupportedOpcodeError         an opcode we never accept (unknown, PERSID text …)
     ├── UnsafeGlobalError                  the file names a callable only an attack would use
+    ├── MissingFileError(…, FileNotFoundError)  no file at the path (torch.load and
+    │                                      safetensors raise FileNotFoundError there too)
     ├── LimitError                         a Limits field exceeded (which, limit, actual)
     ├── UnsupportedError                   valid but refused: sparse, quantized, encrypted …
     ├── ConversionError(…, ValueError)     the output cannot be written as asked
@@ -42,6 +44,7 @@ the message; the command line prints the hint on a second line, JSON outputs car
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 from collections.abc import Callable, Iterator
@@ -58,6 +61,7 @@ __all__ = [
     "InternalError",
     "InvalidKeyError",
     "LimitError",
+    "MissingFileError",
     "NotACheckpointError",
     "PickleError",
     "StorageError",
@@ -249,6 +253,34 @@ class UnsafeGlobalError(CheckpointError):
     ) -> None:
         super().__init__(message, path=path, member=member, offset=offset, hint=hint)
         self.names = names
+
+
+class MissingFileError(CheckpointError, FileNotFoundError):
+    """No file at the path: a ``FileNotFoundError`` too (``errno`` ENOENT, ``filename``
+    the path), as ``open``, ``torch.load`` and ``safetensors.safe_open`` raise."""
+
+    hint = ("no file at this path: check the path (a relative path starts from the current "
+            "directory)")
+
+    def __init__(self, message: str, *, path: str | None = None, member: str | None = None,
+                 offset: int | None = None, hint: str | None = None) -> None:
+        super().__init__(message, path=path, member=member, offset=offset, hint=hint)
+        self.errno = errno.ENOENT
+        self.strerror = os.strerror(errno.ENOENT)
+        self.filename = path
+
+    def __reduce__(self) -> tuple[Any, ...]:  # errno and filename are not in __dict__
+        return _rebuild_missing, (self.args, dict(self.__dict__), self.filename)
+
+
+def _rebuild_missing(args: tuple[Any, ...], state: dict[str, Any],
+                     filename: str | None) -> MissingFileError:
+    err = _rebuild(MissingFileError, args, state)
+    assert isinstance(err, MissingFileError)
+    err.errno = errno.ENOENT
+    err.strerror = os.strerror(errno.ENOENT)
+    err.filename = filename
+    return err
 
 
 class LimitError(CheckpointError):

@@ -2,8 +2,19 @@
 read by torchless, so no pickle code ever runs.
 
 ``torchless.torch.load(f, map_location=None)`` takes what ``torch.load`` takes (a path or a
-binary file object) and returns the object ``torch.load`` would, with storages shared as
-torch shares them. Unlike ``torch.load(weights_only=True)`` it reads the checkpoints that carry
+binary, seekable file object) and returns the object ``torch.load`` would, with storages
+shared as torch shares them. It reads every format :func:`torchless.load` reads, torchless's
+own safetensors and inert files too (whatever their name: Lightning opens a ``.ckpt`` that
+``InertCheckpointIO`` wrote and passes the file object to ``torch.load``).
+
+Memory is torch's: without ``mmap`` each storage is copied out of the file's map and the
+map's pages are handed back at once, so the peak is the tensors' bytes (as ``torch.load``),
+not twice them; with ``mmap=True`` (or torch's ``torch.utils.serialization.config.load.mmap``)
+tensors view a private (or, with ``torch.serialization.set_default_mmap_options(MAP_SHARED)``,
+shared) map of the file made by torch, as ``torch.load(mmap=True)`` gives them. A missing file
+is a ``FileNotFoundError`` (:class:`~torchless.errors.MissingFileError`), as torch raises.
+
+Unlike ``torch.load(weights_only=True)`` it reads the checkpoints that carry
 an ``argparse.Namespace``, NumPy values, OmegaConf or dataclass configs: what the rebuild rules
 know is rebuilt, any other object is an inert :class:`torchless.Opaque` record.
 :func:`patched` swaps ``torch.load`` for this function inside a ``with`` block (around a
@@ -22,7 +33,7 @@ from typing import IO, Any
 
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
-from torchless.errors import UnsupportedError
+from torchless.errors import CheckpointError, UnsupportedError
 from torchless.model.interop import finish_tensor, record_to_torch
 
 __all__ = ["from_array", "load", "patched"]
@@ -46,7 +57,9 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
     """``torch.load`` without running pickle code.
 
     Args:
-        f: a path, or a binary file object (read by ranges; ``seek`` and ``read``).
+        f: a path, or a binary file object: the operating system's own file (``open(path,
+            "rb")``, fsspec's local file) is mapped like its path; any other is read by
+            ranges and must be seekable (``seek``, ``tell``, ``read``).
         map_location: as ``torch.load``: None (each storage where it was saved), a device
             string or ``torch.device``, a dict mapping saved locations to others, or a
             callable ``(storage, location)`` returning a storage or None. Each storage is
@@ -56,7 +69,9 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
         weights_only: accepted for compatibility and ignored: nothing in the file can run,
             whichever value is given; unknown classes come back as inert records instead
             of being refused.
-        mmap: accepted and ignored: tensors are private, writable copies of the file's bytes.
+        mmap: as ``torch.load``: True maps the file (``f`` must be a path) and tensors view
+            the map; None takes torch's ``config.load.mmap``. A storage that is not plain
+            bytes in the file (deflated, in the other byte order) is copied.
         limits: as for :func:`torchless.open`.
         strict: as for :func:`torchless.open`.
         allow_globals: as for :func:`torchless.open`.
@@ -65,25 +80,65 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
             accepted; torchless decodes Python 2 strings its own way.
 
     Raises:
-        CheckpointError: anything wrong with the file (never a raw unpickling error).
-        ValueError: a ``pickle_module`` or an unknown keyword.
+        MissingFileError: no file at the path (a ``FileNotFoundError``).
+        CheckpointError: anything else wrong with the file.
+        ValueError: a ``pickle_module``, an unknown keyword, ``mmap`` with a file object.
     """
     if pickle_module is not None:
         raise ValueError("torchless.torch.load never unpickles: pickle_module must be None")
     unknown = set(pickle_load_args) - {"encoding"}
     if unknown:
         raise ValueError(f"unknown keyword(s) for load: {', '.join(sorted(unknown))}")
-    del weights_only, mmap
+    del weights_only
     torch = _import_torch()
+    from torchless.io.opening import is_file_object
+
+    if mmap is None:  # torch's own default (torch.serialization imports its config)
+        mmap = bool(torch.utils.serialization.config.load.mmap)
+    if mmap and is_file_object(f):
+        raise ValueError("f must be a file path in order to use the mmap argument")
+    return _load(torch, f, map_location, bool(mmap), limits or Limits(), strict,
+                 allow_globals, verify_crc)
+
+
+def _load(torch: Any, f: Any, map_location: MapLocation, mmap: bool, limits: Limits,
+          strict: bool, allow_globals: tuple[str, ...], verify_crc: bool) -> Any:
+    from torchless.errors import error_boundary
+    from torchless.inert.store import load_safetensors
+    from torchless.io.opening import open_source
+    from torchless.io.source import Source
     from torchless.reader import checkpoint as _checkpoint
     from torchless.reader import formats
 
-    if isinstance(f, (str, os.PathLike)) and formats.sniff(os.fspath(f)) == "safetensors":
-        obj = _checkpoint.load(f, tensors="torch", limits=limits, strict=strict,
-                               allow_globals=allow_globals, verify_crc=verify_crc)
-        return _relocate(obj, torch, map_location)
-    return _Loader(torch, map_location, limits or Limits()).load(f, strict, allow_globals,
-                                                                  verify_crc)
+    target = f if not isinstance(f, os.PathLike) else os.fspath(f)
+    local = isinstance(target, str) and os.path.isfile(target)
+    source: Source | None = None
+    if local or not isinstance(target, str):
+        with error_boundary("loading", target if isinstance(target, str) else None):
+            source = open_source(target)
+            try:
+                kind = formats.sniff(source)
+            except BaseException:
+                source.close()
+                raise
+            if kind != "safetensors":
+                source.close()
+                source = None
+    if source is not None:  # a safetensors or inert file: its tree, our tensors
+        loader = _Loader(torch, map_location, limits, source, target if mmap else None)
+        with error_boundary("loading", source.path):
+            obj = load_safetensors(source, tensors="torch", limits=limits,
+                                   on_tensor=lambda t, _: loader.leaf(t))
+        return obj
+    ckpt = _checkpoint.open(f, limits=limits, strict=strict, allow_globals=allow_globals,
+                            verify_crc=verify_crc)
+    own = ckpt._source if isinstance(ckpt._source, Source) else None
+    if mmap and (own is None or own.remote):
+        ckpt.close()
+        raise UnsupportedError("mmap=True maps one local file, and this checkpoint is not "
+                               "one", path=ckpt.path, hint="load it without mmap")
+    loader = _Loader(torch, map_location, limits, own, target if mmap else None)
+    return loader.load(ckpt)
 
 
 @contextlib.contextmanager
@@ -126,25 +181,31 @@ def from_array(a: Any, dtype: DType, device: str = "cpu") -> Any:
 class _Loader:
     """One load: torch storages made once per torchless storage, tensors viewing them."""
 
-    def __init__(self, torch: Any, map_location: MapLocation, limits: Limits) -> None:
+    def __init__(self, torch: Any, map_location: MapLocation, limits: Limits, source: Any,
+                 mapped: str | None) -> None:
+        """``source``: the file's :class:`Source` (pages of its map are handed back as
+        storages are copied), or None; ``mapped``: the path to map (``mmap=True``)."""
         from torchless.model.interop import torch_dtypes
 
         self.torch = torch
         self.map_location = map_location
         self.limits = limits
+        self.source = source
+        self.overall: Any = None
+        if mapped is not None and source is not None and source.size:
+            import mmap as _mmap
+
+            shared = torch.serialization.get_default_mmap_options() == _mmap.MAP_SHARED
+            self.overall = torch.UntypedStorage.from_file(mapped, shared, source.size)
         self.dtypes = torch_dtypes(torch)
         self.storages: dict[int, Any] = {}
         self.leaves: dict[int, tuple[Any, Any]] = {}  # id -> (tensor, torch value), made once
 
-    def load(self, f: Any, strict: bool, allow: tuple[str, ...], verify_crc: bool) -> Any:
-        from torchless.errors import CheckpointError
+    def load(self, ckpt: Any) -> Any:
         from torchless.model.graph import finish
         from torchless.model.walk import LEAVES
         from torchless.pickle.values import Global
-        from torchless.reader import checkpoint as _checkpoint
 
-        ckpt = _checkpoint.open(f, limits=self.limits, strict=strict, allow_globals=allow,
-                                verify_crc=verify_crc)
         with ckpt:
             unreadable = [(n, k) for n, k in ckpt.unsupported.items() if n not in ckpt.records]
             if unreadable:
@@ -172,12 +233,28 @@ class _Loader:
             return known[1]
         torch = self.torch
         unit = s.dtype.itemsize // 2 if s.dtype.name.startswith("complex") else s.dtype.itemsize
-        raw = bytearray(s.native_buffer(unit)) if s.nbytes else bytearray()
-        ust = (torch.frombuffer(raw, dtype=torch.uint8).untyped_storage() if raw
-               else torch.UntypedStorage(0))
+        ust = self.mapped(s, unit)
+        if ust is None:
+            raw = bytearray(s.native_buffer(unit)) if s.nbytes else bytearray()
+            ust = (torch.frombuffer(raw, dtype=torch.uint8).untyped_storage() if raw
+                   else torch.UntypedStorage(0))
+            if self.source is not None and s.nbytes:
+                self.source.release_view(s.buffer())  # copied: the map's pages may go
         ust = _restore(torch, ust, s.location, self.map_location)
         self.storages[id(s)] = (s, ust)  # the storage kept alive: ids stay unique
         return ust
+
+    def mapped(self, s: Any, unit: int) -> Any:
+        """``s`` as a slice of the file's torch map (``mmap=True``), as ``torch.load`` makes
+        it; None when there is no map or ``s`` is not plain bytes in the file."""
+        if self.overall is None or not s.nbytes or (s.byteorder != "little" and unit > 1) \
+                or s.streams:
+            return None
+        buf = s.buffer()
+        where = s.file_offset(self.source)
+        if where is None and isinstance(buf, memoryview):
+            where = self.source.offset_of(buf)
+        return None if where is None else self.overall[where:where + s.nbytes]
 
     def leaf(self, t: Any) -> Any:
         """The torch value of ``t``, one per tensor: a tensor the file holds twice (the
@@ -228,14 +305,3 @@ def _restore(torch: Any, storage: Any, location: str, map_location: MapLocation)
         return default(storage, location) if result is None else result
     raise TypeError(f"map_location must be None, a str, a torch.device, a dict or a "
                     f"callable, not {type(map_location).__name__}")
-
-
-def _relocate(obj: Any, torch: Any, map_location: MapLocation) -> Any:
-    """An inert file's tensors are CPU tensors; a map_location that keeps them there is
-    accepted (a dict or callable is not consulted: the file records no saved location)."""
-    if map_location is None or callable(map_location) or isinstance(map_location, dict) \
-            or str(map_location) == "cpu":
-        return obj
-    raise UnsupportedError(f"map_location={map_location!r} for an inert file: its tensors "
-                           "load on the CPU", hint="load with map_location='cpu' and move "
-                                                   "the tensors with .to(device)")

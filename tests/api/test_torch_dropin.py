@@ -206,8 +206,14 @@ def test_inert_files(torch: ModuleType, tmp_path: Path) -> None:
     got = tt.load(tmp_path / "c.safetensors", map_location="cpu")
     assert isinstance(got["w"], torch.nn.Parameter) and torch.equal(got["w"], obj["w"])
     assert got["epoch"] == 4 and got["dtype"] is torch.bfloat16
-    with pytest.raises(torchless.UnsupportedError, match="map_location"):
-        tt.load(tmp_path / "c.safetensors", map_location="meta")
+    # map_location applies as to the same object saved by torch.save (the inert file's
+    # storages were saved on the CPU)
+    torch.save(obj, tmp_path / "c.pt")
+    for where in ("meta", {"cpu": "meta"}, lambda s, loc: s):
+        want = torch.load(tmp_path / "c.pt", map_location=where)
+        meta = tt.load(tmp_path / "c.safetensors", map_location=where)
+        assert meta["w"].device == want["w"].device and meta["w"].shape == want["w"].shape
+        assert type(meta["w"]) is type(want["w"])
 
 
 def _identities(obj: Any, torch: ModuleType) -> list[int]:

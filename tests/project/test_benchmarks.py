@@ -101,18 +101,19 @@ def test_bench_read_with_torch(torch: ModuleType) -> None:
     assert set(results["files"]) == set(READ_FILES)
     for info in results["files"].values():
         assert all(_positive(info[k]) for k in ("tensors", "tensor_bytes", "file_bytes"))
-    assert set(results["imports"]) == {"plain", "torch", "torchless"}
+    assert set(results["imports"]) == {"plain", "torch", "torchless", "dropin"}
     assert all(v["import_s"] >= 0 for v in results["imports"].values())
 
     want = {(f, op, r) for f in READ_FILES for op in ("list", "read")
-            for r in ("torchless", "torch-mmap", "torch", "copy")
-            if not (r == "copy" and op == "list") and not (r == "torch-mmap" and f == "legacy")}
+            for r in ("torchless", "torch-mmap", "torch", "dropin", "dropin-mmap", "copy")
+            if not (r == "copy" and op == "list")
+            and not (r in ("torch-mmap", "dropin-mmap") and f == "legacy")}
     summary = {(row["file"], row["op"], row["reader"]): row for row in results["summary"]}
     assert set(summary) == want
     for (_, op, reader), row in summary.items():
         assert row["n"] == 1
         assert all(_positive(row[k]) for k in ("median", "min", "max", "peak_mib")), row
-        if reader in ("torch", "torch-mmap"):
+        if reader in ("torch", "torch-mmap", "dropin", "dropin-mmap"):
             assert _positive(row["torchless_over_this"]), row
         else:
             assert row["torchless_over_this"] is None
@@ -132,7 +133,7 @@ def test_bench_read_with_torch(torch: ModuleType) -> None:
     for (_, op, reader), cols in rows.items():
         assert all(re.fullmatch(NUMBER, c) for c in cols[:3]), cols  # median, min, max
         tl_this, xcopy = cols[3], cols[4]
-        if reader in ("torch", "torch-mmap"):
+        if reader in ("torch", "torch-mmap", "dropin", "dropin-mmap"):
             assert re.fullmatch(NUMBER, tl_this), cols
         else:
             assert tl_this == "-", cols

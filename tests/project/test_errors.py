@@ -29,6 +29,7 @@ from torchless import (
     InternalError,
     InvalidKeyError,
     LimitError,
+    MissingFileError,
     NotACheckpointError,
     PickleError,
     StorageError,
@@ -78,6 +79,7 @@ ADVICE: dict[type[CheckpointError], tuple[str, ...]] = {
     ConversionError: ("output",),
     InvalidKeyError: ("--key",),
     InternalError: ("bug in torchless", "not a verdict on the file", "report"),
+    MissingFileError: ("no file at this path", "relative path"),
 }
 
 
@@ -130,7 +132,7 @@ def _instances() -> list[CheckpointError]:
     for cls in EXPORTED:
         if cls is LimitError:
             out.append(LimitError("max_depth", 4, 9, "nesting", path="p", offset=1, hint="h!"))
-        elif cls is UnsafeGlobalError:
+        elif issubclass(cls, UnsafeGlobalError):
             out.append(UnsafeGlobalError("refused", names=("os.system",), path="p",
                                          member="m", offset=2, hint="h!"))
         else:

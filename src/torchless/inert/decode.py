@@ -766,9 +766,11 @@ _HANDLERS: dict[str, Callable[[_Decoder, Any, int, int | None], Any]] = {
 
 
 def plain(entries: Entries, data: memoryview, *, tensors: TensorMode = "numpy",
-          copy: bool = False) -> dict[str, Any]:
-    """The tensors of a safetensors file with no tree, by name in file order."""
-    dec = _Decoder(entries, data, tensors, default_types, Limits(), copy, None)
+          copy: bool = False,
+          on_tensor: Callable[[Tensor, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """The tensors of a safetensors file with no tree, by name in file order
+    (``on_tensor(t, {})``: each tensor as the caller makes it, as for :func:`decode`)."""
+    dec = _Decoder(entries, data, tensors, default_types, Limits(), copy, on_tensor)
     by_st = {d.safetensors: d for d in _dtypes.DTYPES if d.safetensors is not None}
     out: dict[str, Any] = {}
     for name, (st, shape, begin, end) in entries.items():
@@ -776,7 +778,8 @@ def plain(entries: Entries, data: memoryview, *, tensors: TensorMode = "numpy",
         view = data[begin:end]
         storage = Storage(name, dtype, end - begin, lambda v=view: v)  # type: ignore[misc]
         stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-        out[name] = dec.leaf(Tensor(storage, dtype, shape, stride, 0))
+        t = Tensor(storage, dtype, shape, stride, 0)
+        out[name] = on_tensor(t, {}) if on_tensor is not None else dec.leaf(t)
     return out
 
 

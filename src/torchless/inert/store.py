@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from torchless.core.limits import Limits
@@ -20,6 +21,7 @@ from torchless.inert import decode as _inert_read
 from torchless.inert import encode as _inert_write
 from torchless.inert import schema as _inert
 from torchless.io.source import Source
+from torchless.model.tensor import Tensor
 from torchless.write.safetensors import plan, read_header, write_atomic
 
 __all__ = ["load_safetensors", "save"]
@@ -68,18 +70,23 @@ def save(obj: Any, path: str | os.PathLike[str], *,
                       "itself)", _inert.OpaqueObjectWarning, stacklevel=2)
 
 
-def load_safetensors(path: str, *, tensors: _inert.TensorMode = "numpy",
+def load_safetensors(path: str | Source, *, tensors: _inert.TensorMode = "numpy",
                      types: _inert.TypeRegistry | None = None, limits: Limits | None = None,
-                     copy: bool = False) -> Any:
+                     copy: bool = False,
+                     on_tensor: Callable[[Tensor, dict[str, Any]], Any] | None = None) -> Any:
     """The object of an inert file; for another safetensors file, ``{name: tensor}`` in
-    file order."""
-    with Source(path) as src:
+    file order. ``path``: the file, or its open source (closed here); ``on_tensor``: as for
+    :func:`torchless.inert.decode.decode`."""
+    with path if isinstance(path, Source) else Source(path) as src:
+        path = src.path
         try:
             header = read_header(src.buffer, (limits or Limits()).max_depth)
             data = src.buffer[header.data_start:]
             if _inert.FORMAT_KEY in header.metadata:
                 return _inert_read.decode(header.metadata, header.entries, data, tensors=tensors,
-                                     types=types, limits=limits, copy=copy)
-            return _inert_read.plain(header.entries, data, tensors=tensors, copy=copy)
+                                          types=types, limits=limits, copy=copy,
+                                          on_tensor=on_tensor)
+            return _inert_read.plain(header.entries, data, tensors=tensors, copy=copy,
+                                     on_tensor=on_tensor)
         except CheckpointError as e:
             raise e.add_context(path=path) from None

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Callable, Iterator
 from types import TracebackType
 
-from torchless.errors import CheckpointError, FormatError, TruncatedInputError
+from torchless.errors import CheckpointError, FormatError, MissingFileError, TruncatedInputError
 
 __all__ = ["Source"]
 
@@ -45,13 +45,18 @@ class Source:
     #: fills it in: the sniffers, the ZIP reader and the scanner each ask).
     zip_ends: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
-    def __init__(self, path: str | os.PathLike[str], *, copy_below: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, copy_below: int = 0,
+                 fd: int | None = None) -> None:
         """``copy_below``: a file of at most this many bytes is read into memory instead
         of mapped (for a scan of many small files, a map's set-up, page faults and unmap
-        cost more than a copy)."""
+        cost more than a copy). ``fd``: the file is this open descriptor (of an open file
+        object; duplicated, the caller's stays open), ``path`` only its name."""
         self.path = os.fspath(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0)) if fd is None \
+                else os.dup(fd)
+        except FileNotFoundError as e:
+            raise MissingFileError(f"cannot open: {e.strerror or e}", path=self.path) from None
         except OSError as e:
             raise CheckpointError(f"cannot open: {e.strerror or e}", path=self.path,
                                   hint="check the path (relative paths start from the "
@@ -186,6 +191,14 @@ class Source:
         except OSError as e:
             raise CheckpointError(f"cannot read: {e.strerror or e}", path=self.path) from None
         return out
+
+    def release_view(self, view: memoryview | bytes) -> None:
+        """:meth:`release` the pages under ``view`` when it is a slice of this file's map
+        (a copy of the bytes has been made and the map's pages need not stay resident)."""
+        if isinstance(view, memoryview):
+            where = self.offset_of(view)
+            if where is not None:
+                self.release(where, view.nbytes)
 
     def close(self) -> None:
         """Drop our reference; arrays still viewing the map keep it alive until they go."""

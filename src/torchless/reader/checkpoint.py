@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,9 +23,8 @@ from torchless.errors import (
     reports_bugs,
 )
 from torchless.inert.schema import TensorMode, TypeRegistry
-from torchless.io.detect import looks_like_safetensors
-from torchless.io.remote import RemoteSource, is_remote
-from torchless.io.source import Source
+from torchless.io.opening import is_file_object, open_source
+from torchless.io.remote import is_remote
 from torchless.model.graph import finish, flatten
 from torchless.model.interop import record_to_torch, to_torch
 from torchless.model.kinds import TensorRecord
@@ -152,8 +150,7 @@ def open(
         CheckpointError: (a subclass of it) for anything wrong with the file.
     """
     lim = limits if limits is not None else Limits()
-    remote = is_remote(path)
-    spath = path if remote else os.fspath(path)
+    spath = path if is_file_object(path) or is_remote(path) else os.fspath(path)
     label = spath if isinstance(spath, str) else "<file object>"
     with error_boundary("reading", label, max_depth=lim.max_depth):
         return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc)
@@ -165,20 +162,20 @@ def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_n
         found = registry.find_directory(path)
         return _read(path, found.name, lambda: found.open(path, limits, verify_crc), None,
                      limits, strict, allow, root_name)
-    if isinstance(path, str) and not is_remote(path):
-        kind = formats.sniff(path)
-        if kind is not None:  # torchless's own outputs: safetensors, inert, index files
-            opened: Checkpoint = formats.open_other(
-                kind, path, limits,
-                lambda shard: _open(shard, limits, strict, allow, root_name, verify_crc),
-                Checkpoint)
-            return opened
-    source = RemoteSource(path) if is_remote(path) else Source(path)
+    source = open_source(path)
     try:
-        layout = registry.find_file(source)
+        kind = formats.sniff(source)
+        if kind is None:
+            layout = registry.find_file(source)
     except BaseException:
         source.close()
         raise
+    if kind is not None:  # torchless's own outputs: safetensors, inert, index files
+        opened: Checkpoint = formats.open_other(
+            kind, source, limits,
+            lambda shard: _open(shard, limits, strict, allow, root_name, verify_crc),
+            Checkpoint)
+        return opened
     return _read(source.path, layout.name, lambda: layout.open(source, limits, verify_crc),
                  source, limits, strict, allow, root_name)
 
@@ -275,11 +272,20 @@ def load(
     """
     if tensors not in ("numpy", "torch"):
         raise ValueError("tensors must be 'numpy' or 'torch'")
-    spath: Any = path if is_remote(path) else os.fspath(path)
-    if not is_remote(spath) and _is_safetensors(spath):
-        from torchless.inert.store import load_safetensors
+    spath: Any = path if is_file_object(path) or is_remote(path) else os.fspath(path)
+    if not (isinstance(spath, str) and not is_remote(spath) and os.path.isdir(spath)):
+        source = open_source(spath)
+        try:
+            safetensors = formats.sniff(source) == "safetensors"
+        except BaseException:
+            source.close()
+            raise
+        if safetensors:
+            from torchless.inert.store import load_safetensors
 
-        return load_safetensors(spath, tensors=tensors, types=types, limits=limits, copy=copy)
+            return load_safetensors(source, tensors=tensors, types=types, limits=limits,
+                                    copy=copy)
+        source.close()
     torch = None
     if tensors == "torch":
         import sys
@@ -331,14 +337,3 @@ def load(
             raise e.add_context(path=ckpt.path) from None
     finally:
         ckpt.close()
-
-
-def _is_safetensors(path: str) -> bool:
-    """Whether the file starts like a safetensors file (its own reader checks the rest)."""
-    try:
-        with builtins.open(path, "rb") as f:
-            head = f.read(9)
-            size = os.fstat(f.fileno()).st_size
-    except OSError:
-        return False  # open() reports it
-    return looks_like_safetensors(head + b" ", size)

@@ -10,18 +10,16 @@ cannot run code).
 
 from __future__ import annotations
 
-import builtins
 import json
 import math
 import os
-import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchless.core import dtypes as _dtypes
 from torchless.core import jsondepth
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, FormatError, LimitError, UnsafePathError
+from torchless.errors import FormatError, LimitError, UnsafePathError, UnsupportedError
 from torchless.inert import schema as _schema
 from torchless.io.detect import looks_like_safetensors
 from torchless.io.source import Source
@@ -37,28 +35,16 @@ __all__ = ["MAX_INDEX_BYTES", "entry_tensors", "open_other", "read_index", "snif
 MAX_INDEX_BYTES = 64 << 20
 
 
-def sniff(path: str) -> str | None:
+def sniff(source: Source) -> str | None:
     """``"safetensors"``, ``"index"`` (a JSON object with a ``weight_map``) or None."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None  # never read a device or a pipe here: the torch path refuses it
-        with builtins.open(path, "rb") as f:
-            head = f.read(512)
-            size = os.fstat(f.fileno()).st_size
-    except OSError:
-        return None  # the torch path reports it
+    size = source.size
+    head = bytes(source.read(0, min(size, 512), "file header")) if size else b""
     if looks_like_safetensors(head + b" ", size):
         return "safetensors"
-    if head.lstrip()[:1] == b"{" and b'"weight_map"' in _index_bytes(path, size, head):
+    if head.lstrip()[:1] == b"{" and size <= MAX_INDEX_BYTES and \
+            b'"weight_map"' in source.read(0, size, "index"):
         return "index"
     return None
-
-
-def _index_bytes(path: str, size: int, head: bytes) -> bytes:
-    if size > MAX_INDEX_BYTES:
-        return head
-    with builtins.open(path, "rb") as f:
-        return f.read(MAX_INDEX_BYTES)
 
 
 class _Shards:
@@ -72,22 +58,26 @@ class _Shards:
             c.close()
 
 
-def open_other(kind: str, path: str, limits: Limits,
+def open_other(kind: str, source: Source, limits: Limits,
                open_file: Callable[[str], Any], make: Callable[..., Any]) -> Any:
-    """A checkpoint of a safetensors or index file. ``open_file(path)`` opens a shard and
-    ``make(...)`` builds the :class:`Checkpoint` (both from :mod:`.checkpoint`)."""
+    """A checkpoint of a safetensors or index file (``source``, which it owns from now on:
+    closed with it, or here on failure). ``open_file(path)`` opens a shard and ``make(...)``
+    builds the :class:`Checkpoint` (both from :mod:`.checkpoint`)."""
     if kind == "safetensors":
-        return _safetensors(path, limits, make)
-    return _index(path, limits, open_file, make)
+        return _safetensors(source, limits, make)
+    try:
+        return _index(source, limits, open_file, make)
+    finally:
+        source.close()  # the index is read whole: its shards are what stays open
 
 
-def _safetensors(path: str, limits: Limits, make: Callable[..., Any]) -> Any:
+def _safetensors(source: Source, limits: Limits, make: Callable[..., Any]) -> Any:
     # the writer's header parser and the inert decoder only when such a file is met: a
     # torch checkpoint's inspect never imports them
     from torchless.inert import decode as _decode
     from torchless.write.safetensors import read_header
 
-    source = Source(path)
+    path = source.path
     try:
         header = read_header(source.buffer, limits.max_depth)
         data = source.buffer[header.data_start:]
@@ -133,16 +123,12 @@ def _plain(header: SafetensorsHeader, data: memoryview) -> dict[str, Tensor]:
     return lazy
 
 
-def read_index(path: str, limits: Limits) -> tuple[dict[str, str], dict[str, Any]]:
+def read_index(source: Source, limits: Limits) -> tuple[dict[str, str], dict[str, Any]]:
     """An index's ``weight_map`` (tensor name -> shard file name, checked to be a plain name
     in the index's directory) and its ``metadata``."""
-    try:
-        with builtins.open(path, "rb") as f:
-            raw = f.read(MAX_INDEX_BYTES + 1)
-    except OSError as e:
-        raise CheckpointError(f"cannot read the index: {e.strerror or e}") from None
-    if len(raw) > MAX_INDEX_BYTES:
-        raise LimitError("index bytes", MAX_INDEX_BYTES, len(raw), "an index file")
+    if source.size > MAX_INDEX_BYTES:
+        raise LimitError("index bytes", MAX_INDEX_BYTES, source.size, "an index file")
+    raw = source.read(0, source.size, "index")
     try:
         doc = jsondepth.loads(raw.decode("utf-8"), max_depth=limits.max_depth, what="the index")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -159,9 +145,15 @@ def read_index(path: str, limits: Limits) -> tuple[dict[str, str], dict[str, Any
     return wmap, meta if isinstance(meta, dict) else {}
 
 
-def _index(path: str, limits: Limits, open_file: Callable[[str], Any],
+def _index(source: Source, limits: Limits, open_file: Callable[[str], Any],
            make: Callable[..., Any]) -> Any:
-    wmap, meta = read_index(path, limits)
+    path = source.path
+    wmap, meta = read_index(source, limits)
+    if source.remote or not os.path.isfile(path):
+        raise UnsupportedError("an index names its shards as files beside it, and this one "
+                               "was given without a local path to find them by",
+                               hint="pass the index's path (a file object of it has no "
+                                    "directory)")
     folder = os.path.dirname(os.path.abspath(path))
     shards = _Shards()
     try:
