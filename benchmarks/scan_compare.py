@@ -10,6 +10,7 @@ Usage::
     python benchmarks/scan_compare.py VENV --hostile /tmp/hostile --extra DIR --json
     python benchmarks/scan_compare.py VENV --labelled-only   # the labelled set alone
     python benchmarks/scan_compare.py VENV --throughput      # files/s on fixtures + corpus
+    python benchmarks/scan_compare.py VENV --throughput --whole-process  # and whole processes
     python benchmarks/scan_compare.py "$VIRTUAL_ENV" --quick   # a few files: a smoke run
 
 The files and what each must get (the labels come from the hostile manifest, the corpus
@@ -35,6 +36,14 @@ not ``is_safe`` (severity above LIKELY_SAFE).
 ``--throughput`` times each tool over the repo's fixtures and corpus and the shared fixtures
 (the real checkpoints, 5 interleaved rounds, median), in files per second of wall time and
 of the scanning thread's CPU time, each tool (torchless too) in a fresh process per round.
+With ``--whole-process`` it then times whole processes on the same files, interpreter start
+and imports included: ``python -m torchless scan FILES...`` (the command a user runs, its
+report printed to /dev/null) against one picklescan process that imports
+``picklescan.scanner`` and calls ``scan_file_path`` on each file (its command line takes one
+path), median of the same number of interleaved rounds, wall time and the child's CPU time.
+Every process of either table runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE``
+dropped from its environment) after one untimed warm-up process per tool, so that neither
+tool's imports are timed compiling source: an installed package has its ``.pyc`` files.
 
 Each tool scans one file at a time through its Python API in one process (picklescan's
 ``scan_file_path``; modelscan's ``ModelScan().scan``; ``torchless.scan``), so interpreter start
@@ -57,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -249,7 +259,7 @@ def _runner(python: Path | str, tool: str, paths: list[str],
     with tempfile.TemporaryDirectory() as cwd:  # tools that write reports write them here
         cp = subprocess.run([str(python), "-c", _FOREIGN, tool, str(rounds)],
                             input=json.dumps(paths), capture_output=True, text=True, cwd=cwd,
-                            check=False, timeout=3600)
+                            check=False, timeout=3600, env=_cached_env())
     if cp.returncode:
         raise SystemExit(f"{tool} runner failed: {cp.stderr[-2000:]}")
     got = json.loads(cp.stdout)
@@ -259,7 +269,74 @@ def _runner(python: Path | str, tool: str, paths: list[str],
     return got
 
 
-def throughput(venv: Path, rounds: int = 5) -> int:
+def _cached_env() -> dict[str, str]:
+    """This environment with bytecode caching on (an installed package has its .pyc files;
+    a tool timed compiling its source would be timed for what no user waits for)."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+_PICKLESCAN_PROCESS = (
+    "import logging, sys\n"
+    "logging.disable(logging.CRITICAL)\n"
+    "from picklescan.scanner import scan_file_path\n"
+    "for p in sys.argv[1:]:\n"
+    "    scan_file_path(p)\n")
+
+
+def _whole_commands(venv: Path, paths: list[str]) -> dict[str, list[str]]:
+    """The whole-process command of each tool over ``paths`` (see the module docstring)."""
+    return {"torchless": [sys.executable, "-m", "torchless", "scan", *paths],
+            "picklescan": [str(venv_python(venv)), "-c", _PICKLESCAN_PROCESS, *paths]}
+
+
+def _timed_process(cmd: list[str]) -> tuple[float, float] | None:
+    """(wall seconds, CPU seconds) of one run of ``cmd``, output to /dev/null; None if it
+    failed to start its tool (exit code other than a scan verdict's 0, 1, 2)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cwd:
+        cp = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
+                            env=_cached_env(), check=False, timeout=3600)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cp.returncode not in (0, 1, 2):
+        return None
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def whole_process(venv: Path, paths: list[str], rounds: int = 5) -> None:
+    """Whole processes (start and imports included) of torchless and picklescan over
+    ``paths``: ``rounds`` interleaved rounds after one warm-up each, the medians."""
+    commands = _whole_commands(venv, paths)
+    for cmd in commands.values():
+        _timed_process(cmd)  # warm-up: bytecode written, files in the page cache
+    wall: dict[str, list[float]] = {t: [] for t in commands}
+    cpu: dict[str, list[float]] = {t: [] for t in commands}
+    for _ in range(rounds):
+        for tool, cmd in commands.items():
+            got = _timed_process(cmd)
+            if got is not None:
+                wall[tool].append(got[0])
+                cpu[tool].append(got[1])
+    print(f"\nWhole process on the same {len(paths)} files, median of {rounds} interleaved "
+          "rounds, interpreter start and imports included (torchless: `python -m torchless "
+          "scan FILES...`; picklescan: one process importing it and scanning each file)\n")
+    print("| scanner | seconds | files/s | time vs torchless | CPU seconds | CPU files/s | "
+          "CPU vs torchless |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ours, ours_cpu = statistics.median(wall["torchless"]), statistics.median(cpu["torchless"])
+    for tool, runs in wall.items():
+        if not runs:
+            print(f"| {tool} | {NOT_INSTALLED} | | | | | |")
+            continue
+        med, med_cpu = statistics.median(runs), statistics.median(cpu[tool])
+        print(f"| {tool} | {med:.3f} | {len(paths) / med:.0f} | {med / ours:.2f}x | "
+              f"{med_cpu:.3f} | {len(paths) / med_cpu:.0f} | {med_cpu / ours_cpu:.2f}x |")
+
+
+def throughput(venv: Path, rounds: int = 5, whole: bool = False) -> int:
     """Files per second of each tool on real checkpoints: ``rounds`` interleaved rounds, each
     tool once per round in a process of its own (torchless too, run by this interpreter,
     through the same timing loop), the median round. Wall time is what a user waits for; on
@@ -268,6 +345,8 @@ def throughput(venv: Path, rounds: int = 5) -> int:
     paths = throughput_files()
     wall: dict[str, list[float]] = {t: [] for t in ("torchless", *TOOLS)}
     cpu: dict[str, list[float]] = {t: [] for t in wall}
+    for tool in wall:  # warm-up, untimed: bytecode written, files in the page cache
+        _runner(sys.executable if tool == "torchless" else venv_python(venv), tool, paths)
     for _ in range(rounds):
         for tool in wall:
             got = _runner(sys.executable if tool == "torchless" else venv_python(venv), tool,
@@ -289,6 +368,8 @@ def throughput(venv: Path, rounds: int = 5) -> int:
         med, med_cpu = statistics.median(runs), statistics.median(cpu[tool])
         print(f"| {tool} | {med:.3f} | {len(paths) / med:.0f} | {med / ours:.2f}x | "
               f"{med_cpu:.3f} | {len(paths) / med_cpu:.0f} | {med_cpu / ours_cpu:.2f}x |")
+    if whole:
+        whole_process(venv, paths, rounds)
     return 0
 
 
@@ -320,6 +401,9 @@ def main() -> int:
                     help="grade only the labelled scan set (tests/scanner/labelled)")
     ap.add_argument("--throughput", action="store_true",
                     help="files per second of each tool on real checkpoints, then exit")
+    ap.add_argument("--whole-process", action="store_true",
+                    help="with --throughput: also time whole processes (interpreter start and "
+                         "imports included) of torchless and picklescan on the same files")
     ap.add_argument("--quick", action="store_true",
                     help=f"a smoke run in seconds: only the hostile cases whose id contains "
                          f"{QUICK_ONLY!r}, at most {QUICK_LIMIT} files of each kind per set "
@@ -327,7 +411,7 @@ def main() -> int:
     args = ap.parse_args()
     venv_python(args.venv)  # a wrong VENV fails before the scans, not after
     if args.throughput:
-        return throughput(args.venv)
+        return throughput(args.venv, whole=args.whole_process)
     with tempfile.TemporaryDirectory() as tmp:
         files = scan_set(Path(tmp) / "labelled")
         if not args.labelled_only:

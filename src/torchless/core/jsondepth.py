@@ -4,8 +4,9 @@
 ``RecursionError`` (or exhaust the C stack) instead of a parse error. :func:`loads` first
 measures the nesting in linear time, without recursion: complete strings are cut out with
 one regular expression (whatever brackets they hold are not structure), everything but
-brackets is dropped, and the deepest prefix count of ``[{`` minus ``]}`` is taken in
-fixed-size NumPy blocks. Text after an unterminated string is not structure either: the
+brackets is dropped, and the deepest prefix count of ``[{`` minus ``]}`` is taken by
+``itertools.accumulate`` over the brackets as signed bytes (no NumPy: scanning a safetensors
+file must not import it). Text after an unterminated string is not structure either: the
 parser stops there.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
+from itertools import accumulate
 from typing import Any
 
 from torchless.errors import FormatError, LimitError
@@ -22,26 +25,15 @@ __all__ = ["loads", "nesting"]
 # the unrolled form: linear, no backtracking between its alternatives
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r'[^\[\]{}"]+')
-#: Brackets counted per NumPy block (bounds the memory the count takes).
-_BLOCK = 1 << 20
+#: An opening bracket counts 1, a closing one -1 (0xff as a signed byte).
+_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 
 def nesting(text: str) -> int:
     """The deepest nesting of arrays and objects in ``text`` (0 for a scalar)."""
-    import numpy as np
-
     structure = _NOT_BRACKET.sub("", _STRING.sub("", text)).split('"', 1)[0]
-    raw = structure.encode("ascii")
-    deepest = level = 0
-    for start in range(0, len(raw), _BLOCK):
-        block = np.frombuffer(raw, dtype=np.uint8, count=min(_BLOCK, len(raw) - start),
-                              offset=start)
-        opens = (block == ord("[")) | (block == ord("{"))
-        steps = np.where(opens, 1, -1).astype(np.int64)
-        levels = np.cumsum(steps) + level
-        deepest = max(deepest, int(levels.max()))
-        level = int(levels[-1])
-    return deepest
+    steps = array("b", structure.encode("ascii").translate(_STEPS))
+    return max(accumulate(steps, initial=0))
 
 
 def loads(text: str, *, max_depth: int, what: str, **options: Any) -> Any:
