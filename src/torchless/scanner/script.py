@@ -106,12 +106,28 @@ _VALUE: Meaning = ("value",)
 _NAMESPACE_KINDS = frozenset({"ns", "ops", "classes", "pkg", "builtin"})
 #: Nodes that may be references (a name read, an attribute, ``getattr(x, "y")``, imports).
 _CANDIDATES = frozenset({ast.Name, ast.Attribute, ast.Call, ast.Import, ast.ImportFrom})
-#: Load, Store, Del: the contexts of names, attributes and subscripts (nothing below them).
-_CONTEXTS = frozenset({ast.Load, ast.Store, ast.Del})
-#: Nodes that bind names.
+#: Fields that never hold a node: the contexts, and what the grammar types ``identifier``,
+#: ``int`` or ``string`` (names, levels, flags, type comments).
+_NOT_NODES = frozenset({"ctx", "id", "attr", "name", "arg", "module", "asname", "level",
+                        "kind", "type_comment", "conversion", "is_async"})
+#: Each node type's fields that may hold nodes, in order (:func:`_child_fields`).
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a node type that may hold child nodes: all of ``_fields`` but the
+    ``ctx`` of a name, attribute or subscript (a Load, Store or Del, which has no children
+    and binds nothing)."""
+    if kind is ast.Constant:  # its value is a Python constant, never a node
+        return ()
+    fields: tuple[str, ...] = getattr(kind, "_fields", ())
+    return tuple(f for f in fields if f not in _NOT_NODES)
+
+
+#: Nodes that bind names (and a Name stored or deleted: :meth:`_Module._walk` takes it first).
 _BINDS = frozenset({ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.AugAssign, ast.For,
                     ast.AsyncFor, ast.comprehension, ast.withitem, ast.ExceptHandler,
-                    ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Name})
+                    ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal})
 
 
 @dataclass(frozen=True)
@@ -270,15 +286,23 @@ class _Module:
         stack: list[tuple[ast.AST, _Scope]] = [(self.tree, module)]
         scope_of, parent, candidates = self.scope_of, self.parent, self.candidates
         AST = ast.AST
+        child_fields = _CHILD_FIELDS
+        Name, Load = ast.Name, ast.Load
         while stack:
             node, scope = stack.pop()
             kind = type(node)
+            if kind is Name:  # most nodes: a reference or a binding, and no children
+                scope_of[id(node)] = scope
+                if type(node.ctx) is Load:  # type: ignore[attr-defined]
+                    candidates.append(node)
+                elif node.id not in scope.bound:  # type: ignore[attr-defined]
+                    self._bind(scope, node.id, None)  # type: ignore[attr-defined]
+                continue
             inner = scope
             outside: tuple[ast.AST | None, ...] = ()
             if kind in _CANDIDATES:
                 scope_of[id(node)] = scope
-                if kind is not ast.Name or type(node.ctx) is ast.Load:  # type: ignore[attr-defined]
-                    candidates.append(node)
+                candidates.append(node)
             if kind in _BINDS:
                 self._binding_sites(node, scope, module)
             if kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
@@ -302,21 +326,28 @@ class _Module:
                 self._bind(scope, node.name, None)
                 inner = _Scope(scope, False)
                 outside = (*node.bases, *node.keywords, *node.decorator_list)
-            # the children (what ast.iter_child_nodes yields, without its generators)
-            for value in vars(node).values():
-                if isinstance(value, AST):
-                    if type(value) in _CONTEXTS:
-                        continue
-                    children: list[ast.AST] = [value]
-                elif type(value) is list:
-                    children = [v for v in value if isinstance(v, AST)]
+            # the children, in the order of the node's fields (what ast.iter_child_nodes
+            # yields, without its generators, and no Load/Store/Del context)
+            fields = child_fields.get(kind)
+            if fields is None:
+                fields = child_fields[kind] = _child_fields(kind)
+            for field in fields:
+                value = getattr(node, field, None)
+                if type(value) is list:
+                    children: list[ast.AST] = [v for v in value if isinstance(v, AST)]
+                elif isinstance(value, AST):
+                    children = [value]
                 else:
+                    continue
+                if not outside:
+                    for child in children:
+                        parent[id(child)] = node
+                        stack.append((child, inner))
                     continue
                 for child in children:
                     parent[id(child)] = node
                     # decorators, defaults, annotations of parameters, bases: read outside
-                    stack.append((child, scope if outside and any(child is o for o in outside)
-                                  else inner))
+                    stack.append((child, scope if any(child is o for o in outside) else inner))
 
     def _bind(self, scope: _Scope, name: str, value: ast.expr | None) -> None:
         self.bindings.append((scope, name, value))
@@ -341,9 +372,6 @@ class _Module:
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             for name in node.names:  # assignments there bind here too: be general
                 self._bind(module, name, None)
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            if node.id not in scope.bound:
-                self._bind(scope, node.id, None)
 
     def _pair(self, scope: _Scope, target: ast.AST, value: ast.expr | None) -> None:
         """Bind the names in ``target`` to the parts of ``value`` (element by element where
