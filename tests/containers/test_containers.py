@@ -299,3 +299,59 @@ def test_every_registered_layout_passes_the_contract() -> None:
 
     tested = {cls.layout for cls in ContainerContract.__subclasses__()}
     assert set(registry.layouts()) <= tested, set(registry.layouts()) - tested
+
+
+class TestZero(ContainerContract):
+    """A DeepSpeed ZeRO-2 directory of one rank, written with torch.save in DeepSpeed's
+    layout (the DeepSpeed-written cases are in test_zero.py): ``w`` from the flat fp32
+    partition (padded to ``2 * world_size``), ``b`` a buffer of the model states."""
+
+    format = "zero"
+    layout = "zero"
+    member = "global_step1/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+
+    def make(self, torch: Any, path: Path) -> None:
+        tag = path / "global_step1"
+        tag.mkdir(parents=True)
+        (path / "latest").write_text("global_step1")
+        state = _state(torch)
+        torch.save({"module": {"b": state["b"]}, "buffer_names": ["b"],
+                    "param_shapes": [{"w": torch.Size([2, 3])}], "shared_params": {},
+                    "frozen_param_shapes": None, "global_steps": 1},
+                   tag / "mp_rank_00_model_states.pt")
+        flat = torch.cat([state["w"].reshape(-1), torch.zeros(0)])
+        torch.save({"optimizer_state_dict": {
+            "zero_stage": 2, "partition_count": [1], "single_partition_of_fp32_groups": [flat],
+            "base_optimizer_state": {"state": {0: {"exp_avg": torch.ones(6)}},
+                                     "param_groups": [{"lr": 0.1, "params": [0]}]}}},
+                   path / self.member)
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("zero", "zero")
+            assert ckpt.info["era"] and ckpt.info["zero_stage"] == 2
+            assert list(ckpt.tensors) == ["b", "w"]
+            np.testing.assert_array_equal(ckpt.numpy("w"), W)
+            np.testing.assert_array_equal(ckpt.numpy("b"), B)
+            assert not ckpt.numpy("w").flags.writeable
+        loaded = torchless.load(file)
+        np.testing.assert_array_equal(loaded["module"]["w"], W)
+        np.testing.assert_array_equal(loaded["optimizer"]["state"]["w"]["exp_avg"],
+                                      np.ones((2, 3), np.float32))
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        data = (file / self.member).read_bytes()
+        for n in range(0, len(data), 7):
+            (file / self.member).write_bytes(data[:n])
+            with pytest.raises(torchless.CheckpointError) as info:
+                torchless.load(file)
+            assert type(info.value) is not torchless.CheckpointError, n
+            assert not isinstance(info.value, torchless.InternalError), n
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        """A partition with bytes after its archive is refused, naming the file."""
+        part = file / self.member
+        part.write_bytes(part.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.FormatError) as info:
+            torchless.load(file)
+        assert info.value.member == "zero_pp_rank_0_mp_rank_00_optim_states.pt"

@@ -197,6 +197,7 @@ def _scratch(tmp: Path) -> Path:
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(EXAMPLE, tmp / name)
     shutil.copytree(ROOT / "examples" / "dcp", tmp / "ckpt" / "step-1000")  # docs/dcp.md
+    shutil.copytree(ROOT / "examples" / "zero", tmp / "run")  # docs/deepspeed.md
     return tmp
 
 

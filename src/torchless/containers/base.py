@@ -9,7 +9,7 @@ finishing walk how to recognise modules saved whole.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torchless.containers.regions import SNIFF, RegionSink
 from torchless.core.limits import Limits
@@ -20,7 +20,7 @@ from torchless.model.tensor import MissingStorage
 from torchless.pickle.machine import run_pickle
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["ARCHIVE_OF_FILES", "CHECKPOINT_SUFFIXES", "Container", "PlainPickle",
+__all__ = ["ARCHIVE_OF_FILES", "CHECKPOINT_SUFFIXES", "Container", "PartialTree", "PlainPickle",
            "archive_of_files", "npy_regions", "plain_regions"]
 
 
@@ -35,6 +35,15 @@ class Container(Protocol):
     def describe(self, resolver: TorchResolver) -> dict[str, Any]: ...
 
     def module_hook(self) -> ModuleHook: ...
+
+
+@runtime_checkable
+class PartialTree(Protocol):
+    """A container whose tree holds more than its tensors (ZeRO: the optimizer's moments
+    beside the consolidated weights): ``Checkpoint.tensors`` are those of ``weights(tree)``,
+    and ``convert`` writes them only, as the layout's own tools do."""
+
+    def weights(self, tree: Any) -> Any: ...
 
 
 #: How an archive of checkpoint files is described (the scanner reports it, never skips it).

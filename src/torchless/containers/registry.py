@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from torchless.containers import dcp, dcpst
+from torchless.containers import dcp, dcpst, zero
 from torchless.containers.base import Container, PlainPickle, plain_regions
 from torchless.containers.dcpregions import dcp_regions
 from torchless.containers.legacy import LegacyStream, legacy_regions
@@ -109,6 +109,7 @@ def find_file(source: Source) -> FileLayout:
     ZIP archive is refused (torch and a ZIP reader would see different checkpoints in it)."""
     if not source.remote:
         dcp.refuse_member(source.path)
+        zero.refuse_rank_file(source.path)
     found = sniff_file(source)
     other = detect.tar_polyglot(detect.head_of(source), source.size)
     if other is not None:
@@ -162,4 +163,7 @@ register(DirectoryLayout("dcp", dcp.is_dcp_dir,
 register(DirectoryLayout("dcp-hf", dcpst.is_hf_sharded_dir,
                          lambda p, lim, crc: dcp.DcpDirectory(p, lim, verify_crc=crc,
                                                               hf_sharded=True),
+                         "each file"))
+register(DirectoryLayout("zero", zero.is_zero_dir,
+                         lambda p, lim, crc: zero.ZeroDirectory(p, lim, verify_crc=crc),
                          "each file"))

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from torchless.containers.base import PartialTree
 from torchless.conversion import hflayout as _hflayout
 from torchless.conversion.common import (
     ConversionReport,
@@ -191,8 +192,11 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
             except OSError:
                 pass
             written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
+            # a layout whose tensors are a part of its tree (ZeRO: the consolidated weights
+            # beside the optimizer's moments) converts to those tensors, as its own tools do
+            whole = not isinstance(ckpt._source, PartialTree)
             opaque = store_tree(ckpt, key, written, bad, aliases, metadata, limits
-                                 ) if tree else ()
+                                 ) if tree and whole else ()
             try:
                 header, planned = plan(written, metadata)
             except CheckpointError as e:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 from torchless.containers import registry
-from torchless.containers.base import Container
+from torchless.containers.base import Container, PartialTree
 from torchless.core.collector import collector_paused
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -194,7 +194,8 @@ def _read(path: str, layout: str, make: Callable[[], Container], source: Any,
                                      allow=allow)
             raw = container.load(resolver)
             tree = finish(raw, limits, container.module_hook())
-            tensors, unsupported = flatten(tree, limits, root_name)
+            part = container.weights(tree) if isinstance(container, PartialTree) else tree
+            tensors, unsupported = flatten(part, limits, root_name)
         info: dict[str, Any] = {"layout": layout, **container.describe(resolver)}
         info["era"] = describe_era(container.format, info)
         return Checkpoint(path, closer, container.format, tree, tensors, unsupported,
@@ -226,6 +227,10 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
         return (f"torch.distributed.checkpoint directory (DCP {info.get('dcp_version')}, "
                 f"{info.get('storage_format')} items, {len(info.get('shards', ()))} shard "
                 "files)")
+    if fmt == "zero":
+        return (f"DeepSpeed ZeRO-{info.get('zero_stage')} checkpoint ({info.get('tag')}, "
+                f"{info.get('world_size')} ranks): fp32 master weights consolidated from the "
+                "optimizer partitions")
     records = set(info.get("records", ()))
     if fmt == "torchscript":
         return "TorchScript archive written by torch.jit.save (torch >= 1.0)"
