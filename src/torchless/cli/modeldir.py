@@ -68,9 +68,11 @@ def _shards(index: str) -> set[str]:
         return set()
     from torchless.core.limits import Limits
     from torchless.errors import CheckpointError
+    from torchless.io.source import Source
     from torchless.reader.formats import read_index
 
     try:
-        return set(read_index(index, Limits())[0].values())
+        with Source(index) as source:
+            return set(read_index(source, Limits())[0].values())
     except CheckpointError:
         return set()

@@ -386,11 +386,15 @@ class _File(RegionScan):
 def _index_map(path: str, limits: Limits) -> dict[str, str] | None:
     """An index file's weight_map (its shard names checked to be plain file names), None
     for a file that is no index; the index's own errors are raised."""
+    from torchless.io.source import Source
     from torchless.reader import formats
 
-    if is_remote(path) or formats.sniff(path) != "index":
+    if is_remote(path):
         return None
-    return formats.read_index(path, limits)[0]
+    with Source(path) as source:
+        if formats.sniff(source) != "index":
+            return None
+        return formats.read_index(source, limits)[0]
 
 
 def index_shards(path: str, limits: Limits) -> list[str]:
