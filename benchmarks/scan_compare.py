@@ -306,6 +306,21 @@ def _timed_process(cmd: list[str]) -> tuple[float, float] | None:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def _print_rates(files: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
+    """The table of median seconds, files per second and ratios to torchless, wall and CPU."""
+    print("| scanner | seconds | files/s | time vs torchless | CPU seconds | CPU files/s | "
+          "CPU vs torchless |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ours, ours_cpu = statistics.median(wall["torchless"]), statistics.median(cpu["torchless"])
+    for tool, runs in wall.items():
+        if not runs:
+            print(f"| {tool} | {NOT_INSTALLED} | | | | | |")
+            continue
+        med, med_cpu = statistics.median(runs), statistics.median(cpu[tool])
+        print(f"| {tool} | {med:.3f} | {files / med:.0f} | {med / ours:.2f}x | "
+              f"{med_cpu:.3f} | {files / med_cpu:.0f} | {med_cpu / ours_cpu:.2f}x |")
+
+
 def whole_process(venv: Path, paths: list[str], rounds: int = 5) -> None:
     """Whole processes (start and imports included) of torchless and picklescan over
     ``paths``: ``rounds`` interleaved rounds after one warm-up each, the medians."""
@@ -323,17 +338,7 @@ def whole_process(venv: Path, paths: list[str], rounds: int = 5) -> None:
     print(f"\nWhole process on the same {len(paths)} files, median of {rounds} interleaved "
           "rounds, interpreter start and imports included (torchless: `python -m torchless "
           "scan FILES...`; picklescan: one process importing it and scanning each file)\n")
-    print("| scanner | seconds | files/s | time vs torchless | CPU seconds | CPU files/s | "
-          "CPU vs torchless |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    ours, ours_cpu = statistics.median(wall["torchless"]), statistics.median(cpu["torchless"])
-    for tool, runs in wall.items():
-        if not runs:
-            print(f"| {tool} | {NOT_INSTALLED} | | | | | |")
-            continue
-        med, med_cpu = statistics.median(runs), statistics.median(cpu[tool])
-        print(f"| {tool} | {med:.3f} | {len(paths) / med:.0f} | {med / ours:.2f}x | "
-              f"{med_cpu:.3f} | {len(paths) / med_cpu:.0f} | {med_cpu / ours_cpu:.2f}x |")
+    _print_rates(len(paths), wall, cpu)
 
 
 def throughput(venv: Path, rounds: int = 5, whole: bool = False) -> int:
@@ -357,17 +362,7 @@ def throughput(venv: Path, rounds: int = 5, whole: bool = False) -> int:
     print(f"{len(paths)} real checkpoint files (repo fixtures + corpus, shared fixtures), "
           f"median of {rounds} interleaved rounds, each tool in a process of its own, "
           "interpreter start excluded\n")
-    print("| scanner | seconds | files/s | time vs torchless | CPU seconds | CPU files/s | "
-          "CPU vs torchless |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    ours, ours_cpu = statistics.median(wall["torchless"]), statistics.median(cpu["torchless"])
-    for tool, runs in wall.items():
-        if not runs:
-            print(f"| {tool} | {NOT_INSTALLED} | | | | | |")
-            continue
-        med, med_cpu = statistics.median(runs), statistics.median(cpu[tool])
-        print(f"| {tool} | {med:.3f} | {len(paths) / med:.0f} | {med / ours:.2f}x | "
-              f"{med_cpu:.3f} | {len(paths) / med_cpu:.0f} | {med_cpu / ours_cpu:.2f}x |")
+    _print_rates(len(paths), wall, cpu)
     if whole:
         whole_process(venv, paths, rounds)
     return 0
