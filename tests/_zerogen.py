@@ -56,11 +56,13 @@ class Tiny(nn.Module):
 
 def _quiet_deepspeed() -> Any:
     import deepspeed
-    import deepspeed.comm.torch as ds_comm
+    import deepspeed.comm.torch
 
     # DeepSpeed's CPU accelerator compiles a shared-memory all-reduce at start-up (a C++
-    # build, a minute); gloo does the same work for a tiny model
-    ds_comm.build_shm_op = lambda: None  # type: ignore[attr-defined]
+    # build with ninja: half a minute idle, over ten minutes on a loaded machine); gloo does
+    # the same work for a tiny model. ``import deepspeed.comm.torch as m`` would bind torch
+    # itself (deepspeed.comm has an attribute ``torch``), so take the module by its name.
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     return deepspeed
 
 

@@ -15,6 +15,11 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 SHARED = REPO.parent / "shared"
 
+# DeepSpeed (in the test extra, for the ZeRO writers) is imported by transformers and
+# accelerate when installed, and its accelerator probe then prints a warning on stdout: the
+# machine has a CPU only, so say so (the tests and the examples they run stay quiet)
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
 
 def require(module: str) -> ModuleType:
     """A test-only dependency (torch, jax, mlx …): skipped when missing, a failure when

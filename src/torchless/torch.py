@@ -46,6 +46,10 @@ def _import_torch() -> Any:
     torchless that imports it; tests/project/test_static_safety.py allows it here only)."""
     import torch  # noqa: TID251 - the drop-in returns torch objects; see the module docstring
 
+    try:  # torch.load's own defaults (``mmap``), which ``import torch`` does not import
+        import torch.utils.serialization.config  # noqa: TID251 - torch >= 2.5
+    except ImportError:
+        pass
     return torch
 
 
@@ -93,8 +97,9 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
     torch = _import_torch()
     from torchless.io.opening import is_file_object
 
-    if mmap is None:  # torch's own default (torch.serialization imports its config)
-        mmap = bool(torch.utils.serialization.config.load.mmap)
+    if mmap is None:  # torch's own default, where this torch has one (2.5 and later)
+        mmap = hasattr(torch.utils, "serialization") and bool(
+            torch.utils.serialization.config.load.mmap)
     if mmap and is_file_object(f):
         raise ValueError("f must be a file path in order to use the mmap argument")
     return _load(torch, f, map_location, bool(mmap), limits or Limits(), strict,

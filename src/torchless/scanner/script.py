@@ -114,14 +114,13 @@ _NOT_NODES = frozenset({"ctx", "id", "attr", "name", "arg", "module", "asname", 
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
-def _child_fields(kind: type) -> tuple[str, ...]:
+def _child_fields(kind: type[ast.AST]) -> tuple[str, ...]:
     """The fields of a node type that may hold child nodes: all of ``_fields`` but the
     ``ctx`` of a name, attribute or subscript (a Load, Store or Del, which has no children
     and binds nothing)."""
     if kind is ast.Constant:  # its value is a Python constant, never a node
         return ()
-    fields: tuple[str, ...] = getattr(kind, "_fields", ())
-    return tuple(f for f in fields if f not in _NOT_NODES)
+    return tuple(f for f in kind._fields if f not in _NOT_NODES)
 
 
 #: Nodes that bind names (and a Name stored or deleted: :meth:`_Module._walk` takes it first).
@@ -331,8 +330,9 @@ class _Module:
             fields = child_fields.get(kind)
             if fields is None:
                 fields = child_fields[kind] = _child_fields(kind)
+            attrs = vars(node)
             for field in fields:
-                value = getattr(node, field, None)
+                value = attrs.get(field)
                 if type(value) is list:
                     children: list[ast.AST] = [v for v in value if isinstance(v, AST)]
                 elif isinstance(value, AST):
