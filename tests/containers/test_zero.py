@@ -149,3 +149,16 @@ def test_rank_files_alone_say_what_to_open(zero_cases: Path, tmp_path: Path) -> 
     with torchless.open(zero_cases / "z2" / "global_step2" / "mp_rank_00_model_states.pt"
                         ) as states:
         assert "module.emb.weight" in states.tensors
+
+
+@pytest.mark.parametrize("case", ["z1", "z3_bf16"])
+def test_rank_files_scan_clean(zero_cases: Path, case: str) -> None:
+    """DeepSpeed's own partition records (the loss scaler, the ZeRO stage enum, fragment
+    addresses) are plain data: every file of a run DeepSpeed wrote scans clean."""
+    report = torchless.scan(zero_cases / case)
+    counts = report.counts()
+    # the model states and two optimizer partitions at least; nothing else but skipped files
+    # (``latest``, DeepSpeed's zero_to_fp32.py)
+    assert counts["clean"] >= 3, counts
+    assert counts["clean"] + counts["skipped"] == len(report.files), counts
+    assert report.ok and report.exit_code == 0

@@ -180,6 +180,14 @@ for _n in ("AutocastKwargs", "DistributedDataParallelKwargs", "GradScalerKwargs"
     NEW_ONLY[f"accelerate.utils.dataclasses.{_n}"] = _DATACLASS
 NEW_ONLY["lightning.pytorch.trainer.states.TrainerState"] = _DATACLASS
 NEW_ONLY["pytorch_lightning.trainer.states.TrainerState"] = _DATACLASS
+# DeepSpeed's ZeRO optimizer partitions (deepspeed 0.19): the loss scalers are plain classes
+# (no __setstate__, __setattr__ or __reduce__; DeepSpeedConfigObject adds only __repr__),
+# fragment_address is a two-int @dataclass, ZeroStageEnum an int Enum
+for _m, _n in (("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+               ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+               ("deepspeed.utils.tensor_fragment", "fragment_address")):
+    NEW_ONLY[f"{_m}.{_n}"] = _DATACLASS
+CALLS["deepspeed.runtime.zero.config.ZeroStageEnum"] = _ENUM
 _DCP = ("a torch.distributed.checkpoint metadata dataclass: NEWOBJ + BUILD fill its fields "
         "(TensorProperties' own __setstate__ only decodes the memory format from its enum)")
 for _m, _n in (("torch.distributed.checkpoint.metadata", "Metadata"),
