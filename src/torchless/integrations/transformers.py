@@ -67,17 +67,24 @@ class InertCheckpointCallback(TrainerCallback):  # type: ignore[misc]
         return control
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        optimizer, scheduler = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
-        if (state.global_step > 0 and optimizer is not None and scheduler is not None
-                and not optimizer.state_dict()["state"]
-                and scheduler.state_dict().get("last_epoch") == 0):
+        if state.global_step > 0 and _fresh(kwargs.get("optimizer"),
+                                            kwargs.get("lr_scheduler")):
             raise MissingFileError(
                 f"training resumes at step {state.global_step} with a fresh optimizer and "
                 "scheduler: the checkpoint's optimizer.pt and scheduler.pt were not read",
-                path=args.output_dir,
                 hint="resume from a checkpoint-N directory that holds them, or their inert "
                      "optimizer.safetensors and scheduler.safetensors")
         return control
+
+
+def _fresh(optimizer: Any, scheduler: Any) -> bool:
+    """Whether the optimizer holds no state and the scheduler has not stepped, as built
+    (False when either cannot tell: no state_dict, or one of another shape)."""
+    try:
+        return (not optimizer.state_dict()["state"]
+                and scheduler.state_dict()["last_epoch"] == 0)
+    except (AttributeError, KeyError, TypeError):
+        return False
 
 
 def restore_checkpoint(path: str | os.PathLike[str], dst: str | os.PathLike[str] | None = None
