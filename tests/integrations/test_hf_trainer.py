@@ -5,8 +5,11 @@ scheduler states, and torch / NumPy / Python RNG states after training)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 
 from ..conftest import require
 from ._parity import assert_same
+from .conftest import OFFLINE, TRANSFORMERS_5
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -86,3 +90,48 @@ def test_resume_parity(transformers: ModuleType, tmp_path: Path, safe: bool) -> 
     resumed_trainer.train(resume_from_checkpoint=restored)
     assert oracle["step"] == 6
     assert_same(_final(resumed_trainer), oracle)
+
+
+def _check_natural_resume(result: dict[str, Any]) -> None:
+    """What the scenario of _trainer_resume must give: both natural calls exact, each broken
+    directory refused before the first step, no temporary directory left."""
+    assert "optimizer.pt" in result["native"] and "optimizer.safetensors" in result["native"]
+    assert "optimizer.safetensors" in result["conv"]
+    assert not [n for n in result["conv"] if n.endswith((".pt", ".pth", ".bin"))]
+    assert result["step"] == 4
+    assert result["path"] and result["true"]
+    assert result["no_opt"]["error"] == "MissingFileError"
+    assert "optimizer.safetensors" in result["no_opt"]["message"]
+    assert result["no_opt"]["steps"] == []
+    assert "optimizer.pt" not in result["bare_files"]
+    assert "rng_state.pth" in result["bare_files"]
+    assert result["bare"]["error"] == "MissingFileError"
+    assert result["bare"]["steps"] == []
+    assert result["tmp"] == []
+
+
+def test_natural_resume(transformers: ModuleType, tmp_path: Path) -> None:
+    """trainer.train(resume_from_checkpoint=...) on a converted checkpoint-N, a path or True,
+    resumes exactly: the Trainer's own call, no restore_checkpoint."""
+    from ._trainer_resume import run
+
+    assert transformers.__version__.startswith("4.")
+    _check_natural_resume(run(tmp_path))
+
+
+def test_natural_resume_transformers_5(transformers_5: Path, tmp_path: Path) -> None:
+    import torchless
+
+    root = Path(__file__).resolve().parents[2]
+    src = Path(torchless.__file__).resolve().parents[1]
+    env = {**os.environ, **OFFLINE,
+           "PYTHONPATH": os.pathsep.join([str(transformers_5), str(src), str(root)])}
+    out = subprocess.run([sys.executable, "-m", "tests.integrations._trainer_resume",
+                          str(tmp_path)], capture_output=True, text=True, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    version = subprocess.run([sys.executable, "-c",
+                              "import transformers; print(transformers.__version__)"],
+                             capture_output=True, text=True, env=env, check=True)
+    assert version.stdout.strip() == TRANSFORMERS_5
+    _check_natural_resume(result)

@@ -23,7 +23,7 @@ from torchless.inert import schema as _inert
 from torchless.pickle.values import Opaque
 from torchless.reader import checkpoint as _checkpoint
 
-__all__ = ["convert_dir", "restore_dir", "torch_module"]
+__all__ = ["convert_dir", "missing_sources", "restore_dir", "torch_module"]
 
 
 def torch_module() -> Any:
@@ -78,6 +78,19 @@ def _source(path: str) -> tuple[str | None, bool]:
             not source.endswith(CHECKPOINT_SUFFIXES)):
         return None, False
     return source, _inert.TREE_KEY in meta
+
+
+def missing_sources(directory: str) -> list[str]:
+    """The files the inert files of ``directory`` were converted from that are not beside
+    them (the pickles a framework's loader would look for, deleted after conversion)."""
+    missing = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.endswith(".safetensors") and not name.startswith(".") and os.path.isfile(path):
+            source, _ = _source(path)
+            if source is not None and not os.path.exists(os.path.join(directory, source)):
+                missing.append(source)
+    return missing
 
 
 _SHARD = re.compile(r"-\d+-of-\d+(?=\.bin$)")
