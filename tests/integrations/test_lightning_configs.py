@@ -9,13 +9,15 @@ OmegaConf's own ``to_container(resolve=False)`` and flag queries."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from ..conftest import require
+from ..conftest import REPO, require
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -118,6 +120,20 @@ def test_omegaconf_hparams_through_lightning(tmp_path: Path) -> None:
     assert back.hparams.paths.ckpt == "/runs/ckpt"
     sd, osd = back.state_dict(), model.state_dict()
     assert sd.keys() == osd.keys() and all(torch.equal(sd[k], osd[k]) for k in osd)
+
+    # an inference script that never imports the plugin registers OmegaConf itself
+    script = ("import sys, lightning.pytorch as pl, torchless.torch as tt\n"
+              "from torchless.integrations.configs import register_omegaconf\n"
+              "from tests.integrations.test_lightning_configs import _net\n"
+              "register_omegaconf()\n"
+              "with tt.patched():\n"
+              "    back = _net(pl).load_from_checkpoint(sys.argv[1])\n"
+              "print(type(back.hparams).__name__, back.hparams.paths.ckpt,\n"
+              "      'torchless.integrations.lightning' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script, str(inert_ckpt)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-3:] == ["DictConfig", "/runs/ckpt", "False"]
 
     # resuming from the inert file continues as resuming from the torch one (which torch
     # reads only with weights_only=False: its allowlist refuses DictConfig)
