@@ -113,6 +113,25 @@ def test_tupleconfig(oc: ModuleType, tmp_path: Path) -> None:
     assert back._get_node(0)._get_flag("readonly") is None
 
 
+class _Point:
+    def __init__(self, x: int, y: int) -> None:
+        self.x, self.y = x, y
+
+
+def test_allow_objects_and_readonly_root(oc: ModuleType, tmp_path: Path) -> None:
+    """The root's flags apply as the config is made: ``allow_objects`` lets it hold an
+    object (a registered dataclass here), ``readonly`` holds from the start."""
+    OmegaConf = oc.OmegaConf
+    cfg = OmegaConf.create({"point": _Point(1, 2)}, flags={"allow_objects": True})
+    assert type(cfg.point) is _Point  # OmegaConf keeps the object itself
+    OmegaConf.set_readonly(cfg, True)
+    reg = _registry()
+    reg.register(_Point, lambda p: [p.x, p.y], lambda s: _Point(*s))
+    back = _round_trip(cfg, tmp_path / "o.safetensors", reg)
+    assert type(back.point) is _Point and (back.point.x, back.point.y) == (1, 2)
+    assert back._get_flag("allow_objects") is True and OmegaConf.is_readonly(back)
+
+
 def test_root_none_missing_and_interpolation(oc: ModuleType, tmp_path: Path) -> None:
     for content in (None, "???", "${x}"):
         cfg = oc.DictConfig(content)
@@ -184,6 +203,7 @@ def test_a_forged_well_formed_state_reads(oc: ModuleType, tmp_path: Path) -> Non
     {"content": {"a": 1}, "flags": [[["a", "x"], {"readonly": True}]]},
     {"content": {"a": 1}, "flags": [[[], {"readonly": "yes"}]]},
     {"content": {"a": 1}, "flags": [["a", {}]]},
+    {"content": {"a": 1}, "flags": [[[], {"readonly": 1}]]},        # 1 == True, not a bool
     {"content": {"a": Opaque(Global("os", "system"), ("ls",))}, "flags": []},
 ])
 def test_malformed_states_are_format_errors(oc: ModuleType, tmp_path: Path,

@@ -81,22 +81,24 @@ def _omegaconf_decoder(cls: type[Any]) -> Any:
         if not isinstance(state, dict) or set(state) != {"content", "flags"} or not (
                 isinstance(state["flags"], list)):
             raise FormatError(f"a {cls.__name__} is stored as {{content, flags}}")
-        try:
-            cfg = cls(state["content"])
-            for entry in state["flags"]:
-                if not isinstance(entry, list) or len(entry) != 2 or not isinstance(
-                        entry[0], list) or not isinstance(entry[1], dict) or not all(
-                        type(k) is str and v in (True, False, None)
-                        for k, v in entry[1].items()):
-                    raise FormatError(f"a {cls.__name__}'s flags are [[path, {{flag: "
-                                      "bool or null}}], ...]")
+        for entry in state["flags"]:
+            if not isinstance(entry, list) or len(entry) != 2 or not isinstance(
+                    entry[0], list) or not isinstance(entry[1], dict) or not all(
+                    type(k) is str and (v is None or type(v) is bool)
+                    for k, v in entry[1].items()):
+                raise FormatError(f"a {cls.__name__}'s flags are [[path, {{flag: "
+                                  "bool or null}], ...]")
+        root = [flags for path, flags in state["flags"] if not path]
+        try:  # the root's flags first: allow_objects decides what the content may hold
+            cfg = cls(state["content"], flags=root[-1] if root else None)
+            for path, flags in state["flags"]:
                 node = cfg
-                for key in entry[0]:
+                for key in path:
                     node = node._get_node(key) if isinstance(node, Container) else None
                     if node is None:
                         raise FormatError(f"a {cls.__name__}'s flags name the node "
-                                          f"{entry[0]!r}, which it does not have")
-                for flag, value in entry[1].items():
+                                          f"{path!r}, which it does not have")
+                for flag, value in flags.items():
                     node._set_flag(flag, value)
         except OmegaConfBaseException as e:
             raise FormatError(f"OmegaConf cannot rebuild this {cls.__name__}: "
