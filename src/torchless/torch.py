@@ -12,7 +12,11 @@ map's pages are handed back at once, so the peak is the tensors' bytes (as ``tor
 not twice them; with ``mmap=True`` (or torch's ``torch.utils.serialization.config.load.mmap``)
 tensors view a private (or, with ``torch.serialization.set_default_mmap_options(MAP_SHARED)``,
 shared) map of the file made by torch, as ``torch.load(mmap=True)`` gives them. A missing file
-is a ``FileNotFoundError`` (:class:`~torchless.errors.MissingFileError`), as torch raises.
+is a ``FileNotFoundError`` (:class:`~torchless.errors.MissingFileError`), as torch raises;
+a refused global or call (:class:`~torchless.errors.UnsafeGlobalError`) and a malformed
+pickle (:class:`~torchless.errors.PickleError`) are also the ``pickle.UnpicklingError`` that
+``torch.load(weights_only=True)`` raises for them, so code written around ``torch.load``
+catches them.
 
 Unlike ``torch.load(weights_only=True)`` it reads the checkpoints that carry
 an ``argparse.Namespace``, NumPy values, OmegaConf or dataclass configs: what the rebuild rules
@@ -29,11 +33,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, UnsupportedError
+from torchless.errors import CheckpointError, PickleError, UnsafeGlobalError, UnsupportedError
 from torchless.model.interop import finish_tensor, record_to_torch
 
 __all__ = ["from_array", "load", "patched"]
@@ -85,6 +89,10 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
 
     Raises:
         MissingFileError: no file at the path (a ``FileNotFoundError``).
+        UnsafeGlobalError: the file names a callable only an attack would use (and, in
+            ``strict`` mode, any name outside the rebuild rules); also a
+            ``pickle.UnpicklingError``, as ``torch.load(weights_only=True)`` raises.
+        PickleError: a malformed pickle; also a ``pickle.UnpicklingError``.
         CheckpointError: anything else wrong with the file.
         ValueError: a ``pickle_module``, an unknown keyword, ``mmap`` with a file object.
     """
@@ -102,8 +110,33 @@ def load(f: str | os.PathLike[str] | IO[bytes], map_location: MapLocation = None
             torch.utils.serialization.config.load.mmap)
     if mmap and is_file_object(f):
         raise ValueError("f must be a file path in order to use the mmap argument")
-    return _load(torch, f, map_location, bool(mmap), limits or Limits(), strict,
-                 allow_globals, verify_crc)
+    try:
+        return _load(torch, f, map_location, bool(mmap), limits or Limits(), strict,
+                     allow_globals, verify_crc)
+    except (UnsafeGlobalError, PickleError) as e:
+        e.__class__ = _unpickling_error(type(e), torch.serialization.pickle.UnpicklingError)
+        raise
+
+
+_E = TypeVar("_E", bound=CheckpointError)
+#: (torchless error class, torch's UnpicklingError) -> the class that is both
+_UNPICKLING: dict[tuple[type, type], type] = {}
+
+
+def _unpickling_error(cls: type[_E], unpickling: type[Exception]) -> type[_E]:
+    """``cls`` that is also ``unpickling`` (the ``pickle.UnpicklingError`` torch raises;
+    torchless never imports pickle), made once per class: same name, same module. Pickled
+    (to another process), it is ``cls`` again."""
+    known = _UNPICKLING.get((cls, unpickling))
+    if known is None:
+        def __reduce__(self: CheckpointError) -> tuple[Any, ...]:
+            rebuild, (_, args, state) = cls.__reduce__(self)
+            return rebuild, (cls, args, state)
+
+        known = _UNPICKLING[(cls, unpickling)] = type(cls.__name__, (cls, unpickling), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__, "__reduce__": __reduce__})
+    return known
 
 
 def _load(torch: Any, f: Any, map_location: MapLocation, mmap: bool, limits: Limits,

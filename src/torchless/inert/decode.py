@@ -685,10 +685,11 @@ def _h_const(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     return PYTHON_CONSTANTS[p]
 
 
-def _h_global(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Global:
+def _h_global(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Any:
     if not isinstance(p, list) or len(p) != 2 or not all(type(x) is str for x in p):
         raise FormatError("$global takes [module, name]")
-    return Global(p[0], p[1])
+    registered = dec.types.by_global(p[0], p[1])
+    return registered if registered is not None else Global(p[0], p[1])
 
 
 def _h_opaque(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Opaque:
@@ -698,6 +699,8 @@ def _h_opaque(dec: _Decoder, p: Any, depth: int, nid: int | None) -> Opaque:
         raise FormatError("$opaque newobj is a bool")
     record: Opaque = dec.define(nid, Opaque(None, (), newobj=f["newobj"]))
     record.callable = dec.value(f["callable"], depth)
+    if isinstance(record.callable, type):  # a registered class: the record stays inert
+        record.callable = Global(record.callable.__module__, record.callable.__qualname__)
     _expect(f["args"], list, "$opaque args")
     record.args = tuple(dec.value(v, depth) for v in f["args"])
     if f["kwargs"] is not None:

@@ -90,6 +90,7 @@ class TypeRegistry:
     def __init__(self) -> None:
         self._by_type: dict[type, _Entry] = {}
         self._by_name: dict[str, _Entry] = {}
+        self._by_global: dict[tuple[str, str], type] = {}
 
     def register(self, cls: type, encode: Callable[[Any], Any], decode: Callable[[Any], Any],
                  *, name: str | None = None) -> None:
@@ -103,20 +104,29 @@ class TypeRegistry:
         entry = _Entry(cls, key, encode, decode)
         old = self._by_name.get(key)
         if old is not None:
-            self._by_type.pop(old.cls, None)
+            self.unregister(old.cls)
+        self.unregister(cls)
         self._by_type[cls] = entry
         self._by_name[key] = entry
+        self._by_global[(cls.__module__, cls.__qualname__)] = cls
 
     def unregister(self, cls: type) -> None:
         entry = self._by_type.pop(cls, None)
         if entry is not None:
             self._by_name.pop(entry.name, None)
+            self._by_global.pop((cls.__module__, cls.__qualname__), None)
 
     def by_type(self, cls: type) -> _Entry | None:
         return self._by_type.get(cls)
 
     def by_name(self, name: str) -> _Entry | None:
         return self._by_name.get(name)
+
+    def by_global(self, module: str, qualname: str) -> type | None:
+        """The registered class whose ``__module__`` and ``__qualname__`` these are: what a
+        ``$global`` naming it reads back as (Lightning saves ``hparams_type``, the class of
+        its hyper parameters). Registering a class vouches for the class object too."""
+        return self._by_global.get((module, qualname))
 
 
 default_types = TypeRegistry()
