@@ -883,3 +883,15 @@ def test_a_long_name_named_again_is_judged_once(monkeypatch: pytest.MonkeyPatch)
     assert len(value) == 2000 and all(g == Global("mymod", name) for g in value)
     assert len(calls) == 1
     assert len(res.globals) == 2000
+
+
+def test_a_global_called_says_it_is_inert() -> None:
+    """Code that calls a saved class reference (Lightning's ``hparams_type``) gets torchless's
+    error with what to do, not Python's "'Global' object is not callable"; nothing runs."""
+    from torchless.errors import UnsupportedError
+
+    ref = inert(b"cos\nsystem\n.")
+    assert ref == Global("os", "system")
+    with pytest.raises(UnsupportedError, match=r"os\.system is an inert reference") as e:
+        ref("echo hi")
+    assert "register_type" in (e.value.hint or "")

@@ -10,7 +10,9 @@ anything: a name becomes a :class:`Global` and a call becomes an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
+
+from torchless.errors import UnsupportedError
 
 __all__ = ["Global", "Opaque"]
 
@@ -29,6 +31,17 @@ class Global:
 
     def __repr__(self) -> str:
         return f"Global({self.path})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Code that takes the reference for the class it names (Lightning calls a saved
+        ``hparams_type``) learns why it is not one, instead of ``'Global' object is not
+        callable``."""
+        raise UnsupportedError(
+            f"{self.path} is an inert reference to what the file names: torchless never "
+            "imports or calls it",
+            hint="register the type so inert files rebuild it (torchless.register_type; "
+                 "torchless.integrations.configs.register_omegaconf() for OmegaConf "
+                 "configs), or read the value's fields as data")
 
 
 class _NotSet:
