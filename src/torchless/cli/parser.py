@@ -64,8 +64,8 @@ examples:
   torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
   torchless convert ./runs/ -j 4 --report run.jsonl  # a directory; re-runs skip done files
   torchless convert ckpt.pt --weights-only          # tensors only, no object tree
-  torchless convert model.ckpt -o net.safetensors --key state_dict --rename s/^/net./
   torchless convert https://example.org/model.pt    # streamed by range requests
+  torchless convert model.ckpt -o net.safetensors --key state_dict --rename s/^/net./
 """
 
 _VERIFY_EXAMPLES = """\

@@ -54,7 +54,9 @@ def substitution(rule: str) -> Callable[[str], str]:
     if len(rule) < 4 or rule[0] != "s" or rule[1].isalnum() or rule[1] in "\\ \t\n":
         raise ConversionError(f"a rename rule is s/REGEX/REPL/ (or s|REGEX|REPL|), not "
                               f"{rule!r}", hint="e.g. --rename 's/^model\\./encoder./'")
-    delim, parts, current, i = rule[1], [], [], 2
+    delim, i = rule[1], 2
+    parts: list[str] = []
+    current: list[str] = []
     while i < len(rule):
         c = rule[i]
         if c == "\\" and i + 1 < len(rule):
