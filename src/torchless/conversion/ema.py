@@ -11,9 +11,9 @@ are known, each as its library writes it:
   names cannot hold dots), plus ``decay`` and ``num_updates``. So
   ``model.diffusion_model.input_blocks.0.0.weight`` is read from
   ``model_ema.diffusion_modelinput_blocks00weight``; the names sit at the top level of the
-  object or under ``state_dict.`` (a Lightning checkpoint). This is diffusers'
-  ``convert_from_ckpt`` ``extract_ema`` rule too (``"model_ema." +
-  "".join(key.split(".")[1:])``). Removing dots can make two names one
+  object or under ``state_dict.`` (a Lightning checkpoint). diffusers'
+  ``convert_ldm_unet_checkpoint(..., extract_ema=True)`` reads them by the same rule
+  (``"model_ema." + "".join(key.split(".")[1:])``). Removing dots can make two names one
   (``a.b1`` and ``ab.1``): such a model name is refused as ambiguous.
 * **timm** (``timm/utils/checkpoint_saver.py``, ``CheckpointSaver._save``):
   ``state_dict`` holds the model's ``state_dict()`` and ``state_dict_ema`` the EMA
@@ -102,8 +102,9 @@ def _apply(c: _Convention, shapes: Mapping[str, Shape], path: str | None) -> dic
         raise ConversionError(f"the EMA copy {c.copy[:-1]} ({c.name}) holds no weights, only "
                               f"{', '.join(sorted(n for n in shapes if n in skip))}: they were "
                               "pruned from this file", path=path,
-                              hint="its model weights are all there is: convert it without "
-                                   "--ema")
+                              hint="its model weights are all there is (in an -emaonly "
+                                   "file they already are the EMA ones): convert it "
+                                   "without --ema")
     model = [n for n in shapes if n.startswith(c.model)]
     if not model and c.copy_is_model:  # ultralytics >= 8.1: "model": None beside the EMA
         return {**{n: n for n in shapes if not n.startswith(c.copy)},
