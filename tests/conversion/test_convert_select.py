@@ -19,6 +19,8 @@ from torchless.errors import ConversionError
 from torchless.inert import schema as _inert
 from torchless.write.safetensors import read_header
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
 
 def _lightning(torch: ModuleType, path: Path) -> dict[str, Any]:
     """A checkpoint shaped as Lightning saves one: the module's state_dict (a ``model``
@@ -194,6 +196,9 @@ def test_a_model_directory_is_selected_and_renamed_as_one_model(
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == {n: s for s, names in expected.items() for n in names}
     assert (out / "config.json").exists()
+    assert torchless.verify(tmp_path / "src", out, exclude="cls.*", strip_prefix="bert.",
+                            rename=r"s/layer\.(\d+)\.attention\.self\./layers.\1.attn./").ok
+    assert not torchless.verify(tmp_path / "src", out).ok
     # a clash between names of two shards is one clash: refused, both named, nothing written
     with pytest.raises(ConversionError, match=re.escape(
             "'bert.encoder.layer.0.attention.self.query.weight' and "
@@ -202,12 +207,43 @@ def test_a_model_directory_is_selected_and_renamed_as_one_model(
     assert not (tmp_path / "out2").exists() or not any((tmp_path / "out2").iterdir())
 
 
-def test_a_dcp_directory_goes_through_the_same_path(tmp_path: Path) -> None:
-    src = Path(__file__).resolve().parents[2] / "examples" / "dcp"
+@pytest.mark.parametrize("layout", ["dcp", "zero"])
+def test_dcp_and_zero_directories_go_through_the_same_path(layout: str,
+                                                           tmp_path: Path) -> None:
+    src = EXAMPLES / layout
     with torchless.open(src) as ckpt:
         names = list(ckpt.tensors)
-    assert names, "the example DCP checkpoint holds tensors"
+    assert len(names) > 1, "the example checkpoint holds tensors"
     first = names[0]
     out = tmp_path / "one.safetensors"
     torchless.convert(src, out, include=first, rename="s/^/renamed./", verify=True)
     assert list(read_header(out.read_bytes()).entries) == ["renamed." + first]
+
+
+def test_a_url_is_selected_by_range_requests(tmp_path: Path) -> None:
+    from benchmarks.range_server import serve
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "tiny.pt").write_bytes((EXAMPLES / "tiny.pt").read_bytes())
+    for server in serve(served):
+        out = tmp_path / "w.safetensors"
+        torchless.convert(server.url + "tiny.pt", out, key="state_dict",
+                          include="*.weight", rename="s/^/net./", verify=True)
+        # tiny.pt's state_dict: 0.weight, 0.bias, 1.weight, 1.bias, 3.weight, 3.bias
+        assert sorted(read_header(out.read_bytes()).entries) == [
+            "net.0.weight", "net.1.weight", "net.3.weight"]
+
+
+def test_several_sources_and_their_resumption(tmp_path: Path) -> None:
+    for name in ("a.pt", "b.pt"):
+        (tmp_path / name).write_bytes((EXAMPLES / "tiny.pt").read_bytes())
+    args = ["convert", "a.pt", "b.pt", "--key", "state_dict", "--exclude", "*.bias",
+            "--rename", "s/^/net./"]
+    first = run(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "2 converted" in first.stdout
+    assert sorted(_written(tmp_path / "b.safetensors")) == [
+        "net.0.weight", "net.1.weight", "net.3.weight"]
+    again = run(*args, cwd=tmp_path)  # the outputs verify under the same selection
+    assert again.returncode == 0 and "2 already done" in again.stdout, again.stdout
