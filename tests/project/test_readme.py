@@ -196,6 +196,8 @@ def _scratch(tmp: Path) -> Path:
                  "examples/tiny.pt"):
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(EXAMPLE, tmp / name)
+    for name in ("lightning.ckpt", "sd-ema.ckpt"):  # docs/recipes.md
+        shutil.copy(ROOT / "examples" / name, tmp / "examples" / name)
     shutil.copytree(ROOT / "examples" / "dcp", tmp / "ckpt" / "step-1000")  # docs/dcp.md
     shutil.copytree(ROOT / "examples" / "zero", tmp / "run")  # docs/deepspeed.md
     return tmp

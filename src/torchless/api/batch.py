@@ -119,6 +119,10 @@ def run_one(path: str, op: Op, options: dict[str, Any]) -> BatchResult:
                            hint=_OS_HINT if isinstance(e, OSError) else _BUG_HINT)
 
 
+#: convert's options that choose and name the tensors: verify takes them too
+_SELECTION = ("include", "exclude", "rename", "strip_prefix", "ema")
+
+
 def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, dict[str, Any]]:
     from torchless.conversion.api import convert, verify
     from torchless.conversion.common import OpaqueObjectWarning, default_dst
@@ -131,7 +135,8 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, di
                             skip_unsupported=bool(options.get("skip_unsupported")),
                             limits=options.get("limits"), strict=bool(options.get("strict")),
                             allow_globals=options.get("allow_globals", ()),
-                            verify_crc=bool(options.get("verify_crc")))
+                            verify_crc=bool(options.get("verify_crc")),
+                            **{k: options[k] for k in _SELECTION if k in options})
         except InternalError:
             raise
         except CheckpointError:

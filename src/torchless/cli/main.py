@@ -36,7 +36,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
             "limits": _limits(args), "strict": args.strict,
             "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
-            "link_files": not args.copy_files}
+            "link_files": not args.copy_files, **_selection(args)}
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    return {"include": args.include, "exclude": args.exclude, "rename": args.rename,
+            "strip_prefix": args.strip_prefix, "ema": args.ema}
 
 
 def _limits(args: argparse.Namespace) -> Limits | None:
@@ -184,7 +189,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 
     report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
                     skip_unsupported=args.skip_unsupported, strict=args.strict,
-                    allow_globals=args.allow_global, verify_crc=args.verify_crc)
+                    allow_globals=args.allow_global, verify_crc=args.verify_crc,
+                    **_selection(args))
     if args.json:
         json.dump(verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")

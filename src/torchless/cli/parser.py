@@ -65,6 +65,7 @@ examples:
   torchless convert ./runs/ -j 4 --report run.jsonl  # a directory; re-runs skip done files
   torchless convert ckpt.pt --weights-only          # tensors only, no object tree
   torchless convert https://example.org/model.pt    # streamed by range requests
+  torchless convert model.ckpt -o net.safetensors --key state_dict --rename s/^/net./
 """
 
 _VERIFY_EXAMPLES = """\
@@ -117,6 +118,38 @@ def _add_limit(parser: argparse.ArgumentParser) -> None:
         "--limit", action="append", default=[], type=_limit, metavar="NAME=N",
         help="raise (or lower) a resource limit for a file you trust, e.g. --limit "
              "max_tensors=2000000 (repeatable; NAME: a field of torchless.Limits)")
+
+
+def _rename_rule(text: str) -> str:
+    """``--rename``: checked here, so a bad rule is a usage error (convert parses it again)."""
+    from torchless.conversion.select import substitution
+    from torchless.errors import ConversionError
+
+    try:
+        substitution(text)
+    except ConversionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _add_selection(parser: argparse.ArgumentParser) -> None:
+    """convert's and verify's choice of tensors and names (torchless.conversion.select)."""
+    parser.add_argument("--include", action="append", metavar="GLOB",
+                        help="only the tensors whose flat name (after --key) matches GLOB "
+                             "('*' matches dots too; repeatable: any of them)")
+    parser.add_argument("--exclude", action="append", metavar="GLOB",
+                        help="leave out the tensors whose name matches GLOB (repeatable)")
+    parser.add_argument("--strip-prefix", metavar="PREFIX",
+                        help="remove PREFIX from the names that start with it")
+    parser.add_argument("--rename", action="append", type=_rename_rule,
+                        metavar="s/REGEX/REPL/",
+                        help="rename by a regex, sed style ('g' after it: every match); "
+                             "repeatable, applied in order after --strip-prefix; two "
+                             "tensors given one name are refused")
+    parser.add_argument("--ema", action="store_true",
+                        help="the EMA weights under the model's names (Stable Diffusion "
+                             "model_ema, timm state_dict_ema, ultralytics ema), before "
+                             "--key; a weight with no EMA twin is refused")
 
 
 def _add_quiet(group: argparse._MutuallyExclusiveGroup, text: str) -> None:
@@ -212,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "tokenizer …) instead of hard-linking them")
     conv.add_argument("--weights-only", action="store_true",
                       help="write the tensors only, not the rest of the object (epochs, "
-                           "optimizer state, configs …) as an inert tree")
+                           "optimizer state, configs …) as an inert tree (implied by the "
+                           "options below)")
+    _add_selection(conv)
     _add_reading(conv)
     out = conv.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -230,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--skip-unsupported", action="store_true",
                      help="tensors safetensors cannot hold count as skipped, not missing (as "
                           "convert --skip-unsupported leaves them out)")
+    _add_selection(ver)
     _add_reading(ver)
     out = ver.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON report")

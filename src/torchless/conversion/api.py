@@ -19,6 +19,7 @@ from torchless.conversion.common import (
     compare,
     compare_tree,
     default_dst,
+    plan_names,
     prepare,
     safetensors_data,
     select,
@@ -28,6 +29,7 @@ from torchless.conversion.common import (
     write_output,
 )
 from torchless.conversion.hflayout import is_checkpoint_dir
+from torchless.conversion.select import NamePattern, RenameRule, Selection
 from torchless.core.collector import collector_paused
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -67,6 +69,11 @@ def convert(
     allow_globals: Iterable[str] = (),
     verify_crc: bool = False,
     link_files: bool = True,
+    include: NamePattern | Iterable[NamePattern] | None = None,
+    exclude: NamePattern | Iterable[NamePattern] | None = None,
+    rename: RenameRule | Iterable[RenameRule] | None = None,
+    strip_prefix: str | None = None,
+    ema: bool = False,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -107,6 +114,21 @@ def convert(
             records for a file you trust (as in :func:`torchless.open`); never called.
         link_files: for a model directory converted into another directory: hard-link its
             other files there (``False``: copy them).
+        include: write only the tensors whose flat name (relative to ``key``) matches one of
+            these globs (``fnmatch``: ``*`` matches dots too) or predicates.
+        exclude: leave out the tensors whose name matches one of these.
+        rename: rename rules applied in order, each ``"s/REGEX/REPL/"`` (sed syntax, ``g``
+            for every match) or a function of a name; two tensors given one name are
+            refused, both named, before anything is written.
+        strip_prefix: remove this prefix from the names that have it (refused if none has).
+        ema: write the EMA copy's weights under the model's names (ldm / Stable Diffusion
+            ``model_ema``, timm ``state_dict_ema``, ultralytics ``ema``; see
+            :mod:`torchless.conversion.ema`); refused, by name, where a weight has no EMA
+            twin of its shape. Applied first, before ``key`` and the filters.
+
+    With any of the last five, the output holds the chosen tensors only (no object tree:
+    it would name tensors the file does not hold); the steps are described in
+    :mod:`torchless.conversion.select`.
 
     Raises:
         ConversionError: the output cannot be written as asked, or ``verify`` failed (no
@@ -124,14 +146,16 @@ def convert(
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
             collector_paused():
+        selection = Selection.of(include, exclude, rename, strip_prefix, ema)
         return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
-                            progress, max_shard_size, tree, read, link_files)
+                            progress, max_shard_size, tree, read, link_files, selection)
 
 
 def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, dedupe: bool,
                  skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None, max_shard_size: int | str | None,
-                 tree: bool, read: ReadOptions, link_files: bool) -> _hfdir.DirectoryReport:
+                 tree: bool, read: ReadOptions, link_files: bool,
+                 selection: Selection | None) -> _hfdir.DirectoryReport:
     """The weights through :mod:`.hf`, then the rest of the directory (:mod:`.hfdir`)."""
     from torchless.conversion import hf as _hf
     from torchless.conversion import hfdir as _hfdir
@@ -145,9 +169,10 @@ def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, d
     _hfdir.check_free(rest, force)
     report = _hf.convert_layout(spath, dst, key=key, force=force, dedupe=dedupe,
                                 skip_unsupported=skip_unsupported, verify=verify,
-                                progress=progress, max_shard_size=max_shard_size, read=read)
+                                progress=progress, max_shard_size=max_shard_size, read=read,
+                                selection=selection)
     converted = tuple(_convert(src, out, None, force, dedupe, skip_unsupported, verify, None,
-                               tree, read) for src, out in rest.checkpoints)
+                               tree, read, None) for src, out in rest.checkpoints)
     brought = _hfdir.bring(rest.files, link=link_files, force=force)
     return _hfdir.DirectoryReport(**vars(report), converted=converted, brought=tuple(brought),
                                   left_out=tuple(rest.left_out))
@@ -157,29 +182,30 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
                  force: bool, dedupe: bool, skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None,
                  max_shard_size: int | str | None, tree: bool,
-                 read: ReadOptions, link_files: bool) -> ConversionReport:
+                 read: ReadOptions, link_files: bool,
+                 selection: Selection | None) -> ConversionReport:
     local_dir = not is_remote(spath) and os.path.isdir(spath) and not is_checkpoint_dir(spath)
     if local_dir:
         return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
                             force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
                             verify=verify, progress=progress, max_shard_size=max_shard_size,
-                            tree=tree, read=read, link_files=link_files)
+                            tree=tree, read=read, link_files=link_files, selection=selection)
     if spath.endswith(".index.json") or max_shard_size is not None:
         from torchless.conversion import hf as _hf  # directories only: not at start-up
 
         return _hf.convert_layout(
             spath, None if dst is None else os.fspath(dst), key=key, force=force,
             dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
-            progress=progress, max_shard_size=max_shard_size, read=read)
+            progress=progress, max_shard_size=max_shard_size, read=read, selection=selection)
     dpath = os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
     return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
-                    tree, read)
+                    tree, read, selection)
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              skip_unsupported: bool, verify: bool,
              progress: Callable[[int, int], None] | None, tree: bool,
-             read: ReadOptions) -> ConversionReport:
+             read: ReadOptions, selection: Selection | None) -> ConversionReport:
     started = time.monotonic()
     limits = read.limits
     with contextlib.ExitStack() as stack:
@@ -191,10 +217,13 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                                           hint="give another output path with -o / dst")
             except OSError:
                 pass
-            written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
+            names = plan_names([ckpt], key, selection, spath) if selection else None
+            written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported,
+                                                      names)
             # a layout whose tensors are a part of its tree (ZeRO: the consolidated weights
-            # beside the optimizer's moments) converts to those tensors, as its own tools do
-            whole = not isinstance(ckpt._source, PartialTree)
+            # beside the optimizer's moments) converts to those tensors, as its own tools do;
+            # so does a selection (the tree would name tensors the output does not hold)
+            whole = not isinstance(ckpt._source, PartialTree) and names is None
             opaque = store_tree(ckpt, key, written, bad, aliases, metadata, limits
                                  ) if tree and whole else ()
             try:
@@ -207,9 +236,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
         checked = None
         if verify:  # before publishing: a failure leaves an existing DST as it was
             checked = verify_unpublished(spath, [out], lambda paths: _verify(
-                spath, paths[0], key=key, limits=limits, skip_unsupported=skip_unsupported,
-                strict=read.strict, allow_globals=read.allow_globals,
-                verify_crc=read.verify_crc))
+                spath, paths[0], key, skip_unsupported, read, selection))
             if not checked.ok:
                 raise ConversionError(f"verification failed: {summary(checked)}; nothing "
                                       "was written", path=dpath,
@@ -232,6 +259,11 @@ def verify(
     strict: bool = False,
     allow_globals: Iterable[str] = (),
     verify_crc: bool = False,
+    include: NamePattern | Iterable[NamePattern] | None = None,
+    exclude: NamePattern | Iterable[NamePattern] | None = None,
+    rename: RenameRule | Iterable[RenameRule] | None = None,
+    strip_prefix: str | None = None,
+    ema: bool = False,
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -244,17 +276,27 @@ def verify(
     Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
     Tensors of SRC that safetensors cannot hold are listed as missing, or as skipped with
     ``skip_unsupported=True`` (as ``convert`` leaves them out). ``strict``,
-    ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`."""
+    ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`; ``include``,
+    ``exclude``, ``rename``, ``strip_prefix`` and ``ema`` as for :func:`convert` (SRC's
+    tensors are compared under the names convert gives them)."""
     spath, dpath = os.fspath(src), os.fspath(dst)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
+    return _verify(spath, dpath, key, skip_unsupported, read,
+                   Selection.of(include, exclude, rename, strip_prefix, ema))
+
+
+def _verify(spath: str, dpath: str, key: str | None, skip_unsupported: bool,
+            read: ReadOptions, selection: Selection | None) -> VerifyReport:
+    limits = read.limits
     if any((os.path.isdir(p) and not is_checkpoint_dir(p)) or p.endswith(".index.json")
            for p in (spath, dpath)):
         from torchless.conversion import hf as _hf
 
         return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
-                                 read=read)
+                                 read=read, selection=selection)
     with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:
-        tensors, unsupported = select(ckpt, key)
+        tensors, unsupported = select(ckpt, key, plan_names([ckpt], key, selection, spath)
+                                      if selection else None)
         result = compare(tensors, list(unsupported), header, data, skip_unsupported)
         matched, mismatched, missing, extra, skipped, aliases = result
         if _inert.TREE_KEY in header.metadata:
@@ -264,6 +306,3 @@ def verify(
             extra = [n for n in extra if n not in arrays]
     return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),
                         tuple(missing), tuple(extra), tuple(skipped), MappingProxyType(aliases))
-
-
-_verify = verify  # convert's ``verify`` flag shadows the function inside convert

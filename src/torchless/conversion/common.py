@@ -17,11 +17,13 @@ import contextlib
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from torchless.conversion.ema import ema_names
+from torchless.conversion.select import Selection, Shape
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
@@ -46,8 +48,8 @@ from torchless.write.safetensors import (
 )
 
 __all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "compare", "compare_tree",
-           "default_dst", "prepare", "safetensors_data", "select", "source_name", "store_tree",
-           "summary", "verify_unpublished", "write_output"]
+           "default_dst", "plan_names", "prepare", "safetensors_data", "select", "source_name",
+           "store_tree", "summary", "verify_unpublished", "write_output"]
 
 
 @dataclass(frozen=True)
@@ -104,24 +106,45 @@ def source_name(path: str) -> str:
     return os.fsencode(os.path.basename(path)).decode("utf-8", "replace")
 
 
-def select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Tensor],
-                                                                    dict[str, str]]:
-    """The tensors (and unsupported tensors) under ``key``, named relative to it."""
-    if key is None:
-        return dict(ckpt.tensors), dict(ckpt.unsupported)
+def select(ckpt: _checkpoint.Checkpoint, key: str | None,
+           names: Mapping[str, str] | None = None) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors (and unsupported tensors) under ``key``, named relative to it; or, given
+    ``names`` (output name -> source name, from :func:`plan_names`, ``key`` applied there),
+    the source's tensors among them under their output names."""
+    if names is None:
+        if key is None:
+            return dict(ckpt.tensors), dict(ckpt.unsupported)
+        names = _under_key(ckpt, {n: n for n in [*ckpt.tensors, *ckpt.unsupported]}, key)
+    return ({n: ckpt.tensors[s] for n, s in names.items() if s in ckpt.tensors},
+            {n: ckpt.unsupported[s] for n, s in names.items() if s in ckpt.unsupported})
+
+
+def plan_names(ckpts: Sequence[_checkpoint.Checkpoint], key: str | None, selection: Selection,
+         path: str) -> dict[str, str]:
+    """Output name -> source name for the tensors of ``ckpts`` (the files of one model,
+    their names distinct) with ``selection`` applied (:mod:`.select`: EMA, then ``key``,
+    then the filters and renames), every refusal raised before an output is opened."""
+    shapes: dict[str, Shape] = {}
+    for c in ckpts:
+        shapes.update({n: t.shape for n, t in c.tensors.items()})
+        shapes.update(dict.fromkeys(c.unsupported))
+    names = ema_names(shapes, path) if selection.ema else {n: n for n in shapes}
+    if key is not None:
+        names = _under_key(ckpts[0], names, key)
+    return selection.apply(names, path)
+
+
+def _under_key(ckpt: _checkpoint.Checkpoint, names: Mapping[str, str],
+               key: str) -> dict[str, str]:
+    """``names`` (name -> source) under ``key``, named relative to it."""
     prefix = key + "."
-
-    def pick(names: Mapping[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, value in names.items():
-            if name == key:
-                out[key.rsplit(".", 1)[-1]] = value
-            elif name.startswith(prefix):
-                out[name[len(prefix):]] = value
-        return out
-
-    tensors, unsupported = pick(ckpt.tensors), pick(ckpt.unsupported)
-    if not tensors and not unsupported:
+    out: dict[str, str] = {}
+    for name, source in names.items():
+        if name == key:
+            out[key.rsplit(".", 1)[-1]] = source
+        elif name.startswith(prefix):
+            out[name[len(prefix):]] = source
+    if not out:
         keys = [n for n, _ in children(ckpt.tree) if n] or sorted(
             {n.split(".", 1)[0] for n in ckpt.tensors})
         shown = ", ".join(repr(k) for k in keys[:50]) + (" …" if len(keys) > 50 else "")
@@ -130,7 +153,7 @@ def select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Ten
                               hint="pass one of those keys (dotted for deeper ones: "
                                    "state_dict.encoder), or no key; `torchless inspect "
                                    "FILE` lists every tensor name")
-    return tensors, unsupported
+    return out
 
 
 def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
@@ -174,12 +197,12 @@ def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tenso
 
 
 def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
-            skip_unsupported: bool) -> tuple[dict[str, Tensor], dict[str, str],
-                                             dict[str, str], dict[str, str]]:
+            skip_unsupported: bool, names: Mapping[str, str] | None = None
+            ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, str], dict[str, str]]:
     """What one checkpoint contributes: (tensors to write, ``__metadata__``, refused name ->
-    why, removed alias -> kept name)."""
+    why, removed alias -> kept name); ``names`` as for :func:`select`."""
     spath = ckpt.path
-    tensors, unsupported = select(ckpt, key)
+    tensors, unsupported = select(ckpt, key, names)
     bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
            if t.dtype.safetensors is None}
     bad.update({n: f"{kind} tensor" for n, kind in unsupported.items()})

@@ -51,6 +51,7 @@ from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
     compare,
+    plan_names,
     safetensors_data,
     select,
     source_name,
@@ -68,6 +69,7 @@ from torchless.conversion.hflayout import (
     split,
     stem,
 )
+from torchless.conversion.select import Selection
 from torchless.errors import (
     EXISTS_HINT,
     CheckpointError,
@@ -100,8 +102,10 @@ def convert_layout(
     progress: Callable[[int, int], None] | None,
     max_shard_size: int | str | None,
     read: ReadOptions,
+    selection: Selection | None = None,
 ) -> ConversionReport:
-    """Convert a model directory, an index, or one file into (sharded) safetensors."""
+    """Convert a model directory, an index, or one file into (sharded) safetensors;
+    ``selection`` applies to all its files as one (a rename clash across shards is one)."""
     started = time.monotonic()
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     layout = resolve(spath, dst)
@@ -110,7 +114,9 @@ def convert_layout(
         if layout.expected is not None:
             check_index(layout, ckpts)
         tied = _hftied.tie_word_embeddings(os.path.dirname(layout.sources[0]) or ".")
-        parts = [_hftied.prepare(c, key, dedupe, skip_unsupported, tied) for c in ckpts]
+        names = plan_names(ckpts, key, selection, spath) if selection else None
+        parts = [_hftied.prepare(c, key, dedupe, skip_unsupported, tied, names)
+                 for c in ckpts]
         owner: dict[str, int] = {}
         for i, (written, _, _, aliases) in enumerate(parts):
             for name in [*written, *aliases]:
@@ -273,7 +279,7 @@ def _verify_shards(spath: str, dpath: str, shards: list[_Shard], readable: list[
 
 
 def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: bool,
-                  read: ReadOptions) -> VerifyReport:
+                  read: ReadOptions, selection: Selection | None = None) -> VerifyReport:
     """Compare a checkpoint, a model directory or an index of shards with one safetensors
     file, a directory holding one, or a safetensors index and its shards.
 
@@ -293,9 +299,10 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: 
     with contextlib.ExitStack() as stack:
         tensors: dict[str, Tensor] = {}
         unsupported: list[str] = []
-        for path in sources:
-            ckpt = stack.enter_context(read.open(path))
-            got, bad = select(ckpt, key)
+        ckpts = [stack.enter_context(read.open(path)) for path in sources]
+        names = plan_names(ckpts, key, selection, spath) if selection else None
+        for path, ckpt in zip(sources, ckpts, strict=True):
+            got, bad = select(ckpt, key, names)
             for name in [*got, *bad]:
                 if name in tensors or name in unsupported:
                     raise ConversionError(f"the tensor {name!r} is in more than one source "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from torchless.conversion.common import prepare as _prepare
@@ -101,9 +102,10 @@ def aliases(tensors: dict[str, Tensor], tied: bool | None,
 
 
 def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
-            skip_unsupported: bool, tied: bool | None) -> Parts:
+            skip_unsupported: bool, tied: bool | None,
+            names: Mapping[str, str] | None = None) -> Parts:
     """:func:`torchless.conversion.common.prepare` with transformers' choice of aliases."""
-    written, metadata, bad, _ = _prepare(ckpt, key, False, skip_unsupported)
+    written, metadata, bad, _ = _prepare(ckpt, key, False, skip_unsupported, names)
     if not dedupe:
         return written, metadata, bad, {}
     removed = aliases(written, tied, {*metadata, _inert.FORMAT_KEY, _inert.TREE_KEY})
