@@ -131,7 +131,9 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, di
                             skip_unsupported=bool(options.get("skip_unsupported")),
                             limits=options.get("limits"), strict=bool(options.get("strict")),
                             allow_globals=options.get("allow_globals", ()),
-                            verify_crc=bool(options.get("verify_crc")))
+                            verify_crc=bool(options.get("verify_crc")),
+                            dtype=options.get("dtype"),
+                            dtype_filter=options.get("dtype_filter", ()))
         except InternalError:
             raise
         except CheckpointError:

@@ -36,7 +36,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
             "limits": _limits(args), "strict": args.strict,
             "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
-            "link_files": not args.copy_files}
+            "link_files": not args.copy_files, "dtype": args.dtype,
+            "dtype_filter": tuple(args.dtype_filter)}
 
 
 def _limits(args: argparse.Namespace) -> Limits | None:
@@ -184,7 +185,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 
     report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
                     skip_unsupported=args.skip_unsupported, strict=args.strict,
-                    allow_globals=args.allow_global, verify_crc=args.verify_crc)
+                    allow_globals=args.allow_global, verify_crc=args.verify_crc,
+                    dtype=args.dtype, dtype_filter=args.dtype_filter)
     if args.json:
         json.dump(verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -16,6 +16,7 @@ from torchless.conversion import hflayout as _hflayout
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
+    cast_expected,
     compare,
     compare_tree,
     default_dst,
@@ -46,6 +47,7 @@ from torchless.write.safetensors import (
 
 if TYPE_CHECKING:
     from torchless.conversion import hfdir as _hfdir
+    from torchless.write.cast import Cast
 
 __all__ = ["convert", "verify"]
 
@@ -67,6 +69,8 @@ def convert(
     allow_globals: Iterable[str] = (),
     verify_crc: bool = False,
     link_files: bool = True,
+    dtype: str | None = None,
+    dtype_filter: Iterable[str] = (),
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -107,6 +111,11 @@ def convert(
             records for a file you trust (as in :func:`torchless.open`); never called.
         link_files: for a model directory converted into another directory: hard-link its
             other files there (``False``: copy them).
+        dtype: cast floating tensors to ``"bf16"``, ``"fp16"`` or ``"fp32"`` as they are
+            written, bit for bit as torch's ``tensor.to(dtype)`` (:mod:`torchless.write.cast`);
+            integer and bool tensors are left as they are. ``__metadata__`` records the cast
+            (``torchless.cast``).
+        dtype_filter: globs on the flat names: cast only the tensors they match.
 
     Raises:
         ConversionError: the output cannot be written as asked, or ``verify`` failed (no
@@ -125,7 +134,18 @@ def convert(
     with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
             collector_paused():
         return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
-                            progress, max_shard_size, tree, read, link_files)
+                            progress, max_shard_size, tree, read, link_files,
+                            cast=_cast(dtype, dtype_filter))
+
+
+def _cast(dtype: str | None, dtype_filter: Iterable[str]) -> Cast | None:
+    """The ``dtype=`` request (NumPy imported only for one)."""
+    filters = (dtype_filter,) if isinstance(dtype_filter, str) else tuple(dtype_filter)
+    if dtype is None and not filters:
+        return None
+    from torchless.write.cast import Cast
+
+    return Cast.of(dtype, filters)
 
 
 def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, dedupe: bool,
@@ -157,8 +177,14 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
                  force: bool, dedupe: bool, skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None,
                  max_shard_size: int | str | None, tree: bool,
-                 read: ReadOptions, link_files: bool) -> ConversionReport:
+                 read: ReadOptions, link_files: bool, *, cast: Cast | None = None
+                 ) -> ConversionReport:
     local_dir = not is_remote(spath) and os.path.isdir(spath) and not is_checkpoint_dir(spath)
+    if cast is not None and (local_dir or spath.endswith(".index.json")
+                             or max_shard_size is not None):
+        raise ConversionError("dtype= (--dtype) converts one checkpoint to one file; model "
+                              "directories and sharded outputs are not cast yet", path=spath,
+                              hint="convert the shards one by one with --dtype")
     if local_dir:
         return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
                             force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
@@ -173,13 +199,13 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
             progress=progress, max_shard_size=max_shard_size, read=read)
     dpath = os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
     return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
-                    tree, read)
+                    tree, read, cast)
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              skip_unsupported: bool, verify: bool,
              progress: Callable[[int, int], None] | None, tree: bool,
-             read: ReadOptions) -> ConversionReport:
+             read: ReadOptions, cast: Cast | None = None) -> ConversionReport:
     started = time.monotonic()
     limits = read.limits
     with contextlib.ExitStack() as stack:
@@ -191,7 +217,8 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                                           hint="give another output path with -o / dst")
             except OSError:
                 pass
-            written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported)
+            written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported,
+                                                      cast)
             # a layout whose tensors are a part of its tree (ZeRO: the consolidated weights
             # beside the optimizer's moments) converts to those tensors, as its own tools do
             whole = not isinstance(ckpt._source, PartialTree)
@@ -209,7 +236,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
             checked = verify_unpublished(spath, [out], lambda paths: _verify(
                 spath, paths[0], key=key, limits=limits, skip_unsupported=skip_unsupported,
                 strict=read.strict, allow_globals=read.allow_globals,
-                verify_crc=read.verify_crc))
+                verify_crc=read.verify_crc, dtype=cast))
             if not checked.ok:
                 raise ConversionError(f"verification failed: {summary(checked)}; nothing "
                                       "was written", path=dpath,
@@ -232,6 +259,8 @@ def verify(
     strict: bool = False,
     allow_globals: Iterable[str] = (),
     verify_crc: bool = False,
+    dtype: str | Cast | None = None,
+    dtype_filter: Iterable[str] = (),
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -244,22 +273,31 @@ def verify(
     Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
     Tensors of SRC that safetensors cannot hold are listed as missing, or as skipped with
     ``skip_unsupported=True`` (as ``convert`` leaves them out). ``strict``,
-    ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`."""
+    ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`. With ``dtype``
+    (and ``dtype_filter``), SRC's tensors are expected cast as ``convert`` casts them, and
+    DST's record of the cast must be the one convert writes."""
     spath, dpath = os.fspath(src), os.fspath(dst)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
+    cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype
     if any((os.path.isdir(p) and not is_checkpoint_dir(p)) or p.endswith(".index.json")
            for p in (spath, dpath)):
         from torchless.conversion import hf as _hf
 
+        if cast is not None:
+            raise ConversionError("dtype= (--dtype) compares one checkpoint with one file",
+                                  path=spath)
         return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
                                  read=read)
     with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:
         tensors, unsupported = select(ckpt, key)
-        result = compare(tensors, list(unsupported), header, data, skip_unsupported)
+        cast_report: dict[str, str] = {}
+        expected = cast_expected(tensors, cast, header, cast_report)
+        result = compare(expected, list(unsupported), header, data, skip_unsupported)
         matched, mismatched, missing, extra, skipped, aliases = result
+        mismatched.update(cast_report)
         if _inert.TREE_KEY in header.metadata:
             arrays = compare_tree(ckpt, key, tensors, header, data, aliases, limits,
-                                   mismatched)
+                                   mismatched, expected)
             matched += [n for n in arrays if n not in mismatched]
             extra = [n for n in extra if n not in arrays]
     return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),

@@ -1,0 +1,130 @@
+"""``convert(dtype=)`` / ``--dtype`` and ``verify --dtype``: the output read back by the
+safetensors package equals torch's ``tensor.to(dtype)`` of what torch.load reads; integer
+and bool tensors are kept; the header records the cast; verify accepts it only with the
+same cast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchless
+from tests.conftest import require
+from torchless.cli.main import main
+from torchless.conversion.api import convert, verify
+from torchless.errors import ConversionError
+
+
+def _checkpoint(torch: Any, path: Path) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 4, generator=g)
+    sd = {"w": base, "t": base.t(), "b": torch.randn(5, generator=g, dtype=torch.float64),
+          "h": torch.randn(3, generator=g).half(), "bf": torch.randn(2).bfloat16(),
+          "i": torch.arange(4), "m": torch.tensor([True, False]),
+          "special": torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, 3.5e38,
+                                   1 + 2**-8, 65520.0])}
+    torch.save({"state_dict": sd, "epoch": 7}, path)
+    return sd
+
+
+def _bits(torch: Any, t: Any) -> bytes:
+    t = t.contiguous()
+    if t.is_floating_point():
+        t = t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return bytes(t.numpy().tobytes())
+
+
+@pytest.mark.parametrize(("flag", "name"), [("bf16", "bfloat16"), ("fp16", "float16"),
+                                            ("fp32", "float32")])
+def test_convert_dtype_equals_torch_to(tmp_path: Path, flag: str, name: str) -> None:
+    torch = require("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    src, dst = tmp_path / "a.pt", tmp_path / "a.safetensors"
+    _checkpoint(torch, src)
+    report = convert(src, dst, dtype=flag, verify=True)
+    assert report.verified is not None and report.verified.ok
+    loaded = torch.load(src, weights_only=True)["state_dict"]
+    out = safetensors_torch.load_file(dst)
+    target = getattr(torch, name)
+    for key, t in loaded.items():
+        expected = t.to(target) if t.is_floating_point() else t
+        got = out[f"state_dict.{key}"]
+        assert got.dtype == expected.dtype, key
+        assert _bits(torch, got) == _bits(torch, expected), key
+    from safetensors import safe_open
+
+    with safe_open(str(dst), "np") as f:
+        record = json.loads(f.metadata()["torchless.cast"])
+    cast = {k: set(v) for k, v in record["cast"].items()}
+    expected_cast: dict[str, set[str]] = {}
+    for key, t in loaded.items():
+        if t.is_floating_point() and t.dtype != target:
+            st = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
+                  torch.bfloat16: "BF16"}[t.dtype]
+            expected_cast.setdefault(st, set()).add(f"state_dict.{key}")
+    assert record["dtype"] == {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}[name]
+    assert cast == expected_cast and record["filter"] == []
+    whole = torchless.load(dst)  # the object tree names the cast dtype
+    assert whole["epoch"] == 7
+    assert str(whole["state_dict"]["w"].dtype) == name
+    assert verify(src, dst, dtype=flag).ok
+    if name != "float32":
+        assert not verify(src, dst).ok  # without the cast the bytes are not the source's
+
+
+def test_dtype_filter_casts_only_matching_names(tmp_path: Path) -> None:
+    torch = require("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    src, dst = tmp_path / "a.pt", tmp_path / "a.safetensors"
+    sd = _checkpoint(torch, src)
+    convert(src, dst, dtype="fp16", dtype_filter=["*.w", "*.i"], tree=False)
+    out = safetensors_torch.load_file(dst)
+    assert out["state_dict.w"].dtype == torch.float16
+    assert _bits(torch, out["state_dict.w"]) == _bits(torch, sd["w"].half())
+    assert out["state_dict.t"].dtype == torch.float32  # not matched: the source's bytes
+    assert out["state_dict.i"].dtype == torch.int64  # matched, but never cast
+    assert verify(src, dst, dtype="fp16", dtype_filter=["*.w", "*.i"]).ok
+    report = verify(src, dst, dtype="fp16")  # another cast: refused by name
+    assert not report.ok and "state_dict.t" in report.mismatched
+    assert "(cast record)" in report.mismatched
+
+
+def test_refusals(tmp_path: Path) -> None:
+    torch = require("torch")
+    src = tmp_path / "a.pt"
+    torch.save({"f8": torch.zeros(3).to(torch.float8_e4m3fn), "w": torch.ones(2)}, src)
+    with pytest.raises(ConversionError, match="float8"):
+        convert(src, tmp_path / "a.safetensors", dtype="bf16")
+    with pytest.raises(ConversionError, match="needs dtype"):
+        convert(src, tmp_path / "a.safetensors", dtype_filter=["w"])
+    with pytest.raises(ConversionError, match="one of bf16"):
+        convert(src, tmp_path / "a.safetensors", dtype="int8")
+    with pytest.raises(ConversionError, match="sharded"):
+        convert(src, tmp_path / "out", dtype="bf16", max_shard_size="1GB")
+    assert not list(tmp_path.glob("*.safetensors"))
+    convert(src, tmp_path / "a.safetensors", dtype="bf16", dtype_filter=["w"])
+
+
+def test_cli_convert_and_verify_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = require("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    src, dst = tmp_path / "a.pt", tmp_path / "a.safetensors"
+    sd = _checkpoint(torch, src)
+    assert main(["convert", str(src), "-o", str(dst), "--dtype", "bf16", "--dtype-filter",
+                 "state_dict.[wtb]", "--verify", "-q"]) == 0
+    out = safetensors_torch.load_file(dst)
+    for key in "wtb":
+        assert _bits(torch, out[f"state_dict.{key}"]) == _bits(
+            torch, sd[key].to(torch.bfloat16)), key
+    assert out["state_dict.h"].dtype == torch.float16
+    assert main(["verify", "-q", str(src), str(dst), "--dtype", "bf16", "--dtype-filter",
+                 "state_dict.[wtb]"]) == 0
+    assert main(["verify", "-q", str(src), str(dst)]) == 1
+    assert main(["verify", "-q", str(src), str(dst), "--dtype", "bf16"]) == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["convert", str(src), "--dtype", "int8"])
+    assert e.value.code != 0
