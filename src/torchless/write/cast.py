@@ -4,8 +4,8 @@ torch's semantics bit for bit (``tensor.to(dtype)`` on this machine's CPU build)
 The pure functions take a block of a tensor's contiguous little-endian bytes and return the
 cast block; :func:`cast_tensor` wraps a tensor in a streamed one of the target dtype, so the
 safetensors writer (and verification) read it through :func:`~torchless.model.chunks.chunks`
-unchanged, one block at a time: memory stays bounded by :data:`BLOCK_BYTES` whatever the
-tensor's size.
+unchanged, block by block (the next one cast in a thread while one is written): memory stays
+bounded by a few blocks of :data:`BLOCK_BYTES` whatever the tensor's size.
 
 What torch 2.x computes, measured on x86-64 (AVX2 and AVX-512 builds), and what is done here:
 
@@ -41,7 +41,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from torchless.core.dtypes import DType, by_torch_name
 from torchless.errors import ConversionError
 from torchless.model.chunks import chunks, is_plain
 from torchless.model.tensor import Storage, Tensor
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 __all__ = ["BLOCK_BYTES", "CASTABLE", "METADATA_KEY", "TARGETS", "Cast", "cast_block",
            "cast_tensor", "target_dtype"]
@@ -179,24 +182,45 @@ def cast_block(source: DType, target: DType, data: bytes | memoryview) -> memory
 # ---- tensors ---------------------------------------------------------------------------------
 
 
-def _source_blocks(t: Tensor, block: int, release: Callable[[memoryview], None] | None,
-                   spill_dir: str | None) -> Iterator[memoryview]:
+def _source_blocks(t: Tensor, block: int, spill_dir: str | None) -> Iterator[memoryview]:
     """The tensor's contiguous little-endian bytes in blocks of at most ``block`` bytes
-    (whole elements); the pages of a mapped file handed back (``release``) once each block
-    has been used."""
+    (whole elements)."""
     if is_plain(t) and not t.storage.streams:
         begin = t.storage_offset * t.dtype.itemsize
         view = memoryview(t.storage.buffer()).cast("B")[begin:begin + t.nbytes]
         for i in range(0, len(view), block):
-            piece = view[i:i + block]
-            yield piece
-            if release is not None:
-                release(piece)
+            yield view[i:i + block]
         return
     for part in chunks(t, spill_dir):
         mv = memoryview(part).cast("B")
         for i in range(0, len(mv), block):
             yield mv[i:i + block]
+
+
+def _ahead(pieces: Iterator[memoryview], cast: Callable[[memoryview], memoryview],
+           release: Callable[[memoryview], None] | None) -> Iterator[memoryview]:
+    """``cast`` of each piece, in order, the next one computed in a worker thread while the
+    caller writes the one before (NumPy and ``os.write`` release the GIL: the cast and the
+    write overlap); each piece is released once cast. At most two casts are in flight."""
+    from concurrent.futures import ThreadPoolExecutor  # large tensors only
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchless-cast") as pool:
+        pending = None
+        for piece in pieces:
+            submitted = (piece, pool.submit(cast, piece))
+            if pending is not None:
+                yield _done(*pending, release)
+            pending = submitted
+        if pending is not None:
+            yield _done(*pending, release)
+
+
+def _done(piece: memoryview, future: Future[memoryview],
+          release: Callable[[memoryview], None] | None) -> memoryview:
+    out = future.result()
+    if release is not None:
+        release(piece)
+    return out
 
 
 def cast_tensor(t: Tensor, target: DType, *,
@@ -212,8 +236,15 @@ def cast_tensor(t: Tensor, target: DType, *,
     def stream(chunk: int) -> Iterator[memoryview]:
         # blocks of at most ``chunk`` target bytes, whole elements
         elements = max(1, min(chunk, BLOCK_BYTES) // max(source.itemsize, target.itemsize))
-        for piece in _source_blocks(t, elements * source.itemsize, release, spill_dir):
-            yield cast_block(source, target, piece)
+        block = elements * source.itemsize
+        pieces = _source_blocks(t, block, spill_dir)
+        if t.nbytes <= block:
+            for piece in pieces:
+                yield cast_block(source, target, piece)
+                if release is not None:
+                    release(piece)
+            return
+        yield from _ahead(pieces, lambda piece: cast_block(source, target, piece), release)
 
     def load() -> bytes:  # the whole cast tensor, for a reader that asks for all of it
         return b"".join(bytes(b) for b in stream(BLOCK_BYTES))
