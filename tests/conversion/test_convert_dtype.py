@@ -128,3 +128,24 @@ def test_cli_convert_and_verify_dtype(tmp_path: Path, capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as e:
         main(["convert", str(src), "--dtype", "int8"])
     assert e.value.code != 0
+
+
+@pytest.mark.parametrize("example", ["tiny.pt", "lightning.ckpt", "dcp", "zero"])
+def test_every_layout_casts(tmp_path: Path, example: str) -> None:
+    """Single files, DCP and ZeRO directories: the cast output equals torch's ``.to`` of the
+    plain conversion's tensors (which other tests compare with torch.load)."""
+    torch = require("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    src = Path(__file__).resolve().parents[2] / "examples" / example
+    plain, cast = tmp_path / "plain.safetensors", tmp_path / "cast.safetensors"
+    convert(src, plain, tree=False)
+    convert(src, cast, dtype="bf16", verify=True)
+    expected = safetensors_torch.load_file(plain)
+    got = safetensors_torch.load_file(cast)
+    assert set(got) >= set(expected)
+    assert any(t.is_floating_point() for t in expected.values())
+    for name, t in expected.items():
+        want = t.to(torch.bfloat16) if t.is_floating_point() else t
+        assert got[name].dtype == want.dtype, name
+        assert _bits(torch, got[name]) == _bits(torch, want), name
+    assert verify(src, cast, dtype="bf16").ok

@@ -207,7 +207,9 @@ def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
     if cast is not None:
         from torchless.write.cast import METADATA_KEY
 
-        written, metadata[METADATA_KEY] = cast.apply(written, release=ckpt._source.release_view)
+        source = ckpt._source  # a file's map hands back its pages behind each block cast
+        written, metadata[METADATA_KEY] = cast.apply(
+            written, release=source.release_view if isinstance(source, Source) else None)
     return written, metadata, bad, aliases
 
 
