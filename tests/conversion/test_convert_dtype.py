@@ -125,9 +125,11 @@ def test_cli_convert_and_verify_dtype(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["verify", "-q", str(src), str(dst)]) == 1
     assert main(["verify", "-q", str(src), str(dst), "--dtype", "bf16"]) == 1
     capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main(["convert", str(src), "--dtype", "int8"])
-    assert e.value.code != 0
+    for bad in (["convert", str(src), "--dtype", "int8"],
+                ["verify", str(src), str(dst), "--dtype-filter", "*"]):
+        with pytest.raises(SystemExit) as e:
+            main(bad)
+        assert e.value.code == 4  # a usage error
 
 
 @pytest.mark.parametrize("example", ["tiny.pt", "lightning.ckpt", "dcp", "zero"])

@@ -292,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("-o/--output goes with --html")
     if vars(args).get("jobs", 1) < 1:
         parser.error("-j/--jobs must be at least 1")
+    if vars(args).get("dtype_filter") and not args.dtype:
+        parser.error("--dtype-filter chooses the names --dtype casts: give --dtype too")
     try:
         if args.command == "inspect":
             return _run_inspect(args, parser)
