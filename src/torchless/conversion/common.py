@@ -218,9 +218,13 @@ def cast_expected(tensors: dict[str, Tensor], cast: Cast | None, header: Safeten
     """What convert with ``cast`` writes for ``tensors`` (for :func:`compare`); a cast
     record in DST's ``__metadata__`` that differs from the one convert writes (of the
     entries DST holds) is recorded in ``mismatched``."""
-    if cast is None:
-        return tensors
     from torchless.write.cast import METADATA_KEY
+
+    if cast is None:
+        if METADATA_KEY in header.metadata:
+            mismatched["(cast record)"] = "DST records a cast (__metadata__[" \
+                f"{METADATA_KEY!r}]): compare with that cast (--dtype, dtype=)"
+        return tensors
 
     castable = {n: t for n, t in tensors.items() if t.dtype.safetensors is not None}
     expected, _ = cast.apply(castable)
