@@ -102,8 +102,6 @@ def test_refusals(tmp_path: Path) -> None:
         convert(src, tmp_path / "a.safetensors", dtype_filter=["w"])
     with pytest.raises(ConversionError, match="one of bf16"):
         convert(src, tmp_path / "a.safetensors", dtype="int8")
-    with pytest.raises(ConversionError, match="sharded"):
-        convert(src, tmp_path / "out", dtype="bf16", max_shard_size="1GB")
     assert not list(tmp_path.glob("*.safetensors"))
     convert(src, tmp_path / "a.safetensors", dtype="bf16", dtype_filter=["w"])
 
@@ -151,3 +149,85 @@ def test_every_layout_casts(tmp_path: Path, example: str) -> None:
         assert got[name].dtype == want.dtype, name
         assert _bits(torch, got[name]) == _bits(torch, want), name
     assert verify(src, cast, dtype="bf16").ok
+
+
+def _deflated(src: Path, dst: Path) -> None:
+    """The same archive with every member deflated (torch.load inflates them)."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+
+
+@pytest.mark.parametrize("layout", ["legacy", "deflated"])
+def test_streamed_and_legacy_sources_cast(tmp_path: Path, layout: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A legacy file (storages in the stream) and a ZIP of deflated members (inflated as they
+    stream), cast in blocks far smaller than the tensors, as torch.load + .to gives."""
+    torch = require("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from torchless.write import cast as _cast
+
+    monkeypatch.setattr(_cast, "BLOCK_BYTES", 256)
+    src, dst = tmp_path / "a.pt", tmp_path / "a.safetensors"
+    g = torch.Generator().manual_seed(3)
+    sd = {"w": torch.randn(40, 30, generator=g), "t": torch.randn(30, 40, generator=g).t(),
+          "d": torch.randn(333, generator=g, dtype=torch.float64), "i": torch.arange(7)}
+    if layout == "legacy":
+        torch.save(sd, src, _use_new_zipfile_serialization=False)
+    else:
+        torch.save(sd, tmp_path / "plain.pt")
+        _deflated(tmp_path / "plain.pt", src)
+    loaded = torch.load(src, weights_only=True)
+    convert(src, dst, dtype="fp16", verify=True)
+    out = safetensors_torch.load_file(dst)
+    for name, t in loaded.items():
+        want = t.half() if t.is_floating_point() else t
+        assert _bits(torch, out[name]) == _bits(torch, want), name
+
+
+def test_model_directory_and_shards_cast(tmp_path: Path) -> None:
+    """A sharded ``pytorch_model*.bin`` directory resharded to bf16: every output tensor is
+    torch's ``.to`` of what torch.load reads, each shard records the names it holds cast, the
+    Trainer's optimizer file beside them is converted but not cast; verify --dtype accepts
+    the directory."""
+    torch = require("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from safetensors import safe_open
+
+    model, out = tmp_path / "model", tmp_path / "out"
+    model.mkdir()
+    g = torch.Generator().manual_seed(5)
+    shards = {"pytorch_model-00001-of-00002.bin": {"a.weight": torch.randn(64, 64, generator=g),
+                                                   "a.steps": torch.arange(3)},
+              "pytorch_model-00002-of-00002.bin": {"b.weight": torch.randn(64, 32, generator=g),
+                                                   "b.bias": torch.randn(32).double()}}
+    for name, sd in shards.items():
+        torch.save(sd, model / name)
+    (model / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f for f, sd in shards.items() for n in sd}}))
+    torch.save({"state": {0: {"exp_avg": torch.zeros(3)}}}, model / "optimizer.pt")
+    convert(model, out, dtype="bf16", max_shard_size=5000, verify=True)
+    outputs = sorted(out.glob("model*.safetensors"))
+    assert len(outputs) >= 2  # resharded by size
+    got: dict[str, Any] = {}
+    recorded: set[str] = set()
+    for path in outputs:
+        got.update(safetensors_torch.load_file(path))
+        with safe_open(str(path), "np") as f:
+            record = json.loads(f.metadata()["torchless.cast"])
+            names = set(f.keys())
+        cast_here = {n for v in record["cast"].values() for n in v}
+        assert cast_here <= names
+        recorded |= cast_here
+    loaded = {n: t for name in shards for n, t in torch.load(model / name).items()}
+    assert set(got) == set(loaded)
+    for name, t in loaded.items():
+        want = t.to(torch.bfloat16) if t.is_floating_point() else t
+        assert _bits(torch, got[name]) == _bits(torch, want), name
+    assert recorded == {"a.weight", "b.weight", "b.bias"}
+    optimizer = safetensors_torch.load_file(out / "optimizer.safetensors")
+    assert all(t.dtype == torch.float32 for t in optimizer.values())
+    assert verify(model, out, dtype="bf16").ok
+    assert not verify(model, out).ok

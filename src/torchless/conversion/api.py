@@ -151,8 +151,10 @@ def _cast(dtype: str | None, dtype_filter: Iterable[str]) -> Cast | None:
 def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, dedupe: bool,
                  skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None, max_shard_size: int | str | None,
-                 tree: bool, read: ReadOptions, link_files: bool) -> _hfdir.DirectoryReport:
-    """The weights through :mod:`.hf`, then the rest of the directory (:mod:`.hfdir`)."""
+                 tree: bool, read: ReadOptions, link_files: bool,
+                 cast: Cast | None = None) -> _hfdir.DirectoryReport:
+    """The weights through :mod:`.hf` (cast with ``cast``), then the rest of the directory
+    (:mod:`.hfdir`; its other checkpoints, optimizer states …, are not cast)."""
     from torchless.conversion import hf as _hf
     from torchless.conversion import hfdir as _hfdir
 
@@ -165,7 +167,8 @@ def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, d
     _hfdir.check_free(rest, force)
     report = _hf.convert_layout(spath, dst, key=key, force=force, dedupe=dedupe,
                                 skip_unsupported=skip_unsupported, verify=verify,
-                                progress=progress, max_shard_size=max_shard_size, read=read)
+                                progress=progress, max_shard_size=max_shard_size, read=read,
+                                cast=cast)
     converted = tuple(_convert(src, out, None, force, dedupe, skip_unsupported, verify, None,
                                tree, read) for src, out in rest.checkpoints)
     brought = _hfdir.bring(rest.files, link=link_files, force=force)
@@ -180,23 +183,18 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
                  read: ReadOptions, link_files: bool, *, cast: Cast | None = None
                  ) -> ConversionReport:
     local_dir = not is_remote(spath) and os.path.isdir(spath) and not is_checkpoint_dir(spath)
-    if cast is not None and (local_dir or spath.endswith(".index.json")
-                             or max_shard_size is not None):
-        raise ConversionError("dtype= (--dtype) converts one checkpoint to one file; model "
-                              "directories and sharded outputs are not cast yet", path=spath,
-                              hint="convert the shards one by one with --dtype")
     if local_dir:
         return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
                             force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
                             verify=verify, progress=progress, max_shard_size=max_shard_size,
-                            tree=tree, read=read, link_files=link_files)
+                            tree=tree, read=read, link_files=link_files, cast=cast)
     if spath.endswith(".index.json") or max_shard_size is not None:
         from torchless.conversion import hf as _hf  # directories only: not at start-up
 
         return _hf.convert_layout(
             spath, None if dst is None else os.fspath(dst), key=key, force=force,
             dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
-            progress=progress, max_shard_size=max_shard_size, read=read)
+            progress=progress, max_shard_size=max_shard_size, read=read, cast=cast)
     dpath = os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
     return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
                     tree, read, cast)
@@ -283,11 +281,8 @@ def verify(
            for p in (spath, dpath)):
         from torchless.conversion import hf as _hf
 
-        if cast is not None:
-            raise ConversionError("dtype= (--dtype) compares one checkpoint with one file",
-                                  path=spath)
         return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
-                                 read=read)
+                                 read=read, cast=cast)
     with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:
         tensors, unsupported = select(ckpt, key)
         cast_report: dict[str, str] = {}

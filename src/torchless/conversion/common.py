@@ -49,7 +49,8 @@ from torchless.write.safetensors import (
 if TYPE_CHECKING:
     from torchless.write.cast import Cast
 
-__all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "cast_expected", "compare",
+__all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "cast_expected",
+           "cast_tensors", "compare",
            "compare_tree",
            "default_dst", "prepare", "safetensors_data", "select", "source_name", "store_tree",
            "summary", "verify_unpublished", "write_output"]
@@ -207,10 +208,16 @@ def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
     if cast is not None:
         from torchless.write.cast import METADATA_KEY
 
-        source = ckpt._source  # a file's map hands back its pages behind each block cast
-        written, metadata[METADATA_KEY] = cast.apply(
-            written, release=source.release_view if isinstance(source, Source) else None)
+        written, metadata[METADATA_KEY] = cast_tensors(ckpt, written, cast)
     return written, metadata, bad, aliases
+
+
+def cast_tensors(ckpt: _checkpoint.Checkpoint, tensors: dict[str, Tensor],
+                 cast: Cast) -> tuple[dict[str, Tensor], str]:
+    """``cast.apply`` to tensors of ``ckpt``: the tensors, some cast, and the record."""
+    source = ckpt._source  # a file's map hands back its pages behind each block cast
+    return cast.apply(tensors, release=source.release_view if isinstance(source, Source)
+                      else None)
 
 
 def cast_expected(tensors: dict[str, Tensor], cast: Cast | None, header: SafetensorsHeader,
