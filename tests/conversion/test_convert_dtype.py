@@ -231,3 +231,22 @@ def test_model_directory_and_shards_cast(tmp_path: Path) -> None:
     assert all(t.dtype == torch.float32 for t in optimizer.values())
     assert verify(model, out, dtype="bf16").ok
     assert not verify(model, out).ok
+
+
+def test_several_sources_cast_and_resume(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``convert A B --dtype bf16``: each cast; run again, each output verifies with the
+    cast and is skipped, not converted again."""
+    torch = require("torch")
+    sources = [tmp_path / "a.pt", tmp_path / "b.pt"]
+    for i, src in enumerate(sources):
+        torch.save({"w": torch.randn(8, 8, generator=torch.Generator().manual_seed(i))}, src)
+    args = ["convert", *map(str, sources), "--dtype", "bf16", "--json"]
+    assert main(args) == 0
+    assert [r["status"] for r in json.loads(capsys.readouterr().out)] == ["done", "done"]
+    for src in sources:
+        assert verify(src, src.with_suffix(".safetensors"), dtype="bf16").ok
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert [r["status"] for r in again] == ["skipped", "skipped"]
+    assert main([*args[:-1], "--dtype", "fp16", "--json"]) != 0  # another cast: not skipped
