@@ -136,6 +136,8 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, di
                             limits=options.get("limits"), strict=bool(options.get("strict")),
                             allow_globals=options.get("allow_globals", ()),
                             verify_crc=bool(options.get("verify_crc")),
+                            dtype=options.get("dtype"),
+                            dtype_filter=options.get("dtype_filter", ()),
                             **{k: options[k] for k in _SELECTION if k in options})
         except InternalError:
             raise

@@ -36,7 +36,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
             "limits": _limits(args), "strict": args.strict,
             "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
-            "link_files": not args.copy_files, **_selection(args)}
+            "link_files": not args.copy_files, "dtype": args.dtype,
+            "dtype_filter": tuple(args.dtype_filter), **_selection(args)}
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
@@ -190,7 +191,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
                     skip_unsupported=args.skip_unsupported, strict=args.strict,
                     allow_globals=args.allow_global, verify_crc=args.verify_crc,
-                    **_selection(args))
+                    dtype=args.dtype, dtype_filter=args.dtype_filter, **_selection(args))
     if args.json:
         json.dump(verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -296,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("-o/--output goes with --html")
     if vars(args).get("jobs", 1) < 1:
         parser.error("-j/--jobs must be at least 1")
+    if vars(args).get("dtype_filter") and not args.dtype:
+        parser.error("--dtype-filter chooses the names --dtype casts: give --dtype too")
     try:
         if args.command == "inspect":
             return _run_inspect(args, parser)

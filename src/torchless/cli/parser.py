@@ -102,6 +102,14 @@ def _add_allow_global(parser: argparse.ArgumentParser) -> None:
                              "record, never called (repeatable)")
 
 
+def _add_dtype(parser: argparse.ArgumentParser, what: str) -> None:
+    """--dtype and --dtype-filter, the same for convert and verify."""
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help=what)
+    parser.add_argument("--dtype-filter", action="append", default=[], metavar="GLOB",
+                        help="with --dtype: cast only the tensors whose flat name matches "
+                             "GLOB (repeatable)")
+
+
 def _add_reading(parser: argparse.ArgumentParser, *, strict: str | None = None) -> None:
     """The options every command that reads a checkpoint shares (one vocabulary with the
     Python API: strict, allow_globals, verify_crc, limits)."""
@@ -246,8 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--weights-only", action="store_true",
                       help="write the tensors only, not the rest of the object (epochs, "
                            "optimizer state, configs …) as an inert tree (implied by the "
-                           "options below)")
+                           "selection options below)")
     _add_selection(conv)
+    _add_dtype(conv, "cast floating tensors to this dtype as they are written, bit for bit "
+                     "as torch's tensor.to(dtype); integer and bool tensors are kept")
     _add_reading(conv)
     out = conv.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -265,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--skip-unsupported", action="store_true",
                      help="tensors safetensors cannot hold count as skipped, not missing (as "
                           "convert --skip-unsupported leaves them out)")
+    _add_dtype(ver, "expect SRC's floating tensors cast to this dtype (as convert --dtype "
+                    "casts them)")
     _add_selection(ver)
     _add_reading(ver)
     out = ver.add_mutually_exclusive_group()

@@ -16,6 +16,7 @@ from torchless.conversion import hflayout as _hflayout
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
+    cast_expected,
     compare,
     compare_tree,
     default_dst,
@@ -48,6 +49,7 @@ from torchless.write.safetensors import (
 
 if TYPE_CHECKING:
     from torchless.conversion import hfdir as _hfdir
+    from torchless.write.cast import Cast
 
 __all__ = ["convert", "verify"]
 
@@ -74,6 +76,8 @@ def convert(
     rename: RenameRule | Iterable[RenameRule] | None = None,
     strip_prefix: str | None = None,
     ema: bool = False,
+    dtype: str | None = None,
+    dtype_filter: Iterable[str] = (),
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -125,10 +129,15 @@ def convert(
             ``model_ema``, timm ``state_dict_ema``, ultralytics ``ema``; see
             :mod:`torchless.conversion.ema`); refused, by name, where a weight has no EMA
             twin of its shape. Applied first, before ``key`` and the filters.
+        dtype: cast floating tensors to ``"bf16"``, ``"fp16"`` or ``"fp32"`` as they are
+            written, bit for bit as torch's ``tensor.to(dtype)`` (:mod:`torchless.write.cast`);
+            integer and bool tensors are left as they are. ``__metadata__`` records the cast
+            (``torchless.cast``).
+        dtype_filter: globs on the flat (output) names: cast only the tensors they match.
 
-    With any of the last five, the output holds the chosen tensors only (no object tree:
-    it would name tensors the file does not hold); the steps are described in
-    :mod:`torchless.conversion.select`.
+    With any of ``include``, ``exclude``, ``rename``, ``strip_prefix`` or ``ema``, the output
+    holds the chosen tensors only (no object tree: it would name tensors the file does not
+    hold); the steps are described in :mod:`torchless.conversion.select`.
 
     Raises:
         ConversionError: the output cannot be written as asked, or ``verify`` failed (no
@@ -148,15 +157,28 @@ def convert(
             collector_paused():
         selection = Selection.of(include, exclude, rename, strip_prefix, ema)
         return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
-                            progress, max_shard_size, tree, read, link_files, selection)
+                            progress, max_shard_size, tree, read, link_files, selection,
+                            cast=_cast(dtype, dtype_filter))
+
+
+def _cast(dtype: str | None, dtype_filter: Iterable[str]) -> Cast | None:
+    """The ``dtype=`` request (NumPy imported only for one)."""
+    filters = (dtype_filter,) if isinstance(dtype_filter, str) else tuple(dtype_filter)
+    if dtype is None and not filters:
+        return None
+    from torchless.write.cast import Cast
+
+    return Cast.of(dtype, filters)
 
 
 def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, dedupe: bool,
                  skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None, max_shard_size: int | str | None,
                  tree: bool, read: ReadOptions, link_files: bool,
-                 selection: Selection | None) -> _hfdir.DirectoryReport:
-    """The weights through :mod:`.hf`, then the rest of the directory (:mod:`.hfdir`)."""
+                 selection: Selection | None, cast: Cast | None = None
+                 ) -> _hfdir.DirectoryReport:
+    """The weights through :mod:`.hf` (cast with ``cast``), then the rest of the directory
+    (:mod:`.hfdir`; its other checkpoints, optimizer states …, are not cast)."""
     from torchless.conversion import hf as _hf
     from torchless.conversion import hfdir as _hfdir
 
@@ -170,7 +192,7 @@ def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, d
     report = _hf.convert_layout(spath, dst, key=key, force=force, dedupe=dedupe,
                                 skip_unsupported=skip_unsupported, verify=verify,
                                 progress=progress, max_shard_size=max_shard_size, read=read,
-                                selection=selection)
+                                selection=selection, cast=cast)
     converted = tuple(_convert(src, out, None, force, dedupe, skip_unsupported, verify, None,
                                tree, read, None) for src, out in rest.checkpoints)
     brought = _hfdir.bring(rest.files, link=link_files, force=force)
@@ -183,29 +205,33 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
                  progress: Callable[[int, int], None] | None,
                  max_shard_size: int | str | None, tree: bool,
                  read: ReadOptions, link_files: bool,
-                 selection: Selection | None) -> ConversionReport:
+                 selection: Selection | None, *, cast: Cast | None = None
+                 ) -> ConversionReport:
     local_dir = not is_remote(spath) and os.path.isdir(spath) and not is_checkpoint_dir(spath)
     if local_dir:
         return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
                             force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
                             verify=verify, progress=progress, max_shard_size=max_shard_size,
-                            tree=tree, read=read, link_files=link_files, selection=selection)
+                            tree=tree, read=read, link_files=link_files, selection=selection,
+                            cast=cast)
     if spath.endswith(".index.json") or max_shard_size is not None:
         from torchless.conversion import hf as _hf  # directories only: not at start-up
 
         return _hf.convert_layout(
             spath, None if dst is None else os.fspath(dst), key=key, force=force,
             dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
-            progress=progress, max_shard_size=max_shard_size, read=read, selection=selection)
+            progress=progress, max_shard_size=max_shard_size, read=read, selection=selection,
+            cast=cast)
     dpath = os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
     return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
-                    tree, read, selection)
+                    tree, read, selection, cast)
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              skip_unsupported: bool, verify: bool,
              progress: Callable[[int, int], None] | None, tree: bool,
-             read: ReadOptions, selection: Selection | None) -> ConversionReport:
+             read: ReadOptions, selection: Selection | None,
+             cast: Cast | None = None) -> ConversionReport:
     started = time.monotonic()
     limits = read.limits
     with contextlib.ExitStack() as stack:
@@ -219,7 +245,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                 pass
             names = plan_names([ckpt], key, selection, spath) if selection else None
             written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported,
-                                                      names)
+                                                      names, cast)
             # a layout whose tensors are a part of its tree (ZeRO: the consolidated weights
             # beside the optimizer's moments) converts to those tensors, as its own tools do;
             # so does a selection (the tree would name tensors the output does not hold)
@@ -236,7 +262,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
         checked = None
         if verify:  # before publishing: a failure leaves an existing DST as it was
             checked = verify_unpublished(spath, [out], lambda paths: _verify(
-                spath, paths[0], key, skip_unsupported, read, selection))
+                spath, paths[0], key, skip_unsupported, read, selection, cast))
             if not checked.ok:
                 raise ConversionError(f"verification failed: {summary(checked)}; nothing "
                                       "was written", path=dpath,
@@ -264,6 +290,8 @@ def verify(
     rename: RenameRule | Iterable[RenameRule] | None = None,
     strip_prefix: str | None = None,
     ema: bool = False,
+    dtype: str | Cast | None = None,
+    dtype_filter: Iterable[str] = (),
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -278,30 +306,37 @@ def verify(
     ``skip_unsupported=True`` (as ``convert`` leaves them out). ``strict``,
     ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`; ``include``,
     ``exclude``, ``rename``, ``strip_prefix`` and ``ema`` as for :func:`convert` (SRC's
-    tensors are compared under the names convert gives them)."""
+    tensors are compared under the names convert gives them). With ``dtype`` (and
+    ``dtype_filter``), SRC's tensors are expected cast as ``convert`` casts them, and DST's
+    record of the cast must be the one convert writes."""
     spath, dpath = os.fspath(src), os.fspath(dst)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
+    cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype
     return _verify(spath, dpath, key, skip_unsupported, read,
-                   Selection.of(include, exclude, rename, strip_prefix, ema))
+                   Selection.of(include, exclude, rename, strip_prefix, ema), cast)
 
 
 def _verify(spath: str, dpath: str, key: str | None, skip_unsupported: bool,
-            read: ReadOptions, selection: Selection | None) -> VerifyReport:
+            read: ReadOptions, selection: Selection | None,
+            cast: Cast | None = None) -> VerifyReport:
     limits = read.limits
     if any((os.path.isdir(p) and not is_checkpoint_dir(p)) or p.endswith(".index.json")
            for p in (spath, dpath)):
         from torchless.conversion import hf as _hf
 
         return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
-                                 read=read, selection=selection)
+                                 read=read, selection=selection, cast=cast)
     with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:
         tensors, unsupported = select(ckpt, key, plan_names([ckpt], key, selection, spath)
                                       if selection else None)
-        result = compare(tensors, list(unsupported), header, data, skip_unsupported)
+        cast_report: dict[str, str] = {}
+        expected = cast_expected(tensors, cast, header, cast_report)
+        result = compare(expected, list(unsupported), header, data, skip_unsupported)
         matched, mismatched, missing, extra, skipped, aliases = result
+        mismatched.update(cast_report)
         if _inert.TREE_KEY in header.metadata:
             arrays = compare_tree(ckpt, key, tensors, header, data, aliases, limits,
-                                   mismatched)
+                                   mismatched, expected)
             matched += [n for n in arrays if n not in mismatched]
             extra = [n for n in extra if n not in arrays]
     return VerifyReport(spath, dpath, tuple(matched), MappingProxyType(mismatched),

@@ -20,10 +20,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchless.conversion.ema import ema_names
 from torchless.conversion.select import Selection, Shape
+from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
 from torchless.errors import (
     CheckpointError,
@@ -47,9 +48,13 @@ from torchless.write.safetensors import (
     write_into,
 )
 
-__all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "compare", "compare_tree",
-           "default_dst", "plan_names", "prepare", "safetensors_data", "select", "source_name",
-           "store_tree", "summary", "verify_unpublished", "write_output"]
+if TYPE_CHECKING:
+    from torchless.write.cast import Cast
+
+__all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "cast_expected",
+           "cast_tensors", "compare", "compare_tree", "default_dst", "plan_names", "prepare",
+           "safetensors_data", "select", "source_name", "store_tree", "summary",
+           "verify_unpublished", "write_output"]
 
 
 @dataclass(frozen=True)
@@ -197,10 +202,13 @@ def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tenso
 
 
 def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
-            skip_unsupported: bool, names: Mapping[str, str] | None = None
+            skip_unsupported: bool, names: Mapping[str, str] | None = None,
+            cast: Cast | None = None
             ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, str], dict[str, str]]:
     """What one checkpoint contributes: (tensors to write, ``__metadata__``, refused name ->
-    why, removed alias -> kept name); ``names`` as for :func:`select`."""
+    why, removed alias -> kept name); ``names`` as for :func:`select`. With ``cast``, the
+    floating tensors it chooses are written cast (streamed) and ``__metadata__`` records
+    them."""
     spath = ckpt.path
     tensors, unsupported = select(ckpt, key, names)
     bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
@@ -221,7 +229,41 @@ def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
     for removed, kept in aliases.items():
         metadata[removed] = kept
     written = {n: t for n, t in tensors.items() if n not in aliases}
+    if cast is not None:
+        from torchless.write.cast import METADATA_KEY
+
+        written, metadata[METADATA_KEY] = cast_tensors(ckpt, written, cast)
     return written, metadata, bad, aliases
+
+
+def cast_tensors(ckpt: _checkpoint.Checkpoint, tensors: dict[str, Tensor],
+                 cast: Cast) -> tuple[dict[str, Tensor], str]:
+    """``cast.apply`` to tensors of ``ckpt``: the tensors, some cast, and the record."""
+    source = ckpt._source  # a file's map hands back its pages behind each block cast
+    return cast.apply(tensors, release=source.release_view if isinstance(source, Source)
+                      else None)
+
+
+def cast_expected(tensors: dict[str, Tensor], cast: Cast | None, header: SafetensorsHeader,
+                  mismatched: dict[str, str]) -> dict[str, Tensor]:
+    """What convert with ``cast`` writes for ``tensors`` (for :func:`compare`); a cast
+    record in DST's ``__metadata__`` that differs from the one convert writes (of the
+    entries DST holds) is recorded in ``mismatched``."""
+    from torchless.write.cast import METADATA_KEY
+
+    if cast is None:
+        if METADATA_KEY in header.metadata:
+            mismatched["(cast record)"] = "DST records a cast (__metadata__[" \
+                f"{METADATA_KEY!r}]): compare with that cast (--dtype, dtype=)"
+        return tensors
+
+    castable = {n: t for n, t in tensors.items() if t.dtype.safetensors is not None}
+    expected, _ = cast.apply(castable)
+    held = cast.plan({n: t for n, t in castable.items() if n in header.entries})
+    if header.metadata.get(METADATA_KEY) != cast.record(held):
+        mismatched["(cast record)"] = f"__metadata__[{METADATA_KEY!r}] is not the record of " \
+                                      "this cast"
+    return {**tensors, **expected}
 
 
 def verify_unpublished(spath: str, outputs: list[_atomic.Output],
@@ -241,9 +283,11 @@ def verify_unpublished(spath: str, outputs: list[_atomic.Output],
 def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None,
                   tensors: Mapping[str, Tensor], bad: Mapping[str, str],
                   aliases: Mapping[str, str], reserved: set[str],
-                  limits: Limits | None) -> tuple[_inert_write.Encoder, str]:
+                  limits: Limits | None, written: Mapping[str, Tensor]
+                  ) -> tuple[_inert_write.Encoder, str]:
     """The encoder and tree text of SRC's object (or the subtree under ``key``), its tensors
-    named by their entries (aliases by the kept name), as convert writes them."""
+    named by their entries (aliases by the kept name) with the dtypes of ``written``, as
+    convert writes them."""
     root = ckpt.tree
     if key is not None:
         root = _graph.find(ckpt.tree, key)
@@ -251,13 +295,18 @@ def _tree_encoder(ckpt: _checkpoint.Checkpoint, key: str | None,
             raise ConversionError(f"no value under key {key!r}", path=ckpt.path)
     names: dict[int, str] = {}
     skipped: dict[int, str] = {}
+    dtypes: dict[int, DType] = {}
     for name, t in tensors.items():
         if name in bad:
             skipped.setdefault(id(t), bad[name])
         else:
-            names.setdefault(id(t), aliases.get(name, name))
+            entry = names.setdefault(id(t), aliases.get(name, name))
+            out = written.get(entry)
+            if out is not None and out.dtype != t.dtype:
+                dtypes[id(t)] = out.dtype
     encoder = _inert_write.Encoder(limits=limits, names=names, skipped=skipped,
-                                   reserved={*tensors, *reserved}, records=False)
+                                   reserved={*tensors, *reserved}, records=False,
+                                   dtypes=dtypes)
     try:
         return encoder, encoder.encode(root)
     except CheckpointError as e:
@@ -271,7 +320,7 @@ def store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str,
     whose tensors are the entries written; warn about objects kept as opaque records."""
     tensors, _ = select(ckpt, key)
     encoder, metadata[_inert.TREE_KEY] = _tree_encoder(ckpt, key, tensors, bad, aliases,
-                                                       set(metadata), limits)
+                                                       set(metadata), limits, written)
     metadata[_inert.FORMAT_KEY] = _inert.VERSION
     # NumPy arrays pickled in the checkpoint (RNG states …) are entries of their own
     written.update(encoder.tensors)
@@ -344,14 +393,16 @@ def _same_bytes(t: Tensor, data: memoryview) -> bool:
 
 def compare_tree(ckpt: _checkpoint.Checkpoint, key: str | None, tensors: Mapping[str, Tensor],
                   header: SafetensorsHeader, data: memoryview, aliases: Mapping[str, str],
-                  limits: Limits | None, mismatched: dict[str, str]) -> list[str]:
+                  limits: Limits | None, mismatched: dict[str, str],
+                  written: Mapping[str, Tensor] | None = None) -> list[str]:
     """Check DST's object tree: SRC's object encoded as convert does must give the same
     text, and the entries it adds (NumPy arrays of the object) the same bytes. Records
     differences in ``mismatched``; returns the names of those entries."""
     bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
            if t.dtype.safetensors is None and n not in header.entries}
     reserved = {n for n in header.metadata if n not in (_inert.TREE_KEY, _inert.FORMAT_KEY)}
-    encoder, text = _tree_encoder(ckpt, key, tensors, bad, aliases, reserved, limits)
+    encoder, text = _tree_encoder(ckpt, key, tensors, bad, aliases, reserved, limits,
+                                  tensors if written is None else written)
     if text != header.metadata[_inert.TREE_KEY]:
         mismatched["(object tree)"] = "the stored tree differs from the source's object"
     for name, t in encoder.tensors.items():

@@ -45,11 +45,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from torchless.conversion import hftied as _hftied
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
+    cast_expected,
+    cast_tensors,
     compare,
     plan_names,
     safetensors_data,
@@ -81,6 +84,10 @@ from torchless.reader.checkpoint import ReadOptions
 from torchless.write import atomic as _atomic
 from torchless.write.safetensors import Planned, plan
 
+if TYPE_CHECKING:
+    from torchless.core.dtypes import DType
+    from torchless.write.cast import Cast
+
 __all__ = ["convert_layout", "verify_layout"]
 
 @dataclass
@@ -103,9 +110,11 @@ def convert_layout(
     max_shard_size: int | str | None,
     read: ReadOptions,
     selection: Selection | None = None,
+    cast: Cast | None = None,
 ) -> ConversionReport:
     """Convert a model directory, an index, or one file into (sharded) safetensors;
-    ``selection`` applies to all its files as one (a rename clash across shards is one)."""
+    ``selection`` applies to all its files as one (a rename clash across shards is one); with
+    ``cast``, its floating weights cast (each shard records those it holds)."""
     started = time.monotonic()
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     layout = resolve(spath, dst)
@@ -117,6 +126,11 @@ def convert_layout(
         names = plan_names(ckpts, key, selection, spath) if selection else None
         parts = [_hftied.prepare(c, key, dedupe, skip_unsupported, tied, names)
                  for c in ckpts]
+        cast_from: dict[str, DType] = {}  # name -> source dtype, of the tensors cast
+        if cast is not None:
+            for c, (written, *_) in zip(ckpts, parts, strict=True):
+                cast_from.update(cast.plan(written))
+                written.update(cast_tensors(c, written, cast)[0])
         owner: dict[str, int] = {}
         for i, (written, _, _, aliases) in enumerate(parts):
             for name in [*written, *aliases]:
@@ -143,8 +157,10 @@ def convert_layout(
                 used = sorted({i for _, i, _ in group}) if group else list(
                     range(len(parts)))
                 shards.append(_Shard(name, used, {n: (i, t) for n, i, t in group}))
+        records = None if cast is None else [cast.record(
+            {n: cast_from[n] for n in s.tensors if n in cast_from}) for s in shards]
         return _write_all(spath, layout, ckpts, parts, shards, out_index, force=force,
-                          verify=verify, progress=progress, started=started)
+                          verify=verify, progress=progress, started=started, records=records)
 
 
 def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
@@ -152,7 +168,7 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
                                  dict[str, str]]],
                shards: list[_Shard], out_index: str | None, *, force: bool, verify: bool,
                progress: Callable[[int, int], None] | None,
-               started: float) -> ConversionReport:
+               started: float, records: list[str] | None = None) -> ConversionReport:
     out_dir = layout.out_dir
     paths = [os.path.join(out_dir, s.name) for s in shards]
     index_path = os.path.join(out_dir, out_index) if out_index is not None else None
@@ -173,9 +189,13 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
     for _, _, _, a in parts:
         aliases.update(a)
     planned_all: list[tuple[bytes, list[Planned]]] = []
-    for shard in shards:
+    for k, shard in enumerate(shards):
         names = [source_name(layout.sources[i]) for i in shard.sources]
         metadata = {"format": "pt", "source": ", ".join(names)}
+        if records is not None:
+            from torchless.write.cast import METADATA_KEY
+
+            metadata[METADATA_KEY] = records[k]
         for i in shard.sources:
             for removed, kept in parts[i][3].items():
                 if kept in shard.tensors:
@@ -279,7 +299,8 @@ def _verify_shards(spath: str, dpath: str, shards: list[_Shard], readable: list[
 
 
 def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: bool,
-                  read: ReadOptions, selection: Selection | None = None) -> VerifyReport:
+                  read: ReadOptions, selection: Selection | None = None,
+                  cast: Cast | None = None) -> VerifyReport:
     """Compare a checkpoint, a model directory or an index of shards with one safetensors
     file, a directory holding one, or a safetensors index and its shards.
 
@@ -314,7 +335,10 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: 
             with safetensors_data(path, read.limits) as (header, data):
                 mine = {n: t for n, t in tensors.items() if n not in placed and (
                     n in header.entries or header.metadata.get(n) in header.entries)}
-                m, mm, _, ext, _, al = compare(mine, [], header, data, skip_unsupported)
+                record: dict[str, str] = {}
+                expected = cast_expected(mine, cast, header, record)
+                m, mm, _, ext, _, al = compare(expected, [], header, data, skip_unsupported)
+                mm.update({f"{os.path.basename(path)}: {k}": v for k, v in record.items()})
             base = os.path.basename(path)
             for name in mine:
                 placed[name] = base

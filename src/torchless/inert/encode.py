@@ -79,16 +79,19 @@ class Encoder:
 
     ``names`` gives tensors of a checkpoint (by id) the safetensors names they are written
     under, ``skipped`` the reason for those deliberately left out; any other tensor or array
-    gets a name from its path in the object."""
+    gets a name from its path in the object. ``dtypes`` gives named tensors written as another
+    dtype (a ``--dtype`` cast) that dtype."""
 
     def __init__(self, *, types: TypeRegistry | None = None, limits: Limits | None = None,
                  names: Mapping[int, str] | None = None,
                  skipped: Mapping[int, str] | None = None,
-                 reserved: Iterable[str] = (), records: bool = True) -> None:
+                 reserved: Iterable[str] = (), records: bool = True,
+                 dtypes: Mapping[int, DType] | None = None) -> None:
         self.types = types if types is not None else default_types
         self.limits = limits if limits is not None else Limits()
         self.names = dict(names or {})
         self.skipped = dict(skipped or {})
+        self.dtypes = dict(dtypes or {})
         self.reserved = set(reserved)           # names taken by entries written beside
         self.records = records                  # sparse … tensors with their parts, or named
         self.tensors: dict[str, Tensor] = {}
@@ -486,7 +489,8 @@ class Encoder:
         name = self.names.get(id(obj))
         # named already (the usual case): the node is built with its name first, in one dict
         body: dict[str, Any] = {"dtype": obj.dtype.name, "shape": list(obj.shape)} \
-            if name is None else {"name": name, "dtype": obj.dtype.name,
+            if name is None else {"name": name,
+                                  "dtype": self.dtypes.get(id(obj), obj.dtype).name,
                                   "shape": list(obj.shape)}
         if obj.requires_grad:
             body["requires_grad"] = True
