@@ -22,7 +22,8 @@ is the spec of how they are cut:
 The consolidated state dict is zero_to_fp32's: the floating buffers as float32, the frozen
 parameters (ZeRO-2: whole in the model states; ZeRO-3: each rank's piece), the trainable
 parameters from the fp32 partitions, then the ``shared_params`` aliases. A parameter inside
-one partition is a view of its file; one split across ranks or groups streams its pieces.
+one partition reads as a view of its file, one split across ranks or groups as its pieces put
+together; converting streams the pieces from their files with ``pread`` either way.
 The tree is the model states (client state, step, scheduler …) with ``module`` the
 consolidated weights and ``optimizer`` the moments put together the same way, by parameter
 name (``optimizer.state.<param>.exp_avg``).
@@ -142,6 +143,10 @@ class ZeroDirectory:
             raise NotACheckpointError("not a DeepSpeed ZeRO checkpoint directory", path=path)
         self.tag_dir = tag_dir
         self._sources: list[Source] = []
+        #: a descriptor of each of those files (None where it could not be opened): a piece
+        #: of a partition that is one plain range of its file is read with ``pread``, so
+        #: converting touches no page of the maps
+        self._fds: list[int | None] = []
         self._current: TorchZip | None = None
         self.stage = 0
         self.world_size = 0
@@ -152,8 +157,13 @@ class ZeroDirectory:
 
     def _read(self, name: str, resolver: TorchResolver) -> Any:
         try:
-            src = Source(os.path.join(self.tag_dir, name))
+            full = os.path.join(self.tag_dir, name)
+            src = Source(full)
             self._sources.append(src)
+            try:
+                self._fds.append(os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+            except OSError:
+                self._fds.append(None)  # its pieces are then read through the map
             self._current = TorchZip(src, self.limits, verify_crc=self.verify_crc)
             return self._current.load(resolver)
         except CheckpointError as e:
@@ -235,7 +245,9 @@ class ZeroDirectory:
                 frags = [_get(_get(m, "frozen_param_fragments", "model states"), name,
                               "frozen_param_fragments") for m in models]
                 pieces = _take([(f, 0, _numel(f)) for f in frags], math.prod(shape), name)
-                out[name] = _as_float32(name, _gathered(name, shape, pieces))
+                # the model-states files were read after the world size's optimizer files
+                files = [self._file(self.world_size + r) for r in range(len(pieces))]
+                out[name] = _as_float32(name, _gathered(name, shape, pieces, files))
             else:
                 frag = _get(_get(states, "frozen_param_fragments", "model states"), name,
                             "frozen_param_fragments")
@@ -244,7 +256,7 @@ class ZeroDirectory:
                 out[name] = _as_float32(name, frag)
         for name, (shape, where) in places.items():
             pieces = [(flats[r][g], start, n) for r, g, start, n in where]
-            out[name] = _gathered(name, shape, pieces)
+            out[name] = _gathered(name, shape, pieces, [self._file(r) for r, *_ in where])
         shared = states.get("shared_params") or {}
         if self.stage < 3:  # parameters no group and no frozen record holds (ZeRO-1 keeps
             # frozen ones only in the module, which zero_to_fp32 then leaves out): as saved
@@ -279,7 +291,8 @@ class ZeroDirectory:
                               for r, g, start, n in where]
                 except CheckpointError:
                     continue
-                entry[k] = _gathered(f"{name}.{k}", shape, pieces)
+                entry[k] = _gathered(f"{name}.{k}", shape, pieces,
+                                     [self._file(r) for r, *_ in where])
             state[name] = entry
         return {"state": state, "param_groups": bases[0].get("param_groups")}  # type: ignore[union-attr]
 
@@ -301,9 +314,20 @@ class ZeroDirectory:
     def release(self, offset: int, n: int) -> None:
         """Nothing: each piece hands back its own file's pages as it is streamed."""
 
+    def _file(self, index: int) -> tuple[Source | None, int | None]:
+        """The ``index``-th rank file read (the optimizer files first, rank order) and its
+        descriptor."""
+        if 0 <= index < len(self._sources):
+            return self._sources[index], self._fds[index]
+        return None, None  # pragma: no cover - every piece comes from a file read
+
     def close(self) -> None:
         for src in self._sources:
             src.close()
+        for fd in self._fds:
+            if fd is not None:
+                os.close(fd)
+        self._fds.clear()
 
 
 #: Where a parameter's elements lie: (rank, group, start, count) pieces in order.
@@ -441,10 +465,12 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
 
-def _gathered(name: str, shape: tuple[int, ...], pieces: list[tuple[Tensor, int, int]]
-              ) -> Tensor:
-    """A parameter from its pieces of flat partitions: a view of the one partition that
-    holds it whole, else the pieces streamed end to end (:mod:`.dcpchunks`)."""
+def _gathered(name: str, shape: tuple[int, ...], pieces: list[tuple[Tensor, int, int]],
+              files: list[tuple[Source | None, int | None]]) -> Tensor:
+    """A parameter from its pieces of flat partitions (``files``: the file each lies in,
+    and its descriptor): read, a view of the one partition that holds it whole, else the
+    pieces put together; converted, the pieces streamed end to end from their files with
+    ``pread`` (:mod:`.dcpchunks`), so no page of a map stays behind."""
     n = math.prod(shape)
     for t, start, count in pieces:
         if not (len(t.shape) == 1 and t.is_contiguous() and 0 <= start
@@ -454,15 +480,12 @@ def _gathered(name: str, shape: tuple[int, ...], pieces: list[tuple[Tensor, int,
     dtype = pieces[0][0].dtype if pieces else _FLOAT32
     if any(t.dtype != dtype for t, _, _ in pieces):
         raise FormatError(f"the pieces of {name!r} differ in dtype", hint=_HINT)
-    if len(pieces) == 1:
-        t, start, _ = pieces[0]
-        return Tensor(t.storage, dtype, shape, _strides(shape), t.storage_offset + start)
     chunks, parts, pos = [], [], 0
-    for t, start, count in pieces:
+    for (t, start, count), (src, fd) in zip(pieces, files, strict=True):
         chunk = Chunk((pos,), (count,))
         view = Tensor(t.storage, dtype, (count,), (1,), t.storage_offset + start)
         chunks.append(chunk)
-        parts.append(Piece(chunk, view))
+        parts.append(Piece(chunk, view, src, fd))
         pos += count
     flat = assembled(name, TensorMeta(dtype, (n,), tuple(chunks)), parts)
     return Tensor(flat.storage, dtype, shape, _strides(shape), 0)
