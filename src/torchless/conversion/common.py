@@ -46,8 +46,9 @@ from torchless.write.safetensors import (
 )
 
 __all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "compare", "compare_tree",
-           "default_dst", "prepare", "safetensors_data", "select", "source_name", "store_tree",
-           "summary", "verify_unpublished", "write_output"]
+           "default_dst", "entry_of", "prepare", "safetensors_data", "same_views", "select",
+           "source_name", "store_tree", "summary", "verify_unpublished", "views_of",
+           "write_output"]
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class VerifyReport:
 
     ``matched``: names equal in both. ``mismatched``: name -> what differs. ``missing``:
     names of SRC absent from DST. ``extra``: names only in DST. ``skipped``: SRC names with no
-    safetensors dtype, not expected in DST. ``aliases``: SRC names found through DST's
-    ``__metadata__`` (removed -> kept)."""
+    safetensors dtype, not expected in DST. ``aliases``: SRC names found under another name
+    (removed -> kept): one DST's ``__metadata__`` records, or another name of SRC that is
+    the same view of one storage (a tied weight transformers saved once)."""
 
     src: str
     dst: str
@@ -133,20 +135,44 @@ def select(ckpt: _checkpoint.Checkpoint, key: str | None) -> tuple[dict[str, Ten
     return tensors, unsupported
 
 
-def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
-    """removed name -> kept name, for names that are the very same view of one storage."""
+def same_views(tensors: Mapping[str, Tensor]) -> list[list[str]]:
+    """The groups (each sorted, of two names or more) of names that are the very same view
+    of one storage: offset, shape, stride and dtype alike."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, t in tensors.items():
         ident = (id(t.storage), t.storage_offset, t.shape, t.stride, t.dtype.name)
         groups.setdefault(ident, []).append(name)
+    return [sorted(names) for names in groups.values() if len(names) > 1]
+
+
+def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
+    """removed name -> kept name, for names that are the very same view of one storage."""
     out: dict[str, str] = {}
-    for names in groups.values():
-        if len(names) > 1:
-            kept, *rest = sorted(names)
-            for name in rest:
-                if name not in reserved:
-                    out[name] = kept
+    for kept, *rest in same_views(tensors):
+        for name in rest:
+            if name not in reserved:
+                out[name] = kept
     return out
+
+
+def entry_of(name: str, header: SafetensorsHeader,
+             views: Mapping[str, list[str]]) -> str | None:
+    """The entry of ``header`` holding SRC's tensor ``name``: its own, the one
+    ``__metadata__`` records it as an alias of, or that of another name of SRC that is the
+    same view (``views``: name -> its group of :func:`same_views`). The last is how
+    transformers' ``save_pretrained`` and ``safetensors.torch.save_model`` write a tied
+    weight: once, the other names dropped (``lm_head.weight`` of GPT-2) with no record."""
+    if name in header.entries:
+        return name
+    recorded = header.metadata.get(name)
+    if recorded in header.entries:
+        return recorded
+    return next((n for n in views.get(name, ()) if n != name and n in header.entries), None)
+
+
+def views_of(tensors: Mapping[str, Tensor]) -> dict[str, list[str]]:
+    """name -> its group of :func:`same_views`, for the names that have one."""
+    return {n: group for group in same_views(tensors) for n in group}
 
 
 def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tensor],
@@ -357,12 +383,12 @@ def compare(tensors: Mapping[str, Tensor], unsupported: list[str],
     skipped: list[str] = []
     aliases: dict[str, str] = {}
     seen: set[str] = set()
+    views = views_of(tensors)
     for name in unsupported:
         (skipped if skip_unsupported else missing).append(name)
     for name, t in tensors.items():
-        target = name
-        if name not in header.entries and header.metadata.get(name) in header.entries:
-            target = header.metadata[name]
+        target = entry_of(name, header, views) or name
+        if target != name:
             aliases[name] = target
         entry = header.entries.get(target)
         if t.dtype.safetensors is None:

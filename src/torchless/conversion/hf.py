@@ -51,10 +51,12 @@ from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
     compare,
+    entry_of,
     safetensors_data,
     select,
     source_name,
     verify_unpublished,
+    views_of,
     write_output,
 )
 from torchless.conversion.hflayout import (
@@ -303,10 +305,11 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: 
             tensors.update(got)
             unsupported += list(bad)
         placed: dict[str, str] = {}
+        views = views_of(tensors)
         for path in files:
             with safetensors_data(path, read.limits) as (header, data):
-                mine = {n: t for n, t in tensors.items() if n not in placed and (
-                    n in header.entries or header.metadata.get(n) in header.entries)}
+                mine = {n: t for n, t in tensors.items() if n not in placed and entry_of(
+                    n, header, views) is not None}
                 m, mm, _, ext, _, al = compare(mine, [], header, data, skip_unsupported)
             base = os.path.basename(path)
             for name in mine:
