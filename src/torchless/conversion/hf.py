@@ -20,10 +20,15 @@ Conventions followed (those of transformers ``save_pretrained``, huggingface_hub
   ``<stem>-0000K-of-0000N.safetensors`` with ``<stem>.safetensors.index.json``; when
   everything fits in one shard, the output is the single unsharded file and no index, as in
   transformers;
-* the index is ``{"metadata": {"total_size": N}, "weight_map": {name: shard}}`` written as
-  ``json.dumps(index, indent=2, sort_keys=True) + "\\n"``, with ``total_size`` the sum of
-  the tensor bytes written. Every shard's ``__metadata__`` has ``format: pt`` and ``source``
-  (the source file name(s)); ``dedupe`` aliases are recorded in the shard holding the kept
+* the index is ``{"metadata": {"total_parameters": P, "total_size": N}, "weight_map":
+  {name: shard}}`` written as ``json.dumps(index, indent=2, sort_keys=True) + "\\n"``
+  (transformers 4.57 and 5.x write these keys), with ``total_size`` the sum of the tensor
+  bytes written and ``total_parameters`` the sum of their element counts (transformers
+  counts the model's parameters, tied ones once: the same number unless the checkpoint
+  holds persistent buffers, which torchless cannot tell from parameters). Every shard's
+  ``__metadata__`` has ``format: pt`` and ``source`` (the source file name(s)); ``dedupe``
+  aliases (on by default for a model directory or an index, as transformers and the
+  safetensors converter write tied weights) are recorded in the shard holding the kept
   tensor and are not listed in ``weight_map``; which name of a tied weight is kept is
   transformers' choice (:mod:`.hftied`).
 
@@ -205,8 +210,9 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
                                       path=index_path or paths[0])
         if index_path is not None:
             weight_map = {n: s.name for s in shards for n in s.tensors}
-            doc = {"metadata": {"total_size": sum(p.tensor.nbytes for _, pl in planned_all
-                                                  for p in pl)},
+            written = [p.tensor for _, pl in planned_all for p in pl]
+            doc = {"metadata": {"total_parameters": sum(t.numel for t in written),
+                                "total_size": sum(t.nbytes for t in written)},
                    "weight_map": weight_map}
             outputs.append(_index_output(stack, index_path, (json.dumps(
                 doc, indent=2, sort_keys=True) + "\n").encode("utf-8"), force))
