@@ -305,7 +305,8 @@ def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: byte
     src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)
     try:
         return write_into(out, header, planned, src_fd=src_fd, file_offset=file_offset,
-                          progress=report, release=ckpt._source.release)
+                          progress=report, release=ckpt._source.release, needed=total,
+                          held=before)
     except CheckpointError as e:  # writing DST, or reading SRC (a damaged member …)
         raise e.add_context(path=out.dst if isinstance(e, ConversionError) else ckpt.path
                             ) from None

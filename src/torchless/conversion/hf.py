@@ -189,11 +189,30 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise ConversionError("the output directory is a file (for a model directory, -o "
                               "names a directory)", path=out_dir)
+    created = _atomic.make_dirs(out_dir)
     try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise ConversionError(f"cannot create the output directory: {e.strerror or e}",
-                              path=out_dir) from None
+        nbytes, verified, outputs = _write_shards(spath, shards, paths, index_path, parts,
+                                                  ckpts, planned_all, total, force=force,
+                                                  verify=verify, progress=progress)
+    except BaseException:
+        _atomic.remove_dirs(created)  # a directory this run made, if nothing is in it
+        raise
+    done_files = [o.dst for o in outputs]
+    skipped = sorted(n for p in parts for n in p[2])
+    return ConversionReport(spath, index_path or paths[0],
+                            sum(len(pl) for _, pl in planned_all), nbytes, tuple(skipped),
+                            MappingProxyType(aliases), time.monotonic() - started, verified,
+                            tuple(done_files))
+
+
+def _write_shards(spath: str, shards: list[_Shard], paths: list[str], index_path: str | None,
+                  parts: list[tuple[dict[str, Tensor], dict[str, str], dict[str, str],
+                                    dict[str, str]]],
+                  ckpts: list[_checkpoint.Checkpoint],
+                  planned_all: list[tuple[bytes, list[Planned]]], total: int, *,
+                  force: bool, verify: bool, progress: Callable[[int, int], None] | None
+                  ) -> tuple[int, VerifyReport | None, list[_atomic.Output]]:
+    """Write, check and publish every shard and the index; (bytes, verification, outputs)."""
     nbytes = 0
     verified = None
     with contextlib.ExitStack() as stack:
@@ -217,12 +236,7 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
             outputs.append(_index_output(stack, index_path, (json.dumps(
                 doc, indent=2, sort_keys=True) + "\n").encode("utf-8"), force))
         _atomic.commit(outputs, force=force)
-    done_files = [o.dst for o in outputs]
-    skipped = sorted(n for p in parts for n in p[2])
-    return ConversionReport(spath, index_path or paths[0],
-                            sum(len(pl) for _, pl in planned_all), nbytes, tuple(skipped),
-                            MappingProxyType(aliases), time.monotonic() - started, verified,
-                            tuple(done_files))
+    return nbytes, verified, outputs
 
 
 def _write_shard(shard: _Shard, out: _atomic.Output, header: bytes, planned: list[Planned],
