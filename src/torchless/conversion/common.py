@@ -13,6 +13,7 @@ way (``format``, ``source``) is written with its own bytes: no name is ever drop
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import os
@@ -20,7 +21,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -47,8 +48,8 @@ from torchless.write.safetensors import (
 
 __all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "compare", "compare_tree",
            "default_dst", "entry_of", "prepare", "safetensors_data", "same_views", "select",
-           "source_name", "store_tree", "summary", "verify_unpublished", "views_of",
-           "write_output"]
+           "source_name", "store_tree", "summary", "TensorProgress", "verify_unpublished",
+           "views_of", "write_output"]
 
 
 @dataclass(frozen=True)
@@ -288,18 +289,36 @@ def store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str,
     return opaque
 
 
+@runtime_checkable
+class TensorProgress(Protocol):
+    """A ``progress(done, total)`` callback (bytes) that is also told the tensors written:
+    ``tensors(done, total)``, called just before it (the command line's progress line)."""
+
+    def __call__(self, done: int, total: int) -> None: ...
+
+    def tensors(self, done: int, total: int) -> None: ...
+
+
 def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: bytes,
                  planned: list[Planned], *,
-                 progress: Callable[[int, int], None] | None, before: int, total: int) -> int:
+                 progress: Callable[[int, int], None] | None, before: int, total: int,
+                 tensors_before: int = 0, tensors_total: int | None = None) -> int:
     """Write one safetensors file from ``ckpt`` into ``out`` (published later), copying
     byte ranges of its file.
 
-    ``progress(done, total)`` counts ``before`` bytes already written by earlier files."""
+    ``progress(done, total)`` counts ``before`` bytes already written by earlier files; a
+    :class:`TensorProgress` is also told the tensors written, after ``tensors_before`` of
+    earlier files, of ``tensors_total`` (default: this file's)."""
     report: Progress | None = None
     if progress is not None:
         callback = progress
+        counter = progress if isinstance(progress, TensorProgress) else None
+        ends = [len(header) + p.end for p in planned]  # a tensor is written at its end
+        of = len(planned) if tensors_total is None else tensors_total
 
         def report(done: int) -> None:
+            if counter is not None:
+                counter.tensors(tensors_before + bisect.bisect_right(ends, done), of)
             callback(before + done, total)
 
     src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)

@@ -217,10 +217,13 @@ def _write_shards(spath: str, shards: list[_Shard], paths: list[str], index_path
     verified = None
     with contextlib.ExitStack() as stack:
         outputs = []
+        counts = (0, sum(len(pl) for _, pl in planned_all))  # tensors written, in all
         for shard, path, (header, planned) in zip(shards, paths, planned_all, strict=True):
             out = stack.enter_context(_atomic.Output(path, force=force))
             outputs.append(out)
-            nbytes += _write_shard(shard, out, header, planned, ckpts, progress, nbytes, total)
+            nbytes += _write_shard(shard, out, header, planned, ckpts, progress, nbytes, total,
+                                   counts)
+            counts = (counts[0] + len(planned), counts[1])
         if verify:  # the files are checked before any is published
             verified = verify_unpublished(spath, outputs, lambda readable: _verify_shards(
                 spath, index_path or paths[0], shards, readable, paths, parts))
@@ -242,14 +245,15 @@ def _write_shards(spath: str, shards: list[_Shard], paths: list[str], index_path
 def _write_shard(shard: _Shard, out: _atomic.Output, header: bytes, planned: list[Planned],
                  ckpts: list[_checkpoint.Checkpoint],
                  progress: Callable[[int, int], None] | None, before: int,
-                 total: int) -> int:
+                 total: int, counts: tuple[int, int]) -> int:
     # the kernel copies from one source file: the one giving this shard the most bytes
     weight = dict.fromkeys(shard.sources, 0)
     for i, t in shard.tensors.values():
         weight[i] += t.nbytes
     main = max(shard.sources, key=lambda i: weight[i])
     return write_output(ckpts[main], out, header, planned, progress=progress,
-                        before=before, total=total)
+                        before=before, total=total, tensors_before=counts[0],
+                        tensors_total=counts[1])
 
 
 def _index_output(stack: contextlib.ExitStack, path: str, data: bytes,
