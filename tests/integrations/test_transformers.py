@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,12 @@ from typing import Any
 import pytest
 
 from ..conftest import require
+from .conftest import OFFLINE, TRANSFORMERS_5
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
-
-TRANSFORMERS_5 = "5.24.0"
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 # each checks one case the converted directory must load: the tie's source kept (4.x leaves
 # a missing one on the meta device), a head kept when not tied, index + shards named as
@@ -110,31 +107,6 @@ def test_from_pretrained_4(converted: list[tuple[str, str]]) -> None:
                          capture_output=True, text=True, env={**os.environ, **OFFLINE})
     assert out.returncode == 0, out.stderr[-3000:]
     _check(json.loads(out.stdout.splitlines()[-1]), converted)
-
-
-@pytest.fixture(scope="session")
-def transformers_5() -> Path:
-    """transformers 5.x installed with pip --target into a cache kept across runs (the test
-    extra holds the 4.x pin; one environment cannot hold both)."""
-    given = os.environ.get("TORCHLESS_TRANSFORMERS5")
-    cache = Path(given) if given else Path(os.environ.get(
-        "XDG_CACHE_HOME", Path.home() / ".cache")) / "torchless-tests" / (
-        f"transformers-{TRANSFORMERS_5}")
-    if (cache / "transformers").is_dir():
-        return cache
-    if cache.exists():  # an interrupted install
-        shutil.rmtree(cache)
-    partial = cache.with_name(cache.name + f".{os.getpid()}.partial")
-    run = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target",
-                          str(partial), f"transformers=={TRANSFORMERS_5}"],
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        message = f"cannot install transformers {TRANSFORMERS_5}: {run.stderr[-2000:]}"
-        if os.environ.get("TORCHLESS_REQUIRE_TORCH"):
-            pytest.fail(message)
-        pytest.skip(message)
-    os.replace(partial, cache)
-    return cache
 
 
 def test_from_pretrained_5(converted: list[tuple[str, str]], transformers_5: Path) -> None:

@@ -23,13 +23,11 @@ import torchless
 from torchless.cli.main import main
 
 from ..conftest import require
-from .test_transformers import OFFLINE, TRANSFORMERS_5, transformers_5
+from .conftest import OFFLINE, TRANSFORMERS_5
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
-
-__all__ = ["transformers_5"]  # the fixture, shared with test_transformers
 
 _SAVE_5 = """
 import sys, transformers
