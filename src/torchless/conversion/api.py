@@ -245,7 +245,9 @@ def verify(
     output index names.
 
     DST is read with torchless's own header parser (the data section must be tiled exactly).
-    Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
+    Names DST records as aliases in ``__metadata__`` are compared with the tensor they name,
+    and so is a name DST lacks that is the same view as a name it holds (a tied weight
+    transformers' ``save_pretrained`` writes once); both are listed in ``aliases``.
     Tensors of SRC that safetensors cannot hold are listed as missing, or as skipped with
     ``skip_unsupported=True`` (as ``convert`` leaves them out). ``strict``,
     ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`."""
