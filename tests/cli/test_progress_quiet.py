@@ -94,6 +94,10 @@ def test_convert_draws_on_a_terminal_only(tmp_path: Path) -> None:
     drawn = os.read(leader, 65536).decode()
     os.close(leader)
     assert run.returncode == 0 and "100.0%" in drawn and "ETA 0:00" in drawn
+    assert "26/26 tensors" in drawn  # the entries safetensors finds in the output:
+    safetensors = pytest.importorskip("safetensors")
+    with safetensors.safe_open(tmp_path / "o.safetensors", "np") as f:
+        assert len(f.keys()) == 26
     assert b"26 tensors" in run.stdout
     piped = subprocess.run([sys.executable, "-c", code.replace("o.safetensors", "p.safetensors")],
                            capture_output=True, env=env, timeout=120, check=False)
@@ -129,3 +133,79 @@ def test_quiet_and_json_do_not_go_together() -> None:
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 4
+
+
+class _Recorder:
+    """A progress callback that is also told the tensors written (``TensorProgress``)."""
+
+    def __init__(self) -> None:
+        self.bytes: list[tuple[int, int]] = []
+        self.counts: list[tuple[int, int]] = []
+
+    def __call__(self, done: int, total: int) -> None:
+        self.bytes.append((done, total))
+
+    def tensors(self, done: int, total: int) -> None:
+        self.counts.append((done, total))
+
+
+def test_convert_counts_tensors_across_shards(tmp_path: Path) -> None:
+    """Tensors written of those written in all, rising to the number safetensors finds in
+    every shard; bytes rising to the files' sizes (minus the index)."""
+    torch = pytest.importorskip("torch")
+    safetensors = pytest.importorskip("safetensors")
+    import torchless
+
+    sd = {f"t{i}": torch.full((50,), float(i)) for i in range(7)}
+    torch.save(sd, tmp_path / "m.pt")
+    rec = _Recorder()
+    report = torchless.convert(tmp_path / "m.pt", tmp_path / "out", max_shard_size=450,
+                               progress=rec, tree=False)
+    shards = [Path(p) for p in report.files if p.endswith(".safetensors")]
+    assert len(shards) > 2
+    keys = 0
+    for shard in shards:
+        with safetensors.safe_open(shard, "np") as f:
+            keys += len(f.keys())
+    assert keys == 7
+    assert rec.counts[-1] == (7, 7) and {t for _, t in rec.counts} == {7}
+    assert [d for d, _ in rec.counts] == sorted(d for d, _ in rec.counts)
+    assert rec.bytes[-1] == (sum(p.stat().st_size for p in shards),) * 2
+    assert len(rec.counts) == len(rec.bytes)
+    plain: list[tuple[int, int]] = []  # a plain function is told bytes only
+    torchless.convert(tmp_path / "m.pt", tmp_path / "m.safetensors",
+                      progress=lambda d, t: plain.append((d, t)))
+    assert plain[-1][0] == plain[-1][1] == (tmp_path / "m.safetensors").stat().st_size
+
+
+def test_scan_draws_files_on_a_terminal_only(tmp_path: Path) -> None:
+    corpus = tmp_path / "models"
+    corpus.mkdir()
+    for name in ("a.pt", "b.pt", "c.pt"):
+        (corpus / name).write_bytes(TINY.read_bytes())
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    code = ("import torchless.cli.progress as p; p._FIRST_DRAW = 0.0; "
+            "from torchless.cli.main import main; raise SystemExit(main(["
+            f"'scan', {str(corpus)!r}]))")
+    leader, follower = pty.openpty()
+    run = subprocess.run([sys.executable, "-c", code], stderr=follower,
+                         stdout=subprocess.PIPE, env=env, timeout=120, check=False)
+    os.close(follower)
+    drawn = os.read(leader, 65536).decode()
+    os.close(leader)
+    assert run.returncode == 0 and "3/3 files" in drawn and "100.0%" in drawn
+    assert drawn.endswith("\r")  # wiped before the table
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
+                           timeout=120, check=False)
+    assert piped.returncode == 0 and piped.stderr == b""
+    assert main(["scan", str(corpus), "-q"]) == 0
+
+
+def test_scan_paths_reports_each_file() -> None:
+    from torchless.scanner.files import scan_paths
+
+    seen: list[tuple[int, int]] = []
+    report = scan_paths([str(TINY), str(TINY.parent)], progress=lambda d, t: seen.append(
+        (d, t)))
+    n = len(report.files)
+    assert n > 1 and seen == [(k, n) for k in range(1, n + 1)]

@@ -138,7 +138,8 @@ def test_sharded_dir(torch: ModuleType, tmp_path: Path) -> None:
         _assert_equal(torch, _load_all(torch, root, [name]), src)
         want.update(src)
         weight_map.update(dict.fromkeys(src, name))
-    expected_index = {"metadata": {"total_size": sum(_nbytes(t) for t in want.values())},
+    expected_index = {"metadata": {"total_parameters": sum(t.numel() for t in want.values()),
+                                   "total_size": sum(_nbytes(t) for t in want.values())},
                       "weight_map": weight_map}
     text = after["model.safetensors.index.json"].decode()
     assert json.loads(text) == expected_index
@@ -174,7 +175,8 @@ def test_sharded_dir_other_names(torch: ModuleType, tmp_path: Path) -> None:
         {"metadata": {"total_size": 48}, "weight_map": {"a": "first.bin", "b": "second.bin"}}))
     torchless.convert(other)
     index = json.loads((other / "model.safetensors.index.json").read_text())
-    assert index == {"metadata": {"total_size": 48},
+    # 6 int32 + 6 float32: 12 parameters, 48 bytes
+    assert index == {"metadata": {"total_parameters": 12, "total_size": 48},
                      "weight_map": {"a": "first.safetensors", "b": "second.safetensors"}}
     _assert_equal(torch, _load_all(torch, other, ["first.safetensors", "second.safetensors"]),
                   {**shards[0], **shards[1]})
@@ -293,7 +295,8 @@ def test_max_shard_size_single_file(torch: ModuleType, tmp_path: Path) -> None:
     assert report.files == (*[str(tmp_path / n) for n in names],
                             str(tmp_path / "net.safetensors.index.json"))
     index = json.loads((tmp_path / "net.safetensors.index.json").read_text())
-    assert index == {"metadata": {"total_size": sum(_nbytes(t) for t in sd.values())},
+    assert index == {"metadata": {"total_parameters": sum(t.numel() for t in sd.values()),
+                                  "total_size": sum(_nbytes(t) for t in sd.values())},
                      "weight_map": {n: names[k] for k, g in enumerate(groups) for n in g}}
     import safetensors.torch
     for k, g in enumerate(groups):
@@ -323,7 +326,8 @@ def test_max_shard_size_reshards_dir(torch: ModuleType, tmp_path: Path) -> None:
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == {order[i]: names[k] for k, g in enumerate(groups)
                                    for i in g}
-    assert index["metadata"] == {"total_size": sum(_nbytes(t) for t in every.values())}
+    assert index["metadata"] == {"total_parameters": sum(t.numel() for t in every.values()),
+                                 "total_size": sum(_nbytes(t) for t in every.values())}
     _assert_equal(torch, _load_all(torch, tmp_path / "out", names), every)
     # with the directory's other files, linked: a loadable model directory
     assert sorted(os.listdir(tmp_path / "out")) == sorted([

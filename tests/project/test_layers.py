@@ -48,6 +48,12 @@ def _imports(path: Path, root: Path) -> Iterator[tuple[int, str, bool]]:
                     yield node.lineno, alias.name, id(node) in top_level
 
 
+#: ``torchless/torch.py``'s ``_import_torch``, the library's one ``import torch``: any layer
+#: may call it inside a function (``tensors='torch'``, ``to_torch()`` import torch on
+#: request). Its module imports only core, errors and model at load.
+TORCH_IMPORTER = "torchless.torch._import_torch"
+
+
 def _layer(dotted: str) -> str:
     return dotted.split(".")[1].removesuffix(".py")
 
@@ -60,10 +66,12 @@ def upward_imports(root: Path) -> list[str]:
         if own in ("__init__", "__main__"):
             continue
         assert own in LAYERS, f"{path}: a package no layer names (add it to LAYERS)"
-        for line, target, _ in _imports(path, root):
+        for line, target, top_level in _imports(path, root):
             other = _layer(target)
             if other not in LAYERS:
                 continue  # a name of the package itself (``from torchless import __version__``)
+            if target == TORCH_IMPORTER and not top_level:
+                continue  # the one torch import, called where torch objects are asked for
             if LAYERS[other] > LAYERS[own]:
                 bad.append(f"{path.relative_to(root)}:{line}: {own} -> {other}")
     return bad

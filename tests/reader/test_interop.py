@@ -94,10 +94,14 @@ def test_dlpack_consumers_may_write(torch: ModuleType, tmp_path: Path) -> None:
         assert np.asarray(got).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def test_to_torch_needs_torch_imported(tmp_path: Path, torch: ModuleType) -> None:
+def test_to_torch_without_torch_installed(tmp_path: Path, torch: ModuleType) -> None:
+    """torch is imported on request (tests/api/test_torch_on_request.py); where it cannot
+    be (here: ``sys.modules["torch"] = None``, as if not installed) the request is refused
+    with our error, saying what to install or use."""
     torch.save({"w": torch.ones(2)}, tmp_path / "m.pt")
     code = textwrap.dedent(f"""
         import sys, torchless
+        sys.modules["torch"] = None  # `import torch` raises ImportError
         with torchless.open({str(tmp_path / "m.pt")!r}) as ckpt:
             try:
                 ckpt.tensors["w"].to_torch()
@@ -108,12 +112,14 @@ def test_to_torch_needs_torch_imported(tmp_path: Path, torch: ModuleType) -> Non
                 call()
             except torchless.UnsupportedError as e:
                 print("refused:", e)
-        print("torch" in sys.modules)
+        print(sys.modules["torch"])
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert len(out) == 3 and all("import torch" in line for line in out[:2]), out
-    assert out[2] == "False"
+    assert len(out) == 3 and all("needs torch, which cannot be imported" in line
+                                 for line in out[:2]), out
+    assert "to_torch()" in out[0] and "tensors='torch'" in out[1]
+    assert out[2] == "None"
 
 
 # dtypes both JAX and MLX hold (MLX has no float64 on every backend nor float8)

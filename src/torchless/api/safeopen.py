@@ -3,8 +3,10 @@ code written for safetensors reads a ``.bin``, ``.pt``, ``.ckpt``, an inert file
 safetensors file or a sharded checkpoint's index unchanged.
 
 The semantics are safetensors' own: ``keys()`` sorted, ``offset_keys()`` in storage order,
-``get_tensor`` a private writable copy, ``get_slice(name)[...]`` basic indexing that reads
-only the bytes the slice covers (the tensor stays a view of the file map until indexed; a
+``get_tensor`` a private writable copy, ``get_slice(name)[...]`` the indexing safetensors
+takes (for ``"pt"`` torch's: ints, slices, ``...``, None, lists, bool masks; for the others
+its own slicer's: ints, slices of positive step, ``...``, ``[]``) that reads only the bytes
+the slice covers (the tensor stays a view of the file map until indexed; a
 storage compressed in a ZIP is inflated whole on first use),
 ``metadata()`` a ``str -> str`` dict or None. A name that is not in the file raises
 :class:`SafeOpenError` (a ``KeyError`` and a :class:`CheckpointError`), where safetensors
@@ -13,6 +15,7 @@ raises its own ``SafetensorError``.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable
 from types import TracebackType
@@ -126,7 +129,7 @@ class safe_open:
 
     def get_slice(self, name: str) -> TensorSlice:
         """The tensor ``name``, read only where it is indexed: ``get_slice(n)[0:2, :, 1]``."""
-        return TensorSlice(self._tensor(name), self._convert)
+        return TensorSlice(self._tensor(name), self._convert, self.framework == "torch")
 
     def close(self) -> None:
         self._ckpt.close()
@@ -145,9 +148,10 @@ class safe_open:
 class TensorSlice:
     """One tensor of an open file, indexed lazily (safetensors' ``PySafeSlice``)."""
 
-    def __init__(self, tensor: Tensor, convert: Convert) -> None:
+    def __init__(self, tensor: Tensor, convert: Convert, torch: bool = False) -> None:
         self._tensor = tensor
         self._convert = convert
+        self._torch = torch
 
     def get_shape(self) -> list[int]:
         return list(self._tensor.shape)
@@ -158,13 +162,85 @@ class TensorSlice:
         return dt.safetensors or dt.name.upper()
 
     def __getitem__(self, index: Any) -> Any:
-        items = index if isinstance(index, tuple) else (index,)
-        if not all(isinstance(i, (int, slice)) or i is Ellipsis for i in items) or any(
-                isinstance(i, bool) for i in items):
-            raise TypeError("a slice takes ints, slices and ... (basic indexing only)")
-        view = self._tensor.numpy()[index]  # a view of the map: no bytes read yet
+        key = _torch_index(index) if self._torch else _basic_index(index, self._tensor.shape)
+        view = self._tensor.numpy()[key]  # a view of the map: no bytes read yet
         # only the pages the slice covers are read
         return self._convert(np.array(view, order="C"), self._tensor.dtype)
+
+
+def _int(value: Any, where: str) -> int:
+    """An index as safetensors takes it: an int, a bool (0 or 1) or any ``__index__``
+    object (NumPy integers), never a NumPy bool."""
+    if isinstance(value, np.bool_):
+        raise TypeError(f"unsupported index {where}: expected slice, int, or ellipsis")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"unsupported index {where}: expected slice, int, or ellipsis, "
+                        f"not {type(value).__name__}") from None
+
+
+def _torch_index(index: Any) -> Any:
+    """``index`` for ``framework="pt"``, where safetensors indexes as torch does: NumPy's
+    indexing (ints, slices, ``...``, None, lists and bool masks) less what torch refuses (a
+    step below 1, NumPy bools). Only the rows a list or a slice names are read."""
+    items = index if isinstance(index, tuple) else (index,)
+    for item in items:
+        if isinstance(item, slice) and item.step is not None and _int(
+                item.step, "of a slice step") < 1:
+            raise ValueError("step must be greater than zero")
+        if isinstance(item, np.bool_):
+            raise IndexError("only integers, slices, ellipsis, None, lists and bool masks "
+                             "are valid indices")
+    return index
+
+
+def _basic_index(index: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """``index`` as safetensors' ``get_slice(...)[index]`` takes it for the frameworks but
+    torch (its own slicer), as a NumPy basic index
+    of plain ints and slices: ints (negative from the end, out of range refused), slices
+    with a step of 1 or more, one ``...``, and ``[]`` (no row). Like safetensors, None
+    (a new axis), non-empty lists and arrays (gathers) are refused. Slice bounds are clipped
+    to the dimension as Python clips them (safetensors 0.8 refuses negative bounds and
+    bounds past the end, which a program written for it never passes)."""
+    if isinstance(index, list):
+        if index:
+            raise TypeError("a slice takes no list of indices (safetensors: non-empty lists "
+                            "are not implemented)")
+        if not shape:
+            raise IndexError("more indices than dimensions: the tensor is 0-d")
+        return (slice(0, 0),)
+    items = index if isinstance(index, tuple) else (index,)
+    out: list[Any] = []
+    for pos, item in enumerate(items):
+        where = f"at position {pos}"
+        if item is Ellipsis:
+            if any(o is Ellipsis for o in out):
+                raise IndexError("only one ellipsis (...) is allowed in a slice index")
+            out.append(Ellipsis)
+        elif isinstance(item, slice):
+            step = 1 if item.step is None else _int(item.step, where)
+            if step < 1:
+                raise ValueError(f"slice step must be a positive integer, got {step}")
+            out.append(slice(None if item.start is None else _int(item.start, where),
+                             None if item.stop is None else _int(item.stop, where), step))
+        else:
+            out.append(_int(item, where))
+    dims = [n for n in out if n is not Ellipsis]
+    if len(dims) > len(shape):
+        raise IndexError(f"more indices ({len(dims)}) than dimensions ({len(shape)})")
+    axis = {}  # position in out -> the dimension it indexes
+    before = out.index(Ellipsis) if any(o is Ellipsis for o in out) else len(out)
+    for pos, _ in enumerate(out):
+        if pos < before:
+            axis[pos] = pos
+        elif pos > before:
+            axis[pos] = len(shape) - (len(out) - pos)
+    for pos, item in enumerate(out):
+        if isinstance(item, int) and not -shape[axis[pos]] <= item < shape[axis[pos]]:
+            raise IndexError(f"index {item} is out of bounds for dimension {axis[pos]} of "
+                             f"size {shape[axis[pos]]}")
+    return tuple(out)
 
 
 def _converter(framework: str, device: str) -> Convert:

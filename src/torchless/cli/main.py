@@ -203,12 +203,18 @@ def _run_verify(args: argparse.Namespace) -> int:
 def _run_scan(args: argparse.Namespace) -> int:
     """Exit 0 clean, 1 dangerous, anomalous or unvetted, 2 unreadable (never raises for a
     file), 3 a directory with nothing to scan."""
+    from torchless.cli.progress import Progress, progress_wanted
     from torchless.scanner.files import format_table, scan_paths
 
-    with _workers(args.jobs) as pool:
-        report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),
-                            allow_globals=args.allow_global, executor=pool,
-                            verify_crc=args.verify_crc)
+    bar = Progress(str, unit="files") if progress_wanted(args.quiet or args.json) else None
+    try:
+        with _workers(args.jobs) as pool:
+            report = scan_paths(args.paths, strict=args.strict, limits=_limits(args),
+                                allow_globals=args.allow_global, executor=pool,
+                                verify_crc=args.verify_crc, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     _no_checkpoints_in(args.paths, report)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")

@@ -220,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         "convert", help="write a checkpoint's tensors as a safetensors file",
         description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
                     "contiguous and little-endian, written atomically (temporary file, fsync, "
-                    "rename). Shared tensors are written once per name unless --dedupe. An "
+                    "rename). Shared tensors are written once per name unless --dedupe (a "
+                    "model directory: tied weights once, unless --no-dedupe). An "
                     "existing output is refused unless --force (several SRC: one that "
                     "verifies is skipped); a SRC is never its own output. On a terminal a "
                     "progress line shows bytes (files, for several SRC), %, rate and time "
@@ -242,8 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--key", metavar="K",
                       help="convert only the subtree under this dotted key (e.g. state_dict)")
     conv.add_argument("--force", action="store_true", help="replace an existing DST")
-    conv.add_argument("--dedupe", action="store_true",
-                      help="write identical aliases once; record the others in __metadata__")
+    conv.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
+                      help="write identical aliases once; record the others in __metadata__ "
+                           "(default: on for a model directory or an index, as transformers "
+                           "writes them; --no-dedupe writes every name)")
     conv.add_argument("--skip-unsupported", action="store_true",
                       help="leave out tensors safetensors cannot hold (complex128 …)")
     conv.add_argument("--verify", action="store_true",

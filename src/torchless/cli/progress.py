@@ -1,6 +1,7 @@
 """A one-line progress display on stderr, drawn only when stderr is a terminal: done and
 total (bytes or files), the percentage, the rate and the time left, redrawn at most ten
-times a second. ``-q``, ``TORCHLESS_QUIET=1`` or ``TORCHLESS_PROGRESS=0`` turn it off."""
+times a second; for a conversion also the tensors written, for a scan the files scanned.
+``-q``, ``TORCHLESS_QUIET=1`` or ``TORCHLESS_PROGRESS=0`` turn it off."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def eta(seconds: float) -> str:
 
 class Progress:
     """``progress(done, total)``: the callback :func:`torchless.convert` takes (bytes), or
-    files of a batch (``unit="files"``). ``count`` adds "N tensors" once known."""
+    files of a batch or a scan (``unit="files"``). ``count`` adds "N tensors" once known;
+    ``convert`` sets it through :meth:`tensors` ("12/26 tensors")."""
 
     def __init__(self, human: Callable[[int], str], *, unit: str = "bytes",
                  stream: TextIO | None = None,
@@ -99,6 +101,10 @@ class Progress:
         self._width = len(text)
         self.stream.write("\r" + text + " " * pad)
         self.stream.flush()
+
+    def tensors(self, done: int, total: int) -> None:
+        """``convert`` tells the tensors written of those it writes (before the bytes)."""
+        self.count = f"{done}/{total} tensors"
 
     def clear(self) -> None:
         """Wipe the line (before another line is printed on the same terminal)."""

@@ -60,7 +60,7 @@ def convert(
     *,
     key: str | None = None,
     force: bool = False,
-    dedupe: bool = False,
+    dedupe: bool | None = None,
     skip_unsupported: bool = False,
     verify: bool = False,
     limits: Limits | None = None,
@@ -91,9 +91,10 @@ def convert(
     SRC may also be a Hugging Face model directory (``pytorch_model.bin`` or shards with a
     ``*.bin.index.json``) or such an index file; DST is then an output directory (default:
     SRC's directory) and the outputs follow transformers' naming (see
-    :mod:`torchless.conversion.hf`); ``dedupe`` keeps the names transformers keeps for tied
-    weights. The directory's other checkpoint files (a Trainer's ``optimizer.pt``,
-    ``scheduler.pt``, ``rng_state.pth``, ``training_args.bin`` …) are converted too, and its
+    :mod:`torchless.conversion.hf`); tied weights are written once, under the name
+    transformers keeps (``dedupe=False`` writes every name). The directory's other
+    checkpoint files (a Trainer's ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
+    ``training_args.bin`` …) are converted too, and its
     other files (``config.json``, tokenizer …) hard-linked into DST, so DST loads with
     ``from_pretrained``; the report is then a
     :class:`~torchless.conversion.hfdir.DirectoryReport` saying what each became.
@@ -103,7 +104,9 @@ def convert(
         dst: the output; default SRC with its suffix replaced by ``.safetensors``.
         key: convert only the subtree under this dotted key (e.g. ``"state_dict"``).
         force: replace an existing DST.
-        dedupe: write identical aliases once, recording the others in ``__metadata__``.
+        dedupe: write identical aliases once, recording the others in ``__metadata__``
+            (default: for a model directory or an index file, as transformers and the
+            safetensors converter write them; not for one file).
         skip_unsupported: leave out tensors safetensors cannot hold instead of refusing.
         verify: re-read both files afterwards and compare every tensor.
         limits: resource bounds for reading SRC.
@@ -171,8 +174,8 @@ def _cast(dtype: str | None, dtype_filter: Iterable[str]) -> Cast | None:
     return Cast.of(dtype, filters)
 
 
-def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, dedupe: bool,
-                 skip_unsupported: bool, verify: bool,
+def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool,
+                 dedupe: bool | None, skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None, max_shard_size: int | str | None,
                  tree: bool, read: ReadOptions, link_files: bool,
                  selection: Selection | None, cast: Cast | None = None
@@ -189,19 +192,19 @@ def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool, d
              *([layout.out_index] if layout.out_index else [])]
     rest = _hfdir.plan(spath, layout.out_dir, weights, names)
     _hfdir.check_free(rest, force)
-    report = _hf.convert_layout(spath, dst, key=key, force=force, dedupe=dedupe,
+    report = _hf.convert_layout(spath, dst, key=key, force=force, dedupe=dedupe is not False,
                                 skip_unsupported=skip_unsupported, verify=verify,
                                 progress=progress, max_shard_size=max_shard_size, read=read,
                                 selection=selection, cast=cast)
-    converted = tuple(_convert(src, out, None, force, dedupe, skip_unsupported, verify, None,
-                               tree, read, None) for src, out in rest.checkpoints)
+    converted = tuple(_convert(src, out, None, force, bool(dedupe), skip_unsupported, verify,
+                               None, tree, read, None) for src, out in rest.checkpoints)
     brought = _hfdir.bring(rest.files, link=link_files, force=force)
     return _hfdir.DirectoryReport(**vars(report), converted=converted, brought=tuple(brought),
                                   left_out=tuple(rest.left_out))
 
 
 def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None,
-                 force: bool, dedupe: bool, skip_unsupported: bool, verify: bool,
+                 force: bool, dedupe: bool | None, skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None,
                  max_shard_size: int | str | None, tree: bool,
                  read: ReadOptions, link_files: bool,
@@ -219,11 +222,12 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
 
         return _hf.convert_layout(
             spath, None if dst is None else os.fspath(dst), key=key, force=force,
-            dedupe=dedupe, skip_unsupported=skip_unsupported, verify=verify,
+            dedupe=dedupe is not False if spath.endswith(".index.json") else bool(dedupe),
+            skip_unsupported=skip_unsupported, verify=verify,
             progress=progress, max_shard_size=max_shard_size, read=read, selection=selection,
             cast=cast)
     dpath = os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
-    return _convert(spath, dpath, key, force, dedupe, skip_unsupported, verify, progress,
+    return _convert(spath, dpath, key, force, bool(dedupe), skip_unsupported, verify, progress,
                     tree, read, selection, cast)
 
 
@@ -301,7 +305,9 @@ def verify(
     output index names.
 
     DST is read with torchless's own header parser (the data section must be tiled exactly).
-    Names DST records as aliases in ``__metadata__`` are compared with the tensor they name.
+    Names DST records as aliases in ``__metadata__`` are compared with the tensor they name,
+    and so is a name DST lacks that is the same view as a name it holds (a tied weight
+    transformers' ``save_pretrained`` writes once); both are listed in ``aliases``.
     Tensors of SRC that safetensors cannot hold are listed as missing, or as skipped with
     ``skip_unsupported=True`` (as ``convert`` leaves them out). ``strict``,
     ``allow_globals`` and ``verify_crc`` are as for :func:`torchless.open`; ``include``,

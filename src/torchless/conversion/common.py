@@ -13,6 +13,7 @@ way (``format``, ``source``) is written with its own bytes: no name is ever drop
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import os
@@ -20,7 +21,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torchless.conversion.ema import ema_names
 from torchless.conversion.select import Selection, Shape
@@ -51,10 +52,11 @@ from torchless.write.safetensors import (
 if TYPE_CHECKING:
     from torchless.write.cast import Cast
 
-__all__ = ["ConversionReport", "OpaqueObjectWarning", "VerifyReport", "cast_expected",
-           "cast_tensors", "compare", "compare_tree", "default_dst", "plan_names", "prepare",
-           "safetensors_data", "select", "source_name", "store_tree", "summary",
-           "verify_unpublished", "write_output"]
+__all__ = ["ConversionReport", "OpaqueObjectWarning", "TensorProgress", "VerifyReport",
+           "cast_expected", "cast_tensors", "compare", "compare_tree", "default_dst",
+           "entry_of", "plan_names", "prepare", "safetensors_data", "same_views", "select",
+           "source_name", "store_tree", "summary", "verify_unpublished", "views_of",
+           "write_output"]
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,9 @@ class VerifyReport:
 
     ``matched``: names equal in both. ``mismatched``: name -> what differs. ``missing``:
     names of SRC absent from DST. ``extra``: names only in DST. ``skipped``: SRC names with no
-    safetensors dtype, not expected in DST. ``aliases``: SRC names found through DST's
-    ``__metadata__`` (removed -> kept)."""
+    safetensors dtype, not expected in DST. ``aliases``: SRC names found under another name
+    (removed -> kept): one DST's ``__metadata__`` records, or another name of SRC that is
+    the same view of one storage (a tied weight transformers saved once)."""
 
     src: str
     dst: str
@@ -161,20 +164,44 @@ def _under_key(ckpt: _checkpoint.Checkpoint, names: Mapping[str, str],
     return out
 
 
-def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
-    """removed name -> kept name, for names that are the very same view of one storage."""
+def same_views(tensors: Mapping[str, Tensor]) -> list[list[str]]:
+    """The groups (each sorted, of two names or more) of names that are the very same view
+    of one storage: offset, shape, stride and dtype alike."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, t in tensors.items():
         ident = (id(t.storage), t.storage_offset, t.shape, t.stride, t.dtype.name)
         groups.setdefault(ident, []).append(name)
+    return [sorted(names) for names in groups.values() if len(names) > 1]
+
+
+def _aliases(tensors: dict[str, Tensor], reserved: set[str]) -> dict[str, str]:
+    """removed name -> kept name, for names that are the very same view of one storage."""
     out: dict[str, str] = {}
-    for names in groups.values():
-        if len(names) > 1:
-            kept, *rest = sorted(names)
-            for name in rest:
-                if name not in reserved:
-                    out[name] = kept
+    for kept, *rest in same_views(tensors):
+        for name in rest:
+            if name not in reserved:
+                out[name] = kept
     return out
+
+
+def entry_of(name: str, header: SafetensorsHeader,
+             views: Mapping[str, list[str]]) -> str | None:
+    """The entry of ``header`` holding SRC's tensor ``name``: its own, the one
+    ``__metadata__`` records it as an alias of, or that of another name of SRC that is the
+    same view (``views``: name -> its group of :func:`same_views`). The last is how
+    transformers' ``save_pretrained`` and ``safetensors.torch.save_model`` write a tied
+    weight: once, the other names dropped (``lm_head.weight`` of GPT-2) with no record."""
+    if name in header.entries:
+        return name
+    recorded = header.metadata.get(name)
+    if recorded in header.entries:
+        return recorded
+    return next((n for n in views.get(name, ()) if n != name and n in header.entries), None)
+
+
+def views_of(tensors: Mapping[str, Tensor]) -> dict[str, list[str]]:
+    """name -> its group of :func:`same_views`, for the names that have one."""
+    return {n: group for group in same_views(tensors) for n in group}
 
 
 def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tensor],
@@ -334,24 +361,43 @@ def store_tree(ckpt: _checkpoint.Checkpoint, key: str | None, written: dict[str,
     return opaque
 
 
+@runtime_checkable
+class TensorProgress(Protocol):
+    """A ``progress(done, total)`` callback (bytes) that is also told the tensors written:
+    ``tensors(done, total)``, called just before it (the command line's progress line)."""
+
+    def __call__(self, done: int, total: int) -> None: ...
+
+    def tensors(self, done: int, total: int) -> None: ...
+
+
 def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: bytes,
                  planned: list[Planned], *,
-                 progress: Callable[[int, int], None] | None, before: int, total: int) -> int:
+                 progress: Callable[[int, int], None] | None, before: int, total: int,
+                 tensors_before: int = 0, tensors_total: int | None = None) -> int:
     """Write one safetensors file from ``ckpt`` into ``out`` (published later), copying
     byte ranges of its file.
 
-    ``progress(done, total)`` counts ``before`` bytes already written by earlier files."""
+    ``progress(done, total)`` counts ``before`` bytes already written by earlier files; a
+    :class:`TensorProgress` is also told the tensors written, after ``tensors_before`` of
+    earlier files, of ``tensors_total`` (default: this file's)."""
     report: Progress | None = None
     if progress is not None:
         callback = progress
+        counter = progress if isinstance(progress, TensorProgress) else None
+        ends = [len(header) + p.end for p in planned]  # a tensor is written at its end
+        of = len(planned) if tensors_total is None else tensors_total
 
         def report(done: int) -> None:
+            if counter is not None:
+                counter.tensors(tensors_before + bisect.bisect_right(ends, done), of)
             callback(before + done, total)
 
     src_fd, file_offset = _file_offset(ckpt._source, ckpt.path)
     try:
         return write_into(out, header, planned, src_fd=src_fd, file_offset=file_offset,
-                          progress=report, release=ckpt._source.release)
+                          progress=report, release=ckpt._source.release, needed=total,
+                          held=before)
     except CheckpointError as e:  # writing DST, or reading SRC (a damaged member …)
         raise e.add_context(path=out.dst if isinstance(e, ConversionError) else ckpt.path
                             ) from None
@@ -431,12 +477,12 @@ def compare(tensors: Mapping[str, Tensor], unsupported: list[str],
     skipped: list[str] = []
     aliases: dict[str, str] = {}
     seen: set[str] = set()
+    views = views_of(tensors)
     for name in unsupported:
         (skipped if skip_unsupported else missing).append(name)
     for name, t in tensors.items():
-        target = name
-        if name not in header.entries and header.metadata.get(name) in header.entries:
-            target = header.metadata[name]
+        target = entry_of(name, header, views) or name
+        if target != name:
             aliases[name] = target
         entry = header.entries.get(target)
         if t.dtype.safetensors is None:

@@ -20,10 +20,15 @@ Conventions followed (those of transformers ``save_pretrained``, huggingface_hub
   ``<stem>-0000K-of-0000N.safetensors`` with ``<stem>.safetensors.index.json``; when
   everything fits in one shard, the output is the single unsharded file and no index, as in
   transformers;
-* the index is ``{"metadata": {"total_size": N}, "weight_map": {name: shard}}`` written as
-  ``json.dumps(index, indent=2, sort_keys=True) + "\\n"``, with ``total_size`` the sum of
-  the tensor bytes written. Every shard's ``__metadata__`` has ``format: pt`` and ``source``
-  (the source file name(s)); ``dedupe`` aliases are recorded in the shard holding the kept
+* the index is ``{"metadata": {"total_parameters": P, "total_size": N}, "weight_map":
+  {name: shard}}`` written as ``json.dumps(index, indent=2, sort_keys=True) + "\\n"``
+  (transformers 4.57 and 5.x write these keys), with ``total_size`` the sum of the tensor
+  bytes written and ``total_parameters`` the sum of their element counts (transformers
+  counts the model's parameters, tied ones once: the same number unless the checkpoint
+  holds persistent buffers, which torchless cannot tell from parameters). Every shard's
+  ``__metadata__`` has ``format: pt`` and ``source`` (the source file name(s)); ``dedupe``
+  aliases (on by default for a model directory or an index, as transformers and the
+  safetensors converter write tied weights) are recorded in the shard holding the kept
   tensor and are not listed in ``weight_map``; which name of a tied weight is kept is
   transformers' choice (:mod:`.hftied`).
 
@@ -54,11 +59,13 @@ from torchless.conversion.common import (
     cast_expected,
     cast_tensors,
     compare,
+    entry_of,
     plan_names,
     safetensors_data,
     select,
     source_name,
     verify_unpublished,
+    views_of,
     write_output,
 )
 from torchless.conversion.hflayout import (
@@ -208,33 +215,14 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise ConversionError("the output directory is a file (for a model directory, -o "
                               "names a directory)", path=out_dir)
+    created = _atomic.make_dirs(out_dir)
     try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise ConversionError(f"cannot create the output directory: {e.strerror or e}",
-                              path=out_dir) from None
-    nbytes = 0
-    verified = None
-    with contextlib.ExitStack() as stack:
-        outputs = []
-        for shard, path, (header, planned) in zip(shards, paths, planned_all, strict=True):
-            out = stack.enter_context(_atomic.Output(path, force=force))
-            outputs.append(out)
-            nbytes += _write_shard(shard, out, header, planned, ckpts, progress, nbytes, total)
-        if verify:  # the files are checked before any is published
-            verified = verify_unpublished(spath, outputs, lambda readable: _verify_shards(
-                spath, index_path or paths[0], shards, readable, paths, parts))
-            if not verified.ok:
-                raise ConversionError("verification failed; nothing was written",
-                                      path=index_path or paths[0])
-        if index_path is not None:
-            weight_map = {n: s.name for s in shards for n in s.tensors}
-            doc = {"metadata": {"total_size": sum(p.tensor.nbytes for _, pl in planned_all
-                                                  for p in pl)},
-                   "weight_map": weight_map}
-            outputs.append(_index_output(stack, index_path, (json.dumps(
-                doc, indent=2, sort_keys=True) + "\n").encode("utf-8"), force))
-        _atomic.commit(outputs, force=force)
+        nbytes, verified, outputs = _write_shards(spath, shards, paths, index_path, parts,
+                                                  ckpts, planned_all, total, force=force,
+                                                  verify=verify, progress=progress)
+    except BaseException:
+        _atomic.remove_dirs(created)  # a directory this run made, if nothing is in it
+        raise
     done_files = [o.dst for o in outputs]
     skipped = sorted(n for p in parts for n in p[2])
     return ConversionReport(spath, index_path or paths[0],
@@ -243,17 +231,55 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
                             tuple(done_files))
 
 
+def _write_shards(spath: str, shards: list[_Shard], paths: list[str], index_path: str | None,
+                  parts: list[tuple[dict[str, Tensor], dict[str, str], dict[str, str],
+                                    dict[str, str]]],
+                  ckpts: list[_checkpoint.Checkpoint],
+                  planned_all: list[tuple[bytes, list[Planned]]], total: int, *,
+                  force: bool, verify: bool, progress: Callable[[int, int], None] | None
+                  ) -> tuple[int, VerifyReport | None, list[_atomic.Output]]:
+    """Write, check and publish every shard and the index; (bytes, verification, outputs)."""
+    nbytes = 0
+    verified = None
+    with contextlib.ExitStack() as stack:
+        outputs = []
+        counts = (0, sum(len(pl) for _, pl in planned_all))  # tensors written, in all
+        for shard, path, (header, planned) in zip(shards, paths, planned_all, strict=True):
+            out = stack.enter_context(_atomic.Output(path, force=force))
+            outputs.append(out)
+            nbytes += _write_shard(shard, out, header, planned, ckpts, progress, nbytes, total,
+                                   counts)
+            counts = (counts[0] + len(planned), counts[1])
+        if verify:  # the files are checked before any is published
+            verified = verify_unpublished(spath, outputs, lambda readable: _verify_shards(
+                spath, index_path or paths[0], shards, readable, paths, parts))
+            if not verified.ok:
+                raise ConversionError("verification failed; nothing was written",
+                                      path=index_path or paths[0])
+        if index_path is not None:
+            weight_map = {n: s.name for s in shards for n in s.tensors}
+            written = [p.tensor for _, pl in planned_all for p in pl]
+            doc = {"metadata": {"total_parameters": sum(t.numel for t in written),
+                                "total_size": sum(t.nbytes for t in written)},
+                   "weight_map": weight_map}
+            outputs.append(_index_output(stack, index_path, (json.dumps(
+                doc, indent=2, sort_keys=True) + "\n").encode("utf-8"), force))
+        _atomic.commit(outputs, force=force)
+    return nbytes, verified, outputs
+
+
 def _write_shard(shard: _Shard, out: _atomic.Output, header: bytes, planned: list[Planned],
                  ckpts: list[_checkpoint.Checkpoint],
                  progress: Callable[[int, int], None] | None, before: int,
-                 total: int) -> int:
+                 total: int, counts: tuple[int, int]) -> int:
     # the kernel copies from one source file: the one giving this shard the most bytes
     weight = dict.fromkeys(shard.sources, 0)
     for i, t in shard.tensors.values():
         weight[i] += t.nbytes
     main = max(shard.sources, key=lambda i: weight[i])
     return write_output(ckpts[main], out, header, planned, progress=progress,
-                        before=before, total=total)
+                        before=before, total=total, tensors_before=counts[0],
+                        tensors_total=counts[1])
 
 
 def _index_output(stack: contextlib.ExitStack, path: str, data: bytes,
@@ -331,10 +357,11 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: 
             tensors.update(got)
             unsupported += list(bad)
         placed: dict[str, str] = {}
+        views = views_of(tensors)
         for path in files:
             with safetensors_data(path, read.limits) as (header, data):
-                mine = {n: t for n, t in tensors.items() if n not in placed and (
-                    n in header.entries or header.metadata.get(n) in header.entries)}
+                mine = {n: t for n, t in tensors.items() if n not in placed and entry_of(
+                    n, header, views) is not None}
                 record: dict[str, str] = {}
                 expected = cast_expected(mine, cast, header, record)
                 m, mm, _, ext, _, al = compare(expected, [], header, data, skip_unsupported)

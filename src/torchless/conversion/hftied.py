@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchless.conversion.common import prepare as _prepare
+from torchless.conversion.common import same_views
 from torchless.core import jsondepth as _json
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError
@@ -78,19 +79,11 @@ def tie_word_embeddings(directory: str) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _groups(tensors: dict[str, Tensor]) -> list[list[str]]:
-    found: dict[tuple[Any, ...], list[str]] = {}
-    for name, t in tensors.items():
-        ident = (id(t.storage), t.storage_offset, t.shape, t.stride, t.dtype.name)
-        found.setdefault(ident, []).append(name)
-    return [sorted(names) for names in found.values() if len(names) > 1]
-
-
 def aliases(tensors: dict[str, Tensor], tied: bool | None,
             reserved: set[str]) -> dict[str, str]:
     """removed name -> kept name, as transformers would save the group (module docstring)."""
     out: dict[str, str] = {}
-    for names in _groups(tensors):
+    for names in same_views(tensors):
         ranks = {n: rank(n) for n in names}
         if tied is False and 2 in ranks.values():
             continue

@@ -24,7 +24,7 @@ import numpy as np
 
 from torchless.core import dtypes as _dtypes
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, FormatError, LimitError, UnsupportedError, type_phrase
+from torchless.errors import CheckpointError, FormatError, LimitError, type_phrase
 from torchless.inert.schema import (
     _DESCR,
     _FACTORY_BY_NAME,
@@ -95,10 +95,9 @@ class _Decoder:
         self.keycost = KeyCost(limits)          # the work of hashing keys
         self.torch = _torch() if mode == "torch" else None
         if mode == "torch" and self.torch is None:
-            raise UnsupportedError("tensors='torch' needs torch imported by your program "
-                                   "(torchless never imports it): add `import torch` first",
-                                   hint="add `import torch` to your program before this "
-                                        "call, or use tensors='numpy'")
+            from torchless.torch import _import_torch
+
+            self.torch = _import_torch("tensors='torch'")
 
     def value(self, node: Any, depth: int) -> Any:
         if depth > self.limits.max_depth:

@@ -6,6 +6,7 @@ pickle)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from torchless.errors import ConversionError
 from torchless.inert import schema as _inert
 from torchless.pickle.values import Opaque
 from torchless.reader import checkpoint as _checkpoint
+from torchless.write import atomic as _atomic
 
 __all__ = ["convert_dir", "missing_sources", "restore_dir", "torch_module"]
 
@@ -113,9 +115,24 @@ def restore_dir(src: str, dst: str) -> dict[str, str]:
     inert file becomes its source file again (``torch.save`` of what torchless reads, torch
     tensors), every other file is hard-linked (or copied). A file whose object holds inert
     records of unknown classes (``training_args.bin``) is not rebuilt: no class is ever
-    instantiated from file data. Returns {output name: how}."""
+    instantiated from file data. Returns {output name: how}. If it fails, what it wrote is
+    removed: ``dst`` if it made it, else the files it put there."""
     torch = torch_module()
-    os.makedirs(dst, exist_ok=True)
+    created = _atomic.make_dirs(dst)
+    before = set(os.listdir(dst))
+    try:
+        return _restore_into(torch, src, dst)
+    except BaseException:
+        if created:
+            shutil.rmtree(created[-1], ignore_errors=True)
+        else:
+            for name in set(os.listdir(dst)) - before:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(dst, name))
+        raise
+
+
+def _restore_into(torch: Any, src: str, dst: str) -> dict[str, str]:
     done: dict[str, str] = {}
     shards: dict[str, str] = {}     # weights file -> the .bin it was converted from
     indexes: list[str] = []

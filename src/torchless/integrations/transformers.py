@@ -34,6 +34,7 @@ resume.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -91,11 +92,20 @@ def restore_checkpoint(path: str | os.PathLike[str], dst: str | os.PathLike[str]
                        ) -> str:
     """A directory ``Trainer.train(resume_from_checkpoint=...)`` reads, rebuilt from the
     converted ``checkpoint-N/`` at ``path`` (into ``dst``, default a new temporary
-    directory named after it). Returns its path."""
+    directory named after it, removed when the program exits: it holds a full copy of the
+    optimizer state). Returns its path; nothing of it is left if it fails."""
     src = os.fspath(path)
-    out = os.fspath(dst) if dst is not None else os.path.join(
-        tempfile.mkdtemp(prefix="torchless-"), os.path.basename(os.path.normpath(src)))
-    restore_dir(src, out)
+    if dst is not None:
+        restore_dir(src, os.fspath(dst))
+        return os.fspath(dst)
+    work = tempfile.mkdtemp(prefix="torchless-")
+    try:
+        out = os.path.join(work, os.path.basename(os.path.normpath(src)))
+        restore_dir(src, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     return out
 
 

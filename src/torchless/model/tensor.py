@@ -274,17 +274,12 @@ class Tensor:
 
     def to_torch(self) -> Any:
         """A writable torch tensor (a ``torch.nn.Parameter`` if one was saved) with this
-        tensor's dtype, shape, strides' values and ``requires_grad``. torchless never
-        imports torch: the program must have imported it."""
-        import sys
-
+        tensor's dtype, shape, strides' values and ``requires_grad``; torch is imported
+        (only) now."""
         from torchless.model.interop import to_torch
+        from torchless.torch import _import_torch
 
-        torch = sys.modules.get("torch")
-        if torch is None:
-            raise UnsupportedError("to_torch() needs torch imported by your program "
-                                   "(torchless never imports it): add `import torch` first")
-        return to_torch(self, torch)
+        return to_torch(self, _import_torch("to_torch()"))
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         """DLPack export of a private, writable copy of the values (where NumPy can export

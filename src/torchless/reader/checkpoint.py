@@ -293,14 +293,9 @@ def load(
         source.close()
     torch = None
     if tensors == "torch":
-        import sys
+        from torchless.torch import _import_torch
 
-        torch = sys.modules.get("torch")
-        if torch is None:
-            raise UnsupportedError("tensors='torch' needs torch imported by your program "
-                                   "(torchless never imports it): add `import torch` first",
-                                   hint="add `import torch` to your program before this "
-                                        "call, or use tensors='numpy'")
+        torch = _import_torch("tensors='torch'")
     lim = limits if limits is not None else Limits()
     ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals,
                 verify_crc=verify_crc)

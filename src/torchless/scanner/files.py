@@ -35,7 +35,7 @@ unreadable or met an error, else 0.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
@@ -110,9 +110,12 @@ def scan(path: str | os.PathLike[str], *, strict: bool = False,
 
 def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
                limits: Limits | None = None, allow_globals: Iterable[str] = (),
-               executor: Executor | None = None, verify_crc: bool = False) -> ScanReport:
+               executor: Executor | None = None, verify_crc: bool = False,
+               progress: Callable[[int, int], None] | None = None) -> ScanReport:
     """Scan several files or directories into one report (in the order given); with an
-    ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it."""
+    ``executor`` (a process pool, a Dask cluster's executor …) files are scanned in it.
+    ``progress(files_done, files_total)`` is called as each file's scan is in (directories
+    are walked first, so the total is known)."""
     lim = limits or _LIMITS
     allow = frozenset(allow_globals)
     jobs: list[tuple[str, bool, bool]] = []  # (path, named explicitly, a DCP directory)
@@ -128,13 +131,18 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
             jobs.extend((shard, True, False) for shard in index_shards(p, lim))
     jobs = list({j[0]: j for j in reversed(jobs)}.values())[::-1]  # each path once, first
     if executor is None:
-        files = [_scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc, unit=u)
-                 for f, e, u in jobs]
+        results: Iterable[FileScan] = (
+            _scan_file(f, strict, lim, allow, explicit=e, verify_crc=verify_crc, unit=u)
+            for f, e, u in jobs)
     else:
-        files = list(executor.map(_scan_job, [f for f, _, _ in jobs], [e for _, e, _ in jobs],
-                                  [strict] * len(jobs), [lim] * len(jobs),
-                                  [allow] * len(jobs), [verify_crc] * len(jobs),
-                                  [u for _, _, u in jobs]))
+        results = executor.map(_scan_job, [f for f, _, _ in jobs], [e for _, e, _ in jobs],
+                               [strict] * len(jobs), [lim] * len(jobs), [allow] * len(jobs),
+                               [verify_crc] * len(jobs), [u for _, _, u in jobs])
+    files: list[FileScan] = []
+    for result in results:
+        files.append(result)
+        if progress is not None:
+            progress(len(files), len(jobs))
     return ScanReport(tuple(files))
 
 

@@ -38,12 +38,16 @@ set, then no index, then the new set. If any publication fails, the new files ar
 and the old ones moved back; after success the old ones are deleted. A process killed
 during those few renames can leave ``.old`` files (the previous output) behind.
 
-Each file is fsynced before it is published, and its directory after.
+Each file is fsynced before it is published, and its directory after. An output directory
+a run creates (:func:`make_dirs`) is removed again when the run fails before it publishes
+anything. A full disk (``ENOSPC``, a quota's ``EDQUOT``) is reported with the bytes the
+output needs and those free for it (:meth:`Output.error`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -51,7 +55,7 @@ from types import TracebackType
 
 from torchless.errors import EXISTS_HINT, ConversionError
 
-__all__ = ["TMPFILE", "Output", "commit"]
+__all__ = ["TMPFILE", "Output", "commit", "make_dirs", "remove_dirs"]
 
 #: Write through an unnamed ``O_TMPFILE`` file where the platform has one (tests turn it off
 #: to exercise the named-temporary path).
@@ -73,6 +77,18 @@ def _exists_error(dst: str) -> ConversionError:
 
 def _os_error(e: OSError, dst: str, doing: str = "write") -> ConversionError:
     return ConversionError(f"cannot {doing}: {e.strerror or e}", path=dst)
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _free_bytes(directory: str) -> int | None:
+    """The bytes an unprivileged process may still write in ``directory``'s filesystem."""
+    try:
+        st = os.statvfs(directory)
+    except (OSError, AttributeError):  # no statvfs (Windows), or the directory went away
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 class Output:
@@ -131,20 +147,45 @@ class Output:
         """A path that opens the bytes written so far."""
         return self.temp if self.temp is not None else f"/proc/self/fd/{self.fd}"
 
+    def error(self, e: OSError, needed: int | None = None, held: int = 0,
+              pending: int = 0) -> ConversionError:
+        """The error for a failed write: for a full disk, the bytes the output needs
+        (``needed``: this run's outputs together; unknown, more than this file's bytes so
+        far and the ``pending`` bytes of the write that failed) and those free for it:
+        free on the filesystem, plus what this file holds and the ``held`` bytes of this
+        run's earlier outputs (all released when the run fails)."""
+        if e.errno not in _FULL:
+            return _os_error(e, self.dst)
+        try:
+            mine = os.fstat(self.fd)
+            size = mine.st_size
+            allocated = mine.st_blocks * 512 if sys.platform != "win32" else size
+        except OSError:
+            allocated = size = 0
+        free = _free_bytes(self.directory)
+        room = "" if free is None else f", {free + allocated + held:,} free"
+        what = e.strerror or os.strerror(e.errno or 0)
+        need = f"{needed:,}" if needed is not None else f"more than {size + pending:,}"
+        return ConversionError(
+            f"cannot write: {what}: the output needs {need} bytes{room} in "
+            f"{self.directory!r}", path=self.dst,
+            hint="free some space there, or write the output elsewhere (-o / dst=)")
+
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         try:
             while view:
                 view = view[os.write(self.fd, view):]
         except OSError as e:
-            raise _os_error(e, self.dst) from None
+            raise self.error(e, pending=len(view)) from None
 
-    def finish(self) -> None:
-        """Flush the bytes to the disk (before anything can be published)."""
+    def finish(self, needed: int | None = None, held: int = 0) -> None:
+        """Flush the bytes to the disk (before anything can be published); ``needed`` and
+        ``held`` are as for :meth:`error`."""
         try:
             os.fsync(self.fd)
         except OSError as e:
-            raise _os_error(e, self.dst) from None
+            raise self.error(e, needed, held) from None
 
     # ---- publishing ---------------------------------------------------------------------
 
@@ -324,6 +365,30 @@ def _move_aside(out: Output) -> str:
             return old
     raise ConversionError("cannot find a free name to move the old file aside",
                           path=out.dst)  # pragma: no cover
+
+
+def make_dirs(path: str) -> list[str]:
+    """Create the directory ``path`` and its missing parents; returns those created,
+    deepest first (for :func:`remove_dirs` when the run fails)."""
+    created: list[str] = []
+    here = os.path.abspath(path)
+    while not os.path.lexists(here) and here != os.path.dirname(here):
+        created.append(here)
+        here = os.path.dirname(here)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        remove_dirs(created)
+        raise ConversionError(f"cannot create the output directory: {e.strerror or e}",
+                              path=path) from None
+    return created
+
+
+def remove_dirs(created: Sequence[str]) -> None:
+    """Remove the directories :func:`make_dirs` created, those still empty."""
+    for directory in created:
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
 
 
 def _unlink(path: str) -> None:

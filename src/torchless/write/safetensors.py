@@ -174,10 +174,6 @@ def _st_dtype(t: Tensor) -> str:
 # ---- writing ------------------------------------------------------------------------------
 
 
-def _write_error(e: OSError, dst: str) -> ConversionError:
-    return ConversionError(f"cannot write: {e.strerror or e}", path=dst)
-
-
 def write_atomic(
     dst: str,
     header: bytes,
@@ -207,12 +203,18 @@ def write_into(
     file_offset: FileOffset | None = None,
     progress: Progress | None = None,
     release: Release | None = None,
+    needed: int | None = None,
+    held: int = 0,
 ) -> int:
     """Write the whole file into ``out`` (not yet published) and flush it to the disk.
 
     Returns the bytes written. ``file_offset(t)`` says where a tensor's bytes are in the file
     behind ``src_fd`` (None when they are not a plain byte range there); ``release`` is told
-    which of those bytes have been written."""
+    which of those bytes have been written. On a full disk the error says the bytes
+    ``needed`` (default: this file's) and those free, counting the ``held`` bytes of the
+    run's earlier outputs (:meth:`Output.error`)."""
+    if needed is None:
+        needed = len(header) + sum(p.end - p.begin for p in planned)
     writer = _stream.Writer(out.fd, src_fd, progress, release)
     try:
         writer.write(header)
@@ -220,12 +222,12 @@ def write_into(
             _write_tensor(writer, p, file_offset, out.directory)
         writer.flush()
     except OSError as e:
-        raise _write_error(e, out.dst) from None
+        raise out.error(e, needed, held) from None
     finally:
         writer.close()
     if writer.done != writer.queued:  # pragma: no cover - a bug of ours
         raise ConversionError(f"wrote {writer.done} bytes of {writer.queued}")
-    out.finish()
+    out.finish(needed, held)
     return writer.done
 
 
