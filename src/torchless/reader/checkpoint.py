@@ -224,7 +224,11 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
     if fmt == "package":
         return "torch.package archive written by PackageExporter (its modules never imported)"
     if fmt == "dcp":
-        return (f"torch.distributed.checkpoint directory (DCP {info.get('dcp_version')}, "
+        mcore = info.get("megatron")
+        return ((f"Megatron-Core dist checkpoint ({mcore.get('sharded_backend')}"
+                 + (f", {mcore['common']} merged" if mcore.get("common") else "") + ") in a "
+                 if isinstance(mcore, dict) else "")
+                + f"torch.distributed.checkpoint directory (DCP {info.get('dcp_version')}, "
                 f"{info.get('storage_format')} items, {len(info.get('shards', ()))} shard "
                 "files)")
     if fmt == "zero":

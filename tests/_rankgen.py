@@ -1,0 +1,180 @@
+"""Writes the per-rank checkpoints the rank-file and Megatron tests read, with torch itself:
+run as ``python -m tests._rankgen OUT`` (a subprocess: torch.distributed state stays out of
+the test process). One spawn of two CPU (gloo) processes writes every case; each oracle is
+torch's own assembly of the full tensors (``DTensor.full_tensor()``, FSDP1's
+``FULL_STATE_DICT``), saved beside the case:
+
+    OUT/megatron/      what Megatron-Core's ``dist_checkpointing.save`` writes with the
+                       ``torch_dist`` backend and TP=2 (Megatron-Core is not installed here;
+                       written with torch's DCP the way megatron/core/dist_checkpointing/
+                       serialization.py ``save``, strategies/torch.py ``MCoreSavePlanner``
+                       and ``mcore_to_pyt_state_dict``, strategies/common.py ``save_common``
+                       and core.py ``save_config`` do): the sharded tensors under their
+                       ShardedTensor keys (flat, ``flatten_state_dict=False``), the
+                       ShardedObject ``rng_state`` as each rank's ``torch.save`` of the list
+                       of its data (MCoreSavePlanner leaves the BytesIO untransformed),
+                       ``common.pt`` (rank 0's ``torch.save`` of the non-sharded state:
+                       iteration, args as an ``argparse.Namespace``, checkpoint_version,
+                       the scheduler) and ``metadata.json``
+    OUT/megatron.full.pt   the full tensors by key (``full_tensor()``)
+    OUT/verl/          verl's FSDP2 checkpoint: ``model_world_size_2_rank_R.pt``, each
+                       ``torch.save(model.state_dict())`` of a ``fully_shard`` model
+                       (DTensors, ``Shard(0)``), plus a ``Replicate`` DTensor and a
+                       ``Shard(1)`` one in the same files
+    OUT/verl.ref.safetensors  the full tensors (``full_tensor()``)
+    OUT/fsdp1/         FSDP1 ``SHARDED_STATE_DICT`` (ShardedTensors) saved with
+                       ``torch.save`` per rank: ``model_world_size_2_rank_R.pt``
+    OUT/fsdp1.ref.safetensors the ``FULL_STATE_DICT`` of the same model
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+WORLD = 2
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 6)
+        self.body = nn.Linear(6, 5)
+        self.head = nn.Linear(5, 3)
+        self.register_buffer("scale", torch.full((3,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(self.emb(x)))) * self.scale
+
+
+def _megatron(rank: int, out: str, mesh: Any) -> None:
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    class MCoreSavePlanner(DefaultSavePlanner):
+        """Megatron's planner: ShardedObjects are already torch.save'd into a BytesIO."""
+
+        def transform_object(self, write_item: Any, obj: Any) -> Any:
+            return obj
+
+    g = torch.Generator().manual_seed(1)
+    # TP=2: column-parallel weights split on dim 0, row-parallel on dim 1, layernorms
+    # replicated; the layers stacked on a leading axis (Megatron's prepended layer axis)
+    sharded = {
+        "embedding.word_embeddings.weight": (torch.randn(10, 8, generator=g), Shard(0)),
+        "decoder.layers.self_attention.linear_qkv.weight":
+            (torch.randn(2, 12, 8, generator=g), Shard(1)),
+        "decoder.layers.self_attention.linear_proj.weight":
+            (torch.randn(2, 8, 4, generator=g).to(torch.bfloat16), Shard(2)),
+        "decoder.layers.mlp.linear_fc1.layer_norm_weight":
+            (torch.randn(2, 8, generator=g), Replicate()),
+        "decoder.final_layernorm.weight": (torch.randn(8, generator=g), Replicate()),
+    }
+    state: dict[str, Any] = {k: distribute_tensor(t, mesh, [p])
+                             for k, (t, p) in sharded.items()}
+    rng = io.BytesIO()
+    torch.save([[{"random_rng_state": (3, tuple(range(4)), None),
+                  "torch_rng_state": torch.arange(4, dtype=torch.uint8) + rank}]], rng)
+    state[f"rng_state/shard_0.{rank}_1.{WORLD}"] = rng
+    dcp.save(state, checkpoint_id=f"{out}/megatron",
+             planner=MCoreSavePlanner(flatten_state_dict=False))
+    if rank == 0:
+        args = argparse.Namespace(num_layers=2, hidden_size=8, tensor_model_parallel_size=2,
+                                  params_dtype=torch.bfloat16, ckpt_format="torch_dist")
+        common = {"args": args, "checkpoint_version": 3.0, "iteration": 10,
+                  "opt_param_scheduler": {"max_lr": 0.001, "num_steps": 40},
+                  "num_floating_point_operations_so_far": 123456789}
+        torch.save(common, f"{out}/megatron/common.pt")
+        with open(f"{out}/megatron/metadata.json", "w") as f:
+            json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                       "common_backend": "torch", "common_backend_version": 1}, f)
+        torch.save({k: t for k, (t, _) in sharded.items()}, f"{out}/megatron.full.pt")
+
+
+def _verl(rank: int, out: str, mesh: Any) -> None:
+    from safetensors.torch import save_file
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.manual_seed(0)
+    model = Tiny()
+    for layer in (model.emb, model.body, model.head):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randint(0, 7, (4,))).sum().backward()
+    optim.step()
+    sd = model.state_dict()
+    g = torch.Generator().manual_seed(2)
+    sd["extra.replicated"] = distribute_tensor(torch.randn(3, 2, generator=g), mesh,
+                                               [Replicate()])
+    sd["extra.cols"] = distribute_tensor(torch.randn(3, 5, generator=g).to(torch.bfloat16),
+                                         mesh, [Shard(1)])
+    os.makedirs(f"{out}/verl", exist_ok=True)
+    torch.save(sd, f"{out}/verl/model_world_size_{WORLD}_rank_{rank}.pt")
+    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in sd.items()}
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in full.items()}, f"{out}/verl.ref.safetensors")
+
+
+def _fsdp1(rank: int, out: str) -> None:
+    from safetensors.torch import save_file
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    torch.manual_seed(0)
+    model = FSDP(Tiny(), use_orig_params=True, device_id=torch.device("cpu"))
+    optim = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randint(0, 7, (4,))).sum().backward()
+    optim.step()
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        sd = model.state_dict()
+    os.makedirs(f"{out}/fsdp1", exist_ok=True)
+    torch.save(sd, f"{out}/fsdp1/model_world_size_{WORLD}_rank_{rank}.pt")
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+        full = model.state_dict()
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in full.items()}, f"{out}/fsdp1.ref.safetensors")
+
+
+def _worker(rank: int, out: str, port: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (WORLD,))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _megatron(rank, out, mesh)
+            _verl(rank, out, mesh)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(out: str) -> None:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    mp.spawn(_worker, args=(out, port), nprocs=WORLD, join=True)
+    Path(out, "done").write_text("ok\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,88 @@
+"""Megatron-Core ``torch_dist`` directories (:mod:`tests._rankgen` writes one the way
+Megatron-Core's ``dist_checkpointing.save`` does, TP=2): ``load`` is ``common.pt``'s state
+with the sharded state merged in, as Megatron's loader merges it; the tensors equal torch's
+``full_tensor()``; the directory scans clean, its standard files included."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import torchless
+from tests._rankfixture import rank_cases  # noqa: F401 - the session fixture
+from torchless.containers.megatron import merge
+from torchless.errors import FormatError, StorageError
+
+
+def test_load_merges_common_pt(rank_cases: Path, torch: Any) -> None:  # noqa: F811
+    tree = torchless.load(rank_cases / "megatron")
+    common = torch.load(rank_cases / "megatron" / "common.pt", weights_only=False)
+    full = torch.load(rank_cases / "megatron.full.pt")
+    assert set(tree) == set(common) | set(full) | {"rng_state/shard_0.0_1.2",
+                                                   "rng_state/shard_0.1_1.2"}
+    assert vars(tree["args"]).keys() == vars(common["args"]).keys()
+    assert tree["args"].num_layers == common["args"].num_layers == 2
+    for key in ("iteration", "checkpoint_version", "opt_param_scheduler",
+                "num_floating_point_operations_so_far"):
+        assert tree[key] == common[key], key
+    for key, want in full.items():
+        got = tree[key]
+        assert str(want.dtype).removeprefix("torch.") == (
+            "bfloat16" if got.dtype.name == "bfloat16" else str(got.dtype)), key
+        assert got.shape == tuple(want.shape), key
+        assert got.tobytes() == want.contiguous().view(torch.uint8).numpy().tobytes(), key
+    # each rank's ShardedObject: torch.save of the list of its data, read as saved
+    rank1 = tree["rng_state/shard_0.1_1.2"][0][0]
+    assert rank1["random_rng_state"] == (3, (0, 1, 2, 3), None)
+    assert np.array_equal(rank1["torch_rng_state"], np.arange(1, 5, dtype=np.uint8))
+
+
+def test_info_names_megatron(rank_cases: Path) -> None:  # noqa: F811
+    with torchless.open(rank_cases / "megatron") as ckpt:
+        assert ckpt.format == "dcp"
+        assert ckpt.info["megatron"] == {"sharded_backend": "torch_dist",
+                                         "common": "common.pt"}
+        assert ckpt.info["era"].startswith("Megatron-Core dist checkpoint (torch_dist")
+
+
+def test_scans_clean(rank_cases: Path) -> None:  # noqa: F811
+    report = torchless.scan(rank_cases / "megatron")
+    assert report.ok and report.exit_code == 0, report.files
+    assert report.counts()["clean"] == 1
+
+
+def test_common_pt_missing(rank_cases: Path, tmp_path: Path) -> None:  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(rank_cases / "megatron", run)
+    (run / "common.pt").unlink()
+    with pytest.raises(StorageError, match=r"common\.pt is missing"):
+        torchless.load(run)
+    # without Megatron's metadata.json it is the plain DCP directory it then is
+    (run / "metadata.json").unlink()
+    assert "iteration" not in torchless.load(run)
+
+
+def test_common_pt_not_a_checkpoint_is_an_anomaly(rank_cases: Path,  # noqa: F811
+                                                  tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(rank_cases / "megatron", run)
+    (run / "common.pt").write_bytes(b"not a checkpoint at all")
+    report = torchless.scan(run)
+    assert not report.ok
+    assert any("common.pt" in str(a) for a in report.files[0].anomalies)
+
+
+def test_merge_is_megatrons() -> None:
+    """dict_utils.merge: dicts key by key, equal-length lists item by item, a value on both
+    sides refused (hand-made inputs: what the Megatron source says it does)."""
+    assert merge({"a": 1, "b": {"x": 1}}, {"b": {"y": 2}, "c": 3}) == {
+        "a": 1, "b": {"x": 1, "y": 2}, "c": 3}
+    assert merge([{"a": 1}], [{"b": 2}]) == [{"a": 1, "b": 2}]
+    with pytest.raises(FormatError, match="lengths 1 and 2"):
+        merge({"l": [1]}, {"l": [1, 2]})
+    with pytest.raises(FormatError, match=r"both hold a value at \['iteration'\]"):
+        merge({"iteration": 1}, {"iteration": 2})
