@@ -307,6 +307,40 @@ def test_every_registered_layout_passes_the_contract() -> None:
     assert set(registry.layouts()) <= tested, set(registry.layouts()) - tested
 
 
+class TestRanks(ContainerContract):
+    """A directory of verl's per-rank files for one rank (plain tensors; the DTensor
+    pieces of two ranks are in test_ranks.py)."""
+
+    format = "ranks"
+    layout = "ranks"
+    member = "model_world_size_1_rank_0.pt"
+
+    def make(self, torch: Any, path: Path) -> None:
+        path.mkdir()
+        torch.save(_state(torch), path / self.member)
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("ranks", "ranks")
+            assert ckpt.info["era"] and ckpt.info["world_size"] == 1
+            assert list(ckpt.tensors) == ["w", "b"]
+            np.testing.assert_array_equal(ckpt.numpy("w"), W)
+            np.testing.assert_array_equal(ckpt.numpy("b"), B)
+        loaded = torchless.load(file)
+        np.testing.assert_array_equal(loaded["model"]["w"], W)
+        np.testing.assert_array_equal(loaded["model"]["b"], B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        _truncations_refused(file, self.member, step=7)
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        part = file / self.member
+        part.write_bytes(part.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.FormatError) as info:
+            torchless.load(file)
+        assert info.value.member == self.member
+
+
 class TestZero(ContainerContract):
     """A DeepSpeed ZeRO-2 directory of one rank, written with torch.save in DeepSpeed's
     layout (the DeepSpeed-written cases are in test_zero.py): ``w`` from the flat fp32

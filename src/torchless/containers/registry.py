@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from torchless.containers import dcp, dcpst, zero
+from torchless.containers import dcp, dcpst, ranks, zero
 from torchless.containers.base import Container, PlainPickle, plain_regions
 from torchless.containers.dcpregions import dcp_regions
 from torchless.containers.legacy import LegacyStream, legacy_regions
@@ -166,4 +166,7 @@ register(DirectoryLayout("dcp-hf", dcpst.is_hf_sharded_dir,
                          "each file"))
 register(DirectoryLayout("zero", zero.is_zero_dir,
                          lambda p, lim, crc: zero.ZeroDirectory(p, lim, verify_crc=crc),
+                         "each file"))
+register(DirectoryLayout("ranks", ranks.is_rank_dir,
+                         lambda p, lim, crc: ranks.RankDirectory(p, lim, verify_crc=crc),
                          "each file"))

@@ -235,6 +235,10 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
         return (f"DeepSpeed ZeRO-{info.get('zero_stage')} checkpoint ({info.get('tag')}, "
                 f"{info.get('world_size')} ranks): fp32 master weights consolidated from the "
                 "optimizer partitions")
+    if fmt == "ranks":
+        return (f"per-rank torch.save files of {info.get('world_size')} ranks (verl / FSDP): "
+                f"{info.get('distributed_tensors')} distributed tensors put together from "
+                "their pieces")
     records = set(info.get("records", ()))
     if fmt == "torchscript":
         return "TorchScript archive written by torch.jit.save (torch >= 1.0)"

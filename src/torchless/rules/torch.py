@@ -27,6 +27,7 @@ from torchless.pickle.known import Known
 from torchless.pickle.machine import Resolver
 from torchless.pickle.values import Global, Opaque
 from torchless.rules import kinds as _kinds
+from torchless.rules.dtensor import DTENSOR_CLASSES, dtensor_piece
 
 __all__ = ["UNSUPPORTED_ELSEWHERE", "UNSUPPORTED_TENSORS", "TorchRules"]
 
@@ -150,6 +151,9 @@ class TorchRules(Resolver):
         if not isinstance(args, tuple):
             raise PickleError(f"{f}: arguments are not a tuple")
         value = self.call(func, args, -1)
+        if isinstance(value, UnsupportedTensor) and isinstance(new_type, Global) and \
+                (new_type.module, new_type.name) in DTENSOR_CLASSES and len(a) == 4:
+            return dtensor_piece(a[3])  # one rank's piece, read as data
         if isinstance(value, TensorRecord) and len(a) == 4:  # a jagged tensor's __dict__
             value.fields["attrs"] = _record_attrs(value, _attrs(f, a[3]))
         if isinstance(value, Tensor):
