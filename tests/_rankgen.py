@@ -1,8 +1,8 @@
 """Writes the per-rank checkpoints the rank-file and Megatron tests read, with torch itself:
 run as ``python -m tests._rankgen OUT`` (a subprocess: torch.distributed state stays out of
 the test process). One spawn of two CPU (gloo) processes writes every case; each oracle is
-torch's own assembly of the full tensors (``DTensor.full_tensor()``, FSDP1's
-``FULL_STATE_DICT``), saved beside the case:
+torch's own assembly of the full tensors (``DTensor.full_tensor()``,
+``ShardedTensor.gather``), saved beside the case:
 
     OUT/megatron/      what Megatron-Core's ``dist_checkpointing.save`` writes with the
                        ``torch_dist`` backend and TP=2 (Megatron-Core is not installed here;
@@ -20,11 +20,14 @@ torch's own assembly of the full tensors (``DTensor.full_tensor()``, FSDP1's
     OUT/verl/          verl's FSDP2 checkpoint: ``model_world_size_2_rank_R.pt``, each
                        ``torch.save(model.state_dict())`` of a ``fully_shard`` model
                        (DTensors, ``Shard(0)``), plus a ``Replicate`` DTensor and a
-                       ``Shard(1)`` one in the same files
+                       ``Shard(1)`` one in the same files; ``optim_world_size_2_rank_R.pt``
+                       (the optimizer's state dict: DTensor moments) and
+                       ``extra_state_world_size_2_rank_R.pt`` beside them, as verl saves
     OUT/verl.ref.safetensors  the full tensors (``full_tensor()``)
+    OUT/verl.optim.ref.safetensors  the full moments by ``<param index>.<name>``
     OUT/fsdp1/         FSDP1 ``SHARDED_STATE_DICT`` (ShardedTensors) saved with
                        ``torch.save`` per rank: ``model_world_size_2_rank_R.pt``
-    OUT/fsdp1.ref.safetensors the ``FULL_STATE_DICT`` of the same model
+    OUT/fsdp1.ref.safetensors the full tensors (``ShardedTensor.gather``)
 """
 
 from __future__ import annotations
@@ -124,15 +127,23 @@ def _verl(rank: int, out: str, mesh: Any) -> None:
                                          mesh, [Shard(1)])
     os.makedirs(f"{out}/verl", exist_ok=True)
     torch.save(sd, f"{out}/verl/model_world_size_{WORLD}_rank_{rank}.pt")
+    osd = optim.state_dict()
+    torch.save(osd, f"{out}/verl/optim_world_size_{WORLD}_rank_{rank}.pt")
+    torch.save({"lr_scheduler": {"last_epoch": 1}, "rng": {"cpu": torch.get_rng_state()}},
+               f"{out}/verl/extra_state_world_size_{WORLD}_rank_{rank}.pt")
     full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in sd.items()}
+    moments = {f"{i}.{k}": v.full_tensor() for i, state in osd["state"].items()
+               for k, v in state.items() if hasattr(v, "full_tensor")}
     if rank == 0:
         save_file({k: v.contiguous() for k, v in full.items()}, f"{out}/verl.ref.safetensors")
+        save_file(moments, f"{out}/verl.optim.ref.safetensors")
 
 
 def _fsdp1(rank: int, out: str) -> None:
     from safetensors.torch import save_file
-    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
 
     torch.manual_seed(0)
     model = FSDP(Tiny(), use_orig_params=True, device_id=torch.device("cpu"))
@@ -143,9 +154,13 @@ def _fsdp1(rank: int, out: str) -> None:
         sd = model.state_dict()
     os.makedirs(f"{out}/fsdp1", exist_ok=True)
     torch.save(sd, f"{out}/fsdp1/model_world_size_{WORLD}_rank_{rank}.pt")
-    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                              FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
-        full = model.state_dict()
+    full = {}
+    for name, value in sd.items():  # ShardedTensor.gather: torch's own assembly
+        if isinstance(value, ShardedTensor):
+            whole = torch.empty(value.size(), dtype=value.dtype) if rank == 0 else None
+            value.gather(dst=0, out=whole)
+            value = whole
+        full[name] = value
     if rank == 0:
         save_file({k: v.contiguous() for k, v in full.items()}, f"{out}/fsdp1.ref.safetensors")
 
@@ -161,6 +176,7 @@ def _worker(rank: int, out: str, port: str) -> None:
             warnings.simplefilter("ignore")
             _megatron(rank, out, mesh)
             _verl(rank, out, mesh)
+            _fsdp1(rank, out)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -1,6 +1,7 @@
-"""Directories of per-rank ``torch.save`` files of DTensors (verl's FSDP2 checkpoints,
-written by :mod:`tests._rankgen` with torch itself, 2 gloo ranks): the tensors equal
-torch's own ``DTensor.full_tensor()`` byte for byte, ``convert`` writes them, and one rank
+"""Directories of per-rank ``torch.save`` files of DTensors (verl's FSDP2 checkpoints) and
+ShardedTensors (FSDP1's ``SHARDED_STATE_DICT``), written by :mod:`tests._rankgen` with torch
+itself, 2 gloo ranks: the tensors equal torch's own ``DTensor.full_tensor()`` /
+``ShardedTensor.gather`` byte for byte, ``convert`` writes them, and one rank
 file alone says what its pieces are instead of passing a piece off as the tensor."""
 
 from __future__ import annotations
@@ -22,19 +23,39 @@ def _bytes(t: Any, torch: Any) -> bytes:
     return bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-def test_tensors_equal_full_tensor(rank_cases: Path, torch: Any) -> None:  # noqa: F811
+@pytest.mark.parametrize(("case", "placed"), [("verl", 7), ("fsdp1", 5)])
+def test_tensors_equal_torchs_assembly(rank_cases: Path, torch: Any,  # noqa: F811
+                                       case: str, placed: int) -> None:
     from safetensors.torch import load_file
 
-    ref = load_file(str(rank_cases / "verl.ref.safetensors"))
-    with torchless.open(rank_cases / "verl") as ckpt:
+    ref = load_file(str(rank_cases / f"{case}.ref.safetensors"))
+    with torchless.open(rank_cases / case) as ckpt:
         assert ckpt.format == "ranks"
-        assert ckpt.info["world_size"] == 2 and ckpt.info["distributed_tensors"] == 7
+        assert ckpt.info["world_size"] == 2
+        # the model's pieces, and (verl) the optimizer's moments
+        assert ckpt.info["distributed_tensors"] >= placed
         assert set(ckpt.tensors) == set(ref)
         for name, want in ref.items():
             got = ckpt.tensors[name]
             assert got.shape == tuple(want.shape), name
             assert got.dtype.name == str(want.dtype).removeprefix("torch."), name
             assert got.numpy().tobytes() == _bytes(want, torch), name
+
+
+def test_load_puts_the_optimizer_moments_together(rank_cases: Path,  # noqa: F811
+                                                  torch: Any) -> None:
+    from safetensors.torch import load_file
+
+    ref = load_file(str(rank_cases / "verl.optim.ref.safetensors"))
+    tree = torchless.load(rank_cases / "verl")
+    assert set(tree) == {"model", "optimizer", "extra_state"}
+    state = tree["optimizer"]["state"]
+    assert len(ref) == 2 * len(state) > 0
+    for key, want in ref.items():
+        index, name = key.split(".")
+        got = state[int(index)][name]
+        assert got.shape == tuple(want.shape) and got.tobytes() == _bytes(want, torch), key
+    assert tree["extra_state"]["lr_scheduler"] == {"last_epoch": 1}  # rank 0's
 
 
 def test_convert_writes_the_full_tensors(rank_cases: Path, tmp_path: Path,  # noqa: F811
@@ -51,6 +72,9 @@ def test_convert_writes_the_full_tensors(rank_cases: Path, tmp_path: Path,  # no
 
 
 def test_one_rank_file_lists_its_pieces(rank_cases: Path) -> None:  # noqa: F811
+    with torchless.open(rank_cases / "fsdp1" / "model_world_size_2_rank_0.pt") as ckpt:
+        assert ckpt.unsupported["body.weight"].startswith(
+            "ShardedTensor piece (rank 0's 1 local shard(s) of [5, 6]")
     with torchless.open(rank_cases / "verl" / "model_world_size_2_rank_1.pt") as ckpt:
         assert list(ckpt.tensors) == ["scale"]  # the one plain tensor
         assert "emb.weight" in ckpt.unsupported

@@ -5,8 +5,10 @@ checkpointer writes them (``verl/utils/checkpoint/fsdp_checkpoint_manager.py``):
     DIR/optim_world_size_W_rank_R.pt        optimizer.state_dict() on rank R (optional)
     DIR/extra_state_world_size_W_rank_R.pt  scheduler and RNG state of rank R (optional)
 
-Every file is a ``torch.save`` archive read with the caller's rules; each ``DTensor`` in it is
-one rank's piece (:mod:`torchless.model.dtensor`). The object is rank 0's tree with every
+FSDP1's ``SHARDED_STATE_DICT`` saved with ``torch.save`` per rank under the same names
+(``ShardedTensor`` values) reads the same way. Every file is a ``torch.save`` archive read
+with the caller's rules; each ``DTensor`` or ``ShardedTensor`` in it is one rank's piece
+(:mod:`torchless.model.dtensor`). The object is rank 0's tree with every
 piece replaced by the global tensor put together from all ranks' pieces at the same place
 (:func:`~.dcpchunks.assembled`: a lazy tensor streamed chunk by chunk, coverage checked), as
 ``DTensor.full_tensor()`` gathers it: ``{"model": ..., "optimizer": ..., "extra_state":
@@ -25,7 +27,7 @@ from torchless.containers.torchzip import TorchZip
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, FormatError, StorageError, type_phrase
 from torchless.io.source import Source
-from torchless.model.dtensor import DTensorShard
+from torchless.model.dtensor import DistributedPiece, DTensorShard
 from torchless.model.graph import ModuleHook, module_state_dict
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
 from torchless.rules.resolver import TorchResolver
@@ -114,7 +116,7 @@ class RankDirectory:
     def _joined(self, values: list[Any], names: list[str], path: tuple[Any, ...]) -> Any:
         """Rank 0's value with every DTensor piece in it replaced by the global tensor."""
         first = values[0]
-        if isinstance(first, DTensorShard):
+        if isinstance(first, DistributedPiece):
             return self._tensor(values, names, path)
         if isinstance(first, dict):
             out = {}
@@ -133,29 +135,31 @@ class RankDirectory:
     def _tensor(self, values: list[Any], names: list[str], path: tuple[Any, ...]
                 ) -> Tensor | UnsupportedTensor:
         fqn = ".".join(str(p) for p in path)
-        first: DTensorShard = values[0]
+        first: DistributedPiece = values[0]
         for v, name in zip(values, names, strict=True):
-            if not isinstance(v, DTensorShard):
-                raise FormatError(f"{fqn!r} is a DTensor piece on rank 0 but "
+            if not isinstance(v, DistributedPiece) or type(v) is not type(first):
+                raise FormatError(f"{fqn!r} is a distributed tensor's piece on rank 0 but "
                                   f"{type_phrase(v)} in {name}", member=name, hint=_HINT)
-            if (v.shape, v.local.dtype, v.placements, v.mesh) != (
-                    first.shape, first.local.dtype, first.placements, first.mesh):
+            if v.signature() != first.signature():
                 raise FormatError(f"the pieces of {fqn!r} disagree on its global shape, "
                                   "dtype, placements or mesh", member=name, hint=_HINT)
-        if len({v.coordinate for v in values}) != len(values):
+        ids = [v.identity for v in values if v.boxes or isinstance(v, DTensorShard)]
+        if len(set(ids)) != len(ids):
             raise FormatError(f"two rank files hold the same piece of {fqn!r} (the same "
-                              "mesh coordinate)", hint=_HINT)
-        pieces = []
-        for v, name in zip(values, names, strict=True):
-            if not v.primary:
-                continue
-            offsets, sizes = v.box()
-            pieces.append(Piece(Chunk(offsets, sizes), v.local, self._sources.get(name)))
-        meta = TensorMeta(first.local.dtype, first.shape, tuple(p.chunk for p in pieces))
+                              "mesh coordinate or shards)", hint=_HINT)
+        pieces = [Piece(Chunk(offsets, sizes), t, self._sources.get(name))
+                  for v, name in zip(values, names, strict=True)
+                  for offsets, sizes, t in v.boxes]
+        dtypes = {p.tensor.dtype for p in pieces}
+        if len(dtypes) > 1:
+            raise FormatError(f"the pieces of {fqn!r} differ in dtype", hint=_HINT)
+        if not pieces:
+            return UnsupportedTensor("distributed tensor no rank file holds a piece of")
+        meta = TensorMeta(pieces[0].tensor.dtype, first.shape, tuple(p.chunk for p in pieces))
         missing, overlap = coverage(meta)
         if missing or overlap:
-            return UnsupportedTensor(f"DTensor whose pieces in the {len(values)} rank files "
-                                     f"do not tile it ({missing} elements missing"
+            return UnsupportedTensor(f"distributed tensor whose pieces in the {len(values)} "
+                                     f"rank files do not tile it ({missing} elements missing"
                                      f"{', overlapping pieces' if overlap else ''})")
         self.placed += 1
         return assembled(fqn, meta, pieces)

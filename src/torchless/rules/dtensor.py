@@ -19,16 +19,20 @@ import math
 from typing import Any
 
 from torchless.core import dtypes as _dtypes
-from torchless.model.dtensor import REPLICATE, DTensorShard
+from torchless.model.dtensor import REPLICATE, Box, DTensorShard, ShardedTensorPiece
 from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["DTENSOR_CLASSES", "dtensor_piece"]
+__all__ = ["DTENSOR_CLASSES", "SHARDED_TENSOR_CLASSES", "dtensor_piece",
+           "sharded_tensor_piece"]
 
 DTENSOR_CLASSES = frozenset({("torch.distributed.tensor", "DTensor"),
                              ("torch.distributed.tensor._api", "DTensor"),
                              ("torch.distributed._tensor.api", "DTensor"),
                              ("torch.distributed._tensor", "DTensor")})
+SHARDED_TENSOR_CLASSES = frozenset({
+    ("torch.distributed._shard.sharded_tensor.api", "ShardedTensor"),
+    ("torch.distributed._shard.sharded_tensor", "ShardedTensor")})
 _PLACEMENTS = ("torch.distributed.tensor.placement_types",
                "torch.distributed._tensor.placement_types")
 
@@ -37,11 +41,21 @@ class _Bad(Exception):
     pass
 
 
+def _attributes(state: Any) -> Any:
+    """A state as a dict of attributes: ``_get_obj_state``'s ``(__dict__, slots)`` pair
+    (classes with slots) merged, any other value as it is."""
+    if type(state) is tuple and len(state) == 2 and all(p is None or isinstance(p, dict)
+                                                        for p in state):
+        return {k: v for p in state if p is not None for k, v in p.items()}
+    return state
+
+
 def _fields(value: Any, name: str) -> dict[str, Any]:
+    state = _attributes(value.state) if isinstance(value, Opaque) else None
     if not (isinstance(value, Opaque) and isinstance(value.callable, Global)
-            and value.callable.name == name and isinstance(value.state, dict)):
+            and value.callable.name == name and isinstance(state, dict)):
         raise _Bad(f"its {name} is not the record torch writes")
-    return value.state
+    return state
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
@@ -80,11 +94,7 @@ def _mesh(state: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _piece(state: Any) -> DTensorShard:
-    if type(state) is tuple and len(state) == 2:  # _get_obj_state's (__dict__, slots)
-        parts = [p for p in state if p is not None]
-        if not all(isinstance(p, dict) for p in parts):
-            raise _Bad("its state is not the attributes torch writes")
-        state = {k: v for p in parts for k, v in p.items()}
+    state = _attributes(state)
     if not isinstance(state, dict) or not isinstance(state.get("_local_tensor"), Tensor):
         raise _Bad("its state holds no local tensor")
     local: Tensor = state["_local_tensor"]
@@ -115,9 +125,9 @@ def _piece(state: Any) -> DTensorShard:
         raise _Bad(f"its mesh {list(mesh)}, coordinate {list(coordinate)} and "
                    f"{len(dims)} placements do not match")
     piece = DTensorShard(local, shape, dims, mesh, coordinate)
-    if piece.box()[1] != local.shape:
+    if piece.box(shape)[1] != local.shape:
         raise _Bad(f"its local tensor is {list(local.shape)}; its placements give "
-                   f"{list(piece.box()[1])}")
+                   f"{list(piece.box(shape)[1])}")
     return piece
 
 
@@ -128,3 +138,40 @@ def dtensor_piece(state: Any) -> UnsupportedTensor:
         return _piece(state)
     except _Bad as e:
         return UnsupportedTensor(f"DTensor ({e})")
+
+
+def _shards(args: Any, state: Any) -> ShardedTensorPiece:
+    if not isinstance(args, tuple) or len(args) < 3:
+        raise _Bad("its wrapper arguments are not the ones torch writes")
+    shape = _ints(args[2], "global shape")
+    # ShardedTensor.__getstate__: (local_shards, metadata, pg_state, sharding_spec, rrefs)
+    if type(state) is not tuple or len(state) != 5 or not isinstance(state[0], list):
+        raise _Bad("its state is not the one ShardedTensor.__getstate__ writes")
+    boxes: list[Box] = []
+    rank = -1
+    for shard in state[0]:
+        fields = _fields(shard, "Shard")
+        tensor, meta = fields.get("tensor"), _fields(fields.get("metadata"), "ShardMetadata")
+        if not isinstance(tensor, Tensor):
+            raise _Bad("a local shard holds no tensor")
+        offsets = _ints(meta.get("shard_offsets"), "shard offsets")
+        sizes = _ints(meta.get("shard_sizes"), "shard sizes")
+        if len(offsets) != len(shape) or sizes != tensor.shape or any(
+                o + n > d for o, n, d in zip(offsets, sizes, shape, strict=True)):
+            raise _Bad(f"a local shard of {list(tensor.shape)} at {list(offsets)} does not "
+                       f"lie inside {list(shape)}")
+        placement = meta.get("placement")
+        if isinstance(placement, Opaque) and isinstance(_attributes(placement.state), dict):
+            found = _attributes(placement.state).get("_rank")
+            rank = found if type(found) is int else rank
+        boxes.append((offsets, sizes, tensor))
+    return ShardedTensorPiece(shape, boxes, rank)
+
+
+def sharded_tensor_piece(args: Any, state: Any) -> UnsupportedTensor:
+    """A rank's local shards of a ShardedTensor from its pickled wrapper arguments and
+    state, or an unsupported tensor saying why they cannot be placed."""
+    try:
+        return _shards(args, state)
+    except _Bad as e:
+        return UnsupportedTensor(f"ShardedTensor ({e})")
