@@ -27,6 +27,9 @@ torch's own assembly of the full tensors (``DTensor.full_tensor()``,
     OUT/verl.optim.ref.safetensors  the full moments by ``<param index>.<name>``
     OUT/fsdp1/         FSDP1 ``SHARDED_STATE_DICT`` (ShardedTensors) saved with
                        ``torch.save`` per rank: ``model_world_size_2_rank_R.pt``
+    OUT/megatron_legacy/  Megatron-LM's legacy ``--ckpt-format torch`` save, TP=2:
+                       ``latest_checkpointed_iteration.txt`` and
+                       ``iter_0000010/mp_rank_0T/model_optim_rng.pt``
     OUT/fsdp1.ref.safetensors the full tensors (``ShardedTensor.gather``)
 """
 
@@ -165,6 +168,30 @@ def _fsdp1(rank: int, out: str) -> None:
         save_file({k: v.contiguous() for k, v in full.items()}, f"{out}/fsdp1.ref.safetensors")
 
 
+def _megatron_legacy(out: str) -> None:
+    """Megatron-LM's ``--ckpt-format torch`` save with TP=2 (no processes needed: each
+    rank's file is a plain torch.save): ``get_checkpoint_name``'s
+    ``iter_{:07d}/mp_rank_{:02d}/model_optim_rng.pt`` and the tracker file."""
+    g = torch.Generator().manual_seed(3)
+    full = {"embedding.word_embeddings.weight": (torch.randn(10, 8, generator=g), 0),
+            "decoder.layers.0.self_attention.linear_qkv.weight":
+                (torch.randn(12, 8, generator=g), 0),
+            "decoder.layers.0.self_attention.linear_proj.weight":
+                (torch.randn(8, 12, generator=g), 1),
+            "decoder.final_layernorm.weight": (torch.randn(8, generator=g), None)}
+    for tp in range(WORLD):
+        model = {k: t.clone() if axis is None else t.chunk(WORLD, axis)[tp].clone()
+                 for k, (t, axis) in full.items()}
+        state = {"args": argparse.Namespace(tensor_model_parallel_size=WORLD,
+                                            pipeline_model_parallel_size=1),
+                 "checkpoint_version": 3.0, "iteration": 10, "model": model,
+                 "rng_state": [{"torch_rng_state": torch.get_rng_state()}]}
+        where = Path(out, "megatron_legacy", "iter_0000010", f"mp_rank_{tp:02d}")
+        where.mkdir(parents=True)
+        torch.save(state, where / "model_optim_rng.pt")
+    Path(out, "megatron_legacy", "latest_checkpointed_iteration.txt").write_text("10")
+
+
 def _worker(rank: int, out: str, port: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -189,6 +216,7 @@ def main(out: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     mp.spawn(_worker, args=(out, port), nprocs=WORLD, join=True)
+    _megatron_legacy(out)
     Path(out, "done").write_text("ok\n")
 
 

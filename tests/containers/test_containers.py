@@ -341,6 +341,40 @@ class TestRanks(ContainerContract):
         assert info.value.member == self.member
 
 
+class TestMegatronLegacy(ContainerContract):
+    """Megatron-LM's legacy layout with one tensor rank (the TP=2 case is in
+    test_megatron.py): the iteration the tracker file names, each rank's file as saved."""
+
+    format = "megatron-legacy"
+    layout = "megatron-legacy"
+    member = "iter_0000003/mp_rank_00/model_optim_rng.pt"
+
+    def make(self, torch: Any, path: Path) -> None:
+        (path / "iter_0000003" / "mp_rank_00").mkdir(parents=True)
+        (path / "latest_checkpointed_iteration.txt").write_text("3\n")
+        torch.save({"iteration": 3, "model": _state(torch)}, path / self.member)
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("megatron-legacy",
+                                                          "megatron-legacy")
+            assert ckpt.info["era"] and ckpt.info["iteration"] == 3
+            assert list(ckpt.tensors) == ["mp_rank_00.model.w", "mp_rank_00.model.b"]
+            np.testing.assert_array_equal(ckpt.numpy("mp_rank_00.model.w"), W)
+        loaded = torchless.load(file)
+        np.testing.assert_array_equal(loaded["mp_rank_00"]["model"]["b"], B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        _truncations_refused(file, self.member, step=7)
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        part = file / self.member
+        part.write_bytes(part.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.FormatError) as info:
+            torchless.load(file)
+        assert info.value.member == "mp_rank_00/model_optim_rng.pt"
+
+
 class TestZero(ContainerContract):
     """A DeepSpeed ZeRO-2 directory of one rank, written with torch.save in DeepSpeed's
     layout (the DeepSpeed-written cases are in test_zero.py): ``w`` from the flat fp32

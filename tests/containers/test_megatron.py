@@ -86,3 +86,30 @@ def test_merge_is_megatrons() -> None:
         merge({"l": [1]}, {"l": [1, 2]})
     with pytest.raises(FormatError, match=r"both hold a value at \['iteration'\]"):
         merge({"iteration": 1}, {"iteration": 2})
+
+
+def test_legacy_directory_opens_per_rank(rank_cases: Path, torch: Any) -> None:  # noqa: F811
+    """``--ckpt-format torch`` (TP=2): each rank's file as torch.load reads it, under its
+    rank directory's name; the partitions listed, none merged (no split axis is saved)."""
+    root = rank_cases / "megatron_legacy"
+    for path in (root, root / "iter_0000010"):  # the tracker file, or the iteration
+        with torchless.open(path) as ckpt:
+            assert ckpt.format == "megatron-legacy"
+            assert (ckpt.info["iteration"], ckpt.info["tensor_parallel"],
+                    ckpt.info["pipeline_parallel"]) == (10, 2, 1)
+            for rank in ("mp_rank_00", "mp_rank_01"):
+                want = torch.load(root / "iter_0000010" / rank / "model_optim_rng.pt",
+                                  weights_only=False)
+                for name, t in want["model"].items():
+                    got = ckpt.tensors[f"{rank}.model.{name}"].numpy()
+                    assert got.tobytes() == t.numpy().tobytes(), (rank, name)
+            parts = ckpt.info["partitions"]
+            assert parts["decoder.layers.0.self_attention.linear_proj.weight"] == [[8, 6],
+                                                                                  [8, 6]]
+            assert parts["decoder.final_layernorm.weight"] == [[8], [8]]
+            assert ckpt.info["unplaced"] == sorted(parts)
+            assert "not merged" in ckpt.info["era"]
+    tree = torchless.load(root)
+    assert set(tree) == {"mp_rank_00", "mp_rank_01"}
+    assert tree["mp_rank_01"]["iteration"] == 10
+    assert torchless.scan(root).ok

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from torchless.containers import dcp, dcpst, ranks, zero
+from torchless.containers import dcp, dcpst, megatronlegacy, ranks, zero
 from torchless.containers.base import Container, PlainPickle, plain_regions
 from torchless.containers.dcpregions import dcp_regions
 from torchless.containers.legacy import LegacyStream, legacy_regions
@@ -169,4 +169,8 @@ register(DirectoryLayout("zero", zero.is_zero_dir,
                          "each file"))
 register(DirectoryLayout("ranks", ranks.is_rank_dir,
                          lambda p, lim, crc: ranks.RankDirectory(p, lim, verify_crc=crc),
+                         "each file"))
+register(DirectoryLayout("megatron-legacy", megatronlegacy.is_megatron_legacy_dir,
+                         lambda p, lim, crc: megatronlegacy.MegatronLegacyDirectory(
+                             p, lim, verify_crc=crc),
                          "each file"))

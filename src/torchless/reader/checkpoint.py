@@ -235,6 +235,11 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
         return (f"DeepSpeed ZeRO-{info.get('zero_stage')} checkpoint ({info.get('tag')}, "
                 f"{info.get('world_size')} ranks): fp32 master weights consolidated from the "
                 "optimizer partitions")
+    if fmt == "megatron-legacy":
+        return (f"Megatron-LM legacy checkpoint (iteration {info.get('iteration')}, "
+                f"TP={info.get('tensor_parallel')}, PP={info.get('pipeline_parallel')}): each "
+                "rank's file as saved; its tensor-parallel partitions are not merged (the "
+                "files record no split axis)")
     if fmt == "ranks":
         return (f"per-rank torch.save files of {info.get('world_size')} ranks (verl / FSDP): "
                 f"{info.get('distributed_tensors')} distributed tensors put together from "
