@@ -100,3 +100,9 @@ def test_rank_files_disagreeing_is_refused(rank_cases: Path, tmp_path: Path) -> 
     shutil.copy(run / "model_world_size_2_rank_1.pt", run / "model_world_size_2_rank_0.pt")
     with pytest.raises(torchless.FormatError, match="the same piece"):
         torchless.load(run)
+
+
+def test_global_size_is_limited(rank_cases: Path) -> None:  # noqa: F811
+    with pytest.raises(torchless.LimitError,
+                       match=r"max_tensor_bytes=100 exceeded: 168 \(emb\.weight\)"):
+        torchless.open(rank_cases / "verl", limits=torchless.Limits(max_tensor_bytes=100))

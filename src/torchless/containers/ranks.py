@@ -17,6 +17,7 @@ piece replaced by the global tensor put together from all ranks' pieces at the s
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any
@@ -25,7 +26,13 @@ from torchless.containers.dcpchunks import Piece, assembled, coverage
 from torchless.containers.dcpmeta import Chunk, TensorMeta
 from torchless.containers.torchzip import TorchZip
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, FormatError, StorageError, type_phrase
+from torchless.errors import (
+    CheckpointError,
+    FormatError,
+    LimitError,
+    StorageError,
+    type_phrase,
+)
 from torchless.io.source import Source
 from torchless.model.dtensor import DistributedPiece, DTensorShard
 from torchless.model.graph import ModuleHook, module_state_dict
@@ -156,6 +163,11 @@ class RankDirectory:
         if not pieces:
             return UnsupportedTensor("distributed tensor no rank file holds a piece of")
         meta = TensorMeta(pieces[0].tensor.dtype, first.shape, tuple(p.chunk for p in pieces))
+        if len(meta.size) > self.limits.max_ndim:
+            raise LimitError("max_ndim", self.limits.max_ndim, len(meta.size), fqn)
+        nbytes = math.prod(meta.size) * meta.dtype.itemsize
+        if nbytes > self.limits.max_tensor_bytes:
+            raise LimitError("max_tensor_bytes", self.limits.max_tensor_bytes, nbytes, fqn)
         missing, overlap = coverage(meta)
         if missing or overlap:
             return UnsupportedTensor(f"distributed tensor whose pieces in the {len(values)} "
