@@ -106,3 +106,13 @@ def test_global_size_is_limited(rank_cases: Path) -> None:  # noqa: F811
     with pytest.raises(torchless.LimitError,
                        match=r"max_tensor_bytes=100 exceeded: 168 \(emb\.weight\)"):
         torchless.open(rank_cases / "verl", limits=torchless.Limits(max_tensor_bytes=100))
+
+
+@pytest.mark.parametrize("case", ["verl", "fsdp1"])
+def test_rank_files_scan_clean(rank_cases: Path, case: str) -> None:  # noqa: F811
+    """The torch.distributed records a DTensor or ShardedTensor pickles (spec, mesh,
+    placements, shard metadata) are vetted plain data: every rank file scans clean."""
+    report = torchless.scan(rank_cases / case)
+    counts = report.counts()
+    assert counts["clean"] == len(report.files) >= 2, counts
+    assert report.ok and report.exit_code == 0
