@@ -53,6 +53,28 @@ from torch import nn
 WORLD = 2
 
 
+def fake_megatron() -> Any:
+    """Megatron-Core's ``AttnBackend`` (megatron/core/transformer/enums.py: a plain
+    ``enum.Enum``) under its own module name, so that pickle writes what a real run's args
+    hold (``GLOBAL 'megatron.core.transformer.enums AttnBackend'``) and torch.load reads it
+    back, without Megatron installed."""
+    import enum
+    import types
+
+    found = sys.modules.get("megatron.core.transformer.enums")
+    if found is not None:
+        return found.AttnBackend
+    names = ("megatron", "megatron.core", "megatron.core.transformer",
+             "megatron.core.transformer.enums")
+    for name in names:
+        sys.modules.setdefault(name, types.ModuleType(name))
+    module = sys.modules[names[-1]]
+    backend = enum.Enum("AttnBackend", {"flash": 1, "fused": 2, "unfused": 3, "local": 4,
+                                        "auto": 5}, module=names[-1])
+    module.AttnBackend = backend  # type: ignore[attr-defined]
+    return backend
+
+
 class Tiny(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -98,7 +120,8 @@ def _megatron(rank: int, out: str, mesh: Any) -> None:
              planner=MCoreSavePlanner(flatten_state_dict=False))
     if rank == 0:
         args = argparse.Namespace(num_layers=2, hidden_size=8, tensor_model_parallel_size=2,
-                                  params_dtype=torch.bfloat16, ckpt_format="torch_dist")
+                                  params_dtype=torch.bfloat16, ckpt_format="torch_dist",
+                                  attention_backend=fake_megatron().auto)
         common = {"args": args, "checkpoint_version": 3.0, "iteration": 10,
                   "opt_param_scheduler": {"max_lr": 0.001, "num_steps": 40},
                   "num_floating_point_operations_so_far": 123456789}

@@ -14,18 +14,22 @@ import pytest
 
 import torchless
 from tests._rankfixture import rank_cases  # noqa: F401 - the session fixture
+from tests._rankgen import fake_megatron
 from torchless.containers.megatron import merge
 from torchless.errors import FormatError, StorageError
 
 
 def test_load_merges_common_pt(rank_cases: Path, torch: Any) -> None:  # noqa: F811
     tree = torchless.load(rank_cases / "megatron")
+    fake_megatron()  # the args' AttnBackend enum, for torch.load
     common = torch.load(rank_cases / "megatron" / "common.pt", weights_only=False)
     full = torch.load(rank_cases / "megatron.full.pt")
     assert set(tree) == set(common) | set(full) | {"rng_state/shard_0.0_1.2",
                                                    "rng_state/shard_0.1_1.2"}
     assert vars(tree["args"]).keys() == vars(common["args"]).keys()
     assert tree["args"].num_layers == common["args"].num_layers == 2
+    assert common["args"].attention_backend.value == 5  # an enum: torchless keeps a record
+    assert "AttnBackend" in repr(tree["args"].attention_backend)
     for key in ("iteration", "checkpoint_version", "opt_param_scheduler",
                 "num_floating_point_operations_so_far"):
         assert tree[key] == common[key], key
@@ -50,6 +54,8 @@ def test_info_names_megatron(rank_cases: Path) -> None:  # noqa: F811
 
 
 def test_scans_clean(rank_cases: Path) -> None:  # noqa: F811
+    """common.pt (its args hold Megatron's AttnBackend enum, vetted) and metadata.json are
+    the standard files: the directory scans clean."""
     report = torchless.scan(rank_cases / "megatron")
     assert report.ok and report.exit_code == 0, report.files
     assert report.counts()["clean"] == 1

@@ -150,6 +150,10 @@ for _m, _names in {
     "pytorch_lightning.trainer.states": ("TrainerFn", "TrainerStatus", "RunningStage"),
     "lightning.fabric.utilities.enums": ("LightningEnum",),
     "omegaconf.base": ("SCMode",),
+    # Megatron-Core's args (common.pt, model_optim_rng.pt) hold its plain enums
+    "megatron.core.transformer.enums": ("ModelType", "LayerType", "AttnType", "AttnMaskType",
+                                        "AttnBackend", "CudaGraphScope"),
+    "megatron.core.enums": ("ModelType", "Fp8Recipe"),
 }.items():
     for _n in _names:
         CALLS[f"{_m}.{_n}"] = _ENUM
