@@ -40,7 +40,8 @@ def local_box(shape: tuple[int, ...], placements: tuple[int, ...], mesh: tuple[i
         else:
             size = min(cur, start + full) - start
         sizes[d] = size
-        offsets[d] += start
+        # an empty piece starts at the end of the dimension, as torch places it
+        offsets[d] = shape[d] if size == 0 else offsets[d] + start
     return tuple(offsets), tuple(sizes)
 
 
