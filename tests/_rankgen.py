@@ -17,6 +17,8 @@ torch's own assembly of the full tensors (``DTensor.full_tensor()``,
                        iteration, args as an ``argparse.Namespace``, checkpoint_version,
                        the scheduler) and ``metadata.json``
     OUT/megatron.full.pt   the full tensors by key (``full_tensor()``)
+    OUT/megatron_run/  the run's directory: ``latest_checkpointed_iteration.txt`` ("10") and
+                       ``iter_0000010/``, a copy of ``megatron/``
     OUT/verl/          verl's FSDP2 checkpoint: ``model_world_size_2_rank_R.pt``, each
                        ``torch.save(model.state_dict())`` of a ``fully_shard`` model
                        (DTensors, ``Shard(0)``), plus a ``Replicate`` DTensor and a
@@ -39,6 +41,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import socket
 import sys
 import warnings
@@ -240,6 +243,9 @@ def main(out: str) -> None:
         port = str(s.getsockname()[1])
     mp.spawn(_worker, args=(out, port), nprocs=WORLD, join=True)
     _megatron_legacy(out)
+    # a run's directory: the tracker file naming the torch_dist save
+    shutil.copytree(f"{out}/megatron", f"{out}/megatron_run/iter_0000010")
+    Path(out, "megatron_run", "latest_checkpointed_iteration.txt").write_text("10")
     Path(out, "done").write_text("ok\n")
 
 

@@ -341,6 +341,50 @@ class TestRanks(ContainerContract):
         assert info.value.member == self.member
 
 
+class TestMegatronDist(ContainerContract):
+    """A Megatron-Core run directory (the tracker file naming a ``torch_dist`` save: DCP,
+    ``common.pt``, ``metadata.json``; the TP=2 case is in test_megatron.py): the tensors and
+    common.pt's state merged, as Megatron's loader merges them."""
+
+    format = "dcp"
+    layout = "megatron-dist"
+    member = "iter_0000001/common.pt"
+
+    def make(self, torch: Any, path: Path) -> None:
+        import json
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        save = path / "iter_0000001"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(_state(torch), checkpoint_id=str(save), no_dist=True)
+        torch.save({"iteration": 1, "checkpoint_version": 3.0}, save / "common.pt")
+        (save / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+        (path / "latest_checkpointed_iteration.txt").write_text("1")
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("dcp", "megatron-dist")
+            assert ckpt.info["era"].startswith("Megatron-Core dist checkpoint")
+            assert list(ckpt.tensors) == ["w", "b"]
+            np.testing.assert_array_equal(ckpt.numpy("w"), W)
+        loaded = torchless.load(file)
+        assert (loaded["iteration"], loaded["checkpoint_version"]) == (1, 3.0)
+        np.testing.assert_array_equal(loaded["b"], B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        _truncations_refused(file, self.member, step=3)
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        common = file / self.member
+        common.write_bytes(common.read_bytes() + b"\x00junk")
+        with pytest.raises((torchless.FormatError, torchless.PickleError)) as info:
+            torchless.load(file)
+        assert info.value.member == "common.pt"
+
+
 class TestMegatronLegacy(ContainerContract):
     """Megatron-LM's legacy layout with one tensor rank (the TP=2 case is in
     test_megatron.py): the iteration the tracker file names, each rank's file as saved."""

@@ -53,6 +53,18 @@ def test_info_names_megatron(rank_cases: Path) -> None:  # noqa: F811
         assert ckpt.info["era"].startswith("Megatron-Core dist checkpoint (torch_dist")
 
 
+def test_run_directory_opens_the_tracked_save(rank_cases: Path) -> None:  # noqa: F811
+    run = rank_cases / "megatron_run"
+    with torchless.open(run) as ckpt, torchless.open(rank_cases / "megatron") as save:
+        assert ckpt.info["layout"] == "megatron-dist" and ckpt.format == "dcp"
+        assert list(ckpt.tensors) == list(save.tensors)
+        for name, t in save.tensors.items():
+            assert ckpt.tensors[name].numpy().tobytes() == t.numpy().tobytes(), name
+    assert torchless.load(run)["iteration"] == 10
+    report = torchless.scan(run)
+    assert report.ok and report.counts()["clean"] == 1, report.files
+
+
 def test_scans_clean(rank_cases: Path) -> None:  # noqa: F811
     """common.pt (its args hold Megatron's AttnBackend enum, vetted) and metadata.json are
     the standard files: the directory scans clean."""

@@ -163,10 +163,10 @@ class DcpDirectory:
             raise StorageError(f"{megatron.COMMON_NAME} is missing: Megatron-Core's "
                                "loader starts from it (metadata.json names the torch common "
                                "backend)", hint=_HINT)
-        src = Source(full)
-        self._others.append(src)
-        self._current = TorchZip(src, self.limits, verify_crc=self.verify_crc)
         try:
+            src = Source(full)
+            self._others.append(src)
+            self._current = TorchZip(src, self.limits, verify_crc=self.verify_crc)
             common = self._current.load(resolver)
         except CheckpointError as e:
             raise e.add_context(member=megatron.COMMON_NAME) from None

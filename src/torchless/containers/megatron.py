@@ -12,7 +12,8 @@
 loaded sharded state into it with ``dict_utils.merge``: dicts key by key, lists of equal
 length item by item, and any other value present on both sides is an error. The sharded
 state is the DCP directory's tree under its ShardedTensor keys (what
-``load_plain_tensors`` loads without a model to name them).
+``load_plain_tensors`` loads without a model to name them). A run's directory opens as the
+save its ``latest_checkpointed_iteration.txt`` names.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ from typing import Any
 
 from torchless.errors import FormatError, type_phrase
 
-__all__ = ["COMMON_NAME", "CONFIG_NAME", "config", "merge", "reads_common"]
+__all__ = ["COMMON_NAME", "CONFIG_NAME", "TRACKER", "config", "merge", "reads_common",
+           "tracked_dir", "tracked_dist_dir"]
 
 COMMON_NAME = "common.pt"
 CONFIG_NAME = "metadata.json"
+#: The file in a run's checkpoint directory naming its last save (training/checkpointing.py
+#: ``get_checkpoint_tracker_filename``): an iteration, or "release".
+TRACKER = "latest_checkpointed_iteration.txt"
 #: Largest metadata.json read (Megatron writes four short fields).
 _MAX_CONFIG_BYTES = 1 << 16
 
@@ -45,6 +50,30 @@ def config(path: str) -> dict[str, Any] | None:
     if not isinstance(value, dict) or not isinstance(value.get("sharded_backend"), str):
         return None
     return value
+
+
+def tracked_dir(path: str) -> str | None:
+    """The save the tracker file of the run directory ``path`` names (``iter_0000010`` for
+    "10", ``release``), when it is a directory; None otherwise."""
+    tracker = os.path.join(path, TRACKER)
+    try:
+        with open(tracker, "rb") as f:
+            text = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    name = "release" if text == "release" else (
+        f"iter_{int(text):07d}" if text.isdigit() and len(text) <= 12 else None)
+    inner = os.path.join(path, name) if name is not None else None
+    return inner if inner is not None and os.path.isdir(inner) else None
+
+
+def tracked_dist_dir(path: str) -> str | None:
+    """The ``torch_dist`` save (a DCP directory with Megatron's config) the tracker file of
+    ``path`` names, or None."""
+    inner = tracked_dir(path)
+    if inner is None or config(inner) is None:
+        return None
+    return inner if os.path.isfile(os.path.join(inner, ".metadata")) else None
 
 
 def reads_common(cfg: dict[str, Any] | None) -> bool:

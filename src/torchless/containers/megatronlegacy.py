@@ -20,6 +20,7 @@ import os
 import re
 from typing import Any
 
+from torchless.containers.megatron import tracked_dir
 from torchless.containers.torchzip import TorchZip
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, NotACheckpointError, StorageError
@@ -30,7 +31,6 @@ from torchless.rules.resolver import TorchResolver
 
 __all__ = ["MegatronLegacyDirectory", "is_megatron_legacy_dir"]
 
-TRACKER = "latest_checkpointed_iteration.txt"
 FILE = "model_optim_rng.pt"
 _RANK = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?\Z")
 
@@ -45,24 +45,12 @@ def _rank_dirs(path: str) -> list[str]:
 
 
 def _iteration_dir(path: str) -> str | None:
-    """The directory holding the rank directories: ``path`` itself, or the iteration the
-    tracker file names."""
+    """The directory holding the rank directories: ``path`` itself, or the save the tracker
+    file names."""
     if _rank_dirs(path):
         return path
-    tracker = os.path.join(path, TRACKER)
-    if not os.path.isfile(tracker):
-        return None
-    try:
-        with open(tracker, "rb") as f:
-            text = f.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    name = "release" if text == "release" else (
-        f"iter_{int(text):07d}" if text.isdigit() and len(text) <= 12 else None)
-    if name is None:
-        return None
-    inner = os.path.join(path, name)
-    return inner if _rank_dirs(inner) else None
+    inner = tracked_dir(path)
+    return inner if inner is not None and _rank_dirs(inner) else None
 
 
 def is_megatron_legacy_dir(path: str) -> bool:

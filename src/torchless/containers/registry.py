@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from torchless.containers import dcp, dcpst, megatronlegacy, ranks, zero
+from torchless.containers import dcp, dcpst, megatron, megatronlegacy, ranks, zero
 from torchless.containers.base import Container, PlainPickle, plain_regions
 from torchless.containers.dcpregions import dcp_regions
 from torchless.containers.legacy import LegacyStream, legacy_regions
@@ -174,3 +174,8 @@ register(DirectoryLayout("megatron-legacy", megatronlegacy.is_megatron_legacy_di
                          lambda p, lim, crc: megatronlegacy.MegatronLegacyDirectory(
                              p, lim, verify_crc=crc),
                          "each file"))
+register(DirectoryLayout("megatron-dist", lambda p: megatron.tracked_dist_dir(p) is not None,
+                         lambda p, lim, crc: dcp.DcpDirectory(
+                             megatron.tracked_dist_dir(p) or p, lim, verify_crc=crc),
+                         lambda p, lim, sink: dcp_regions(megatron.tracked_dist_dir(p) or p,
+                                                          lim, sink)))
