@@ -16,6 +16,8 @@ torch's own assembly of the full tensors (``DTensor.full_tensor()``,
                        ``common.pt`` (rank 0's ``torch.save`` of the non-sharded state:
                        iteration, args as an ``argparse.Namespace``, checkpoint_version,
                        the scheduler) and ``metadata.json``
+    OUT/megatron_mcore_metadata/  the same save with Megatron-Core 0.15's ``MCoreMetadata``
+                       (DCP's Metadata subclass with ``mcore_data``) as its ``.metadata``
     OUT/megatron.full.pt   the full tensors by key (``full_tensor()``)
     OUT/megatron_run/  the run's directory: ``latest_checkpointed_iteration.txt`` ("10") and
                        ``iter_0000010/``, a copy of ``megatron/``
@@ -90,15 +92,52 @@ class Tiny(nn.Module):
         return self.head(torch.relu(self.body(self.emb(x)))) * self.scale
 
 
+def fake_megatron_metadata() -> Any:
+    """Megatron-Core 0.15's ``MCoreMetadata`` (a dataclass subclass of DCP's ``Metadata``
+    with ``mcore_data``) under its own module name, as :func:`fake_megatron` does."""
+    import dataclasses
+    import types
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    name = "megatron.core.dist_checkpointing.strategies.torch"
+    module = sys.modules.get(name)
+    if module is not None:
+        return module.MCoreMetadata
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    module = sys.modules[name]
+
+    @dataclasses.dataclass
+    class MCoreMetadata(Metadata):
+        mcore_data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    MCoreMetadata.__module__, MCoreMetadata.__qualname__ = name, "MCoreMetadata"
+    module.MCoreMetadata = MCoreMetadata  # type: ignore[attr-defined]
+    return MCoreMetadata
+
+
 def _megatron(rank: int, out: str, mesh: Any) -> None:
     from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     class MCoreSavePlanner(DefaultSavePlanner):
-        """Megatron's planner: ShardedObjects are already torch.save'd into a BytesIO."""
+        """Megatron's planner: ShardedObjects are already torch.save'd into a BytesIO; with
+        ``mcore_metadata``, the global metadata is an ``MCoreMetadata``."""
+
+        def __init__(self, *args: Any, mcore_metadata: bool = False, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.mcore_metadata = mcore_metadata
 
         def transform_object(self, write_item: Any, obj: Any) -> Any:
             return obj
+
+        def create_global_plan(self, all_plans: Any) -> Any:
+            plans, metadata = super().create_global_plan(all_plans)
+            if self.mcore_metadata:
+                metadata = fake_megatron_metadata()(mcore_data={}, **vars(metadata))
+            return plans, metadata
 
     g = torch.Generator().manual_seed(1)
     # TP=2: column-parallel weights split on dim 0, row-parallel on dim 1, layernorms
@@ -121,6 +160,11 @@ def _megatron(rank: int, out: str, mesh: Any) -> None:
     state[f"rng_state/shard_0.{rank}_1.{WORLD}"] = rng
     dcp.save(state, checkpoint_id=f"{out}/megatron",
              planner=MCoreSavePlanner(flatten_state_dict=False))
+    # Megatron-Core 0.15's planner writes its own Metadata subclass with ``mcore_data``
+    # (every rank knows the class: the plans and metadata travel between them pickled)
+    fake_megatron_metadata()
+    dcp.save(state, checkpoint_id=f"{out}/megatron_mcore_metadata",
+             planner=MCoreSavePlanner(flatten_state_dict=False, mcore_metadata=True))
     if rank == 0:
         args = argparse.Namespace(num_layers=2, hidden_size=8, tensor_model_parallel_size=2,
                                   params_dtype=torch.bfloat16, ckpt_format="torch_dist",

@@ -65,6 +65,17 @@ def test_run_directory_opens_the_tracked_save(rank_cases: Path) -> None:  # noqa
     assert report.ok and report.counts()["clean"] == 1, report.files
 
 
+def test_mcore_metadata(rank_cases: Path, torch: Any) -> None:  # noqa: F811
+    """Megatron-Core 0.15's .metadata (MCoreMetadata: DCP's Metadata plus mcore_data) reads
+    and scans as DCP's own (the same tensors, torch's full_tensor())."""
+    full = torch.load(rank_cases / "megatron.full.pt")
+    with torchless.open(rank_cases / "megatron_mcore_metadata") as ckpt:
+        for key, want in full.items():
+            assert ckpt.tensors[key].numpy().tobytes() == \
+                want.contiguous().view(torch.uint8).numpy().tobytes(), key
+    assert torchless.scan(rank_cases / "megatron_mcore_metadata").ok
+
+
 def test_scans_clean(rank_cases: Path) -> None:  # noqa: F811
     """common.pt (its args hold Megatron's AttnBackend enum, vetted) and metadata.json are
     the standard files: the directory scans clean."""

@@ -205,6 +205,10 @@ for _m, _n in (("torch.distributed.checkpoint.metadata", "Metadata"),
                ("torch.distributed.checkpoint._hf_utils", "_HFStorageInfo"),
                ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties")):
     NEW_ONLY[f"{_m}.{_n}"] = _DCP
+NEW_ONLY["megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata"] = (
+    "Megatron-Core's DCP Metadata: a dataclass subclass of torch's with one more field "
+    "(mcore_data), or the empty placeholder class later versions keep to load it; NEWOBJ + "
+    "BUILD fill its fields")
 CALLS["torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"] = _ENUM
 CALLS["torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING"] = _ENUM
 # What a DTensor and a ShardedTensor pickle (FSDP2, verl's and FSDP1's per-rank files; read
