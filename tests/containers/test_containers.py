@@ -307,6 +307,118 @@ def test_every_registered_layout_passes_the_contract() -> None:
     assert set(registry.layouts()) <= tested, set(registry.layouts()) - tested
 
 
+class TestRanks(ContainerContract):
+    """A directory of verl's per-rank files for one rank (plain tensors; the DTensor
+    pieces of two ranks are in test_ranks.py)."""
+
+    format = "ranks"
+    layout = "ranks"
+    member = "model_world_size_1_rank_0.pt"
+
+    def make(self, torch: Any, path: Path) -> None:
+        path.mkdir()
+        torch.save(_state(torch), path / self.member)
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("ranks", "ranks")
+            assert ckpt.info["era"] and ckpt.info["world_size"] == 1
+            assert list(ckpt.tensors) == ["w", "b"]
+            np.testing.assert_array_equal(ckpt.numpy("w"), W)
+            np.testing.assert_array_equal(ckpt.numpy("b"), B)
+        loaded = torchless.load(file)
+        np.testing.assert_array_equal(loaded["model"]["w"], W)
+        np.testing.assert_array_equal(loaded["model"]["b"], B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        _truncations_refused(file, self.member, step=7)
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        part = file / self.member
+        part.write_bytes(part.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.FormatError) as info:
+            torchless.load(file)
+        assert info.value.member == self.member
+
+
+class TestMegatronDist(ContainerContract):
+    """A Megatron-Core run directory (the tracker file naming a ``torch_dist`` save: DCP,
+    ``common.pt``, ``metadata.json``; the TP=2 case is in test_megatron.py): the tensors and
+    common.pt's state merged, as Megatron's loader merges them."""
+
+    format = "dcp"
+    layout = "megatron-dist"
+    member = "iter_0000001/common.pt"
+
+    def make(self, torch: Any, path: Path) -> None:
+        import json
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        save = path / "iter_0000001"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(_state(torch), checkpoint_id=str(save), no_dist=True)
+        torch.save({"iteration": 1, "checkpoint_version": 3.0}, save / "common.pt")
+        (save / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+        (path / "latest_checkpointed_iteration.txt").write_text("1")
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("dcp", "megatron-dist")
+            assert ckpt.info["era"].startswith("Megatron-Core dist checkpoint")
+            assert list(ckpt.tensors) == ["w", "b"]
+            np.testing.assert_array_equal(ckpt.numpy("w"), W)
+        loaded = torchless.load(file)
+        assert (loaded["iteration"], loaded["checkpoint_version"]) == (1, 3.0)
+        np.testing.assert_array_equal(loaded["b"], B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        _truncations_refused(file, self.member, step=3)
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        common = file / self.member
+        common.write_bytes(common.read_bytes() + b"\x00junk")
+        with pytest.raises((torchless.FormatError, torchless.PickleError)) as info:
+            torchless.load(file)
+        assert info.value.member == "common.pt"
+
+
+class TestMegatronLegacy(ContainerContract):
+    """Megatron-LM's legacy layout with one tensor rank (the TP=2 case is in
+    test_megatron.py): the iteration the tracker file names, each rank's file as saved."""
+
+    format = "megatron-legacy"
+    layout = "megatron-legacy"
+    member = "iter_0000003/mp_rank_00/model_optim_rng.pt"
+
+    def make(self, torch: Any, path: Path) -> None:
+        (path / "iter_0000003" / "mp_rank_00").mkdir(parents=True)
+        (path / "latest_checkpointed_iteration.txt").write_text("3\n")
+        torch.save({"iteration": 3, "model": _state(torch)}, path / self.member)
+
+    def test_reads_format_and_values(self, file: Path) -> None:
+        with torchless.open(file) as ckpt:
+            assert (ckpt.format, ckpt.info["layout"]) == ("megatron-legacy",
+                                                          "megatron-legacy")
+            assert ckpt.info["era"] and ckpt.info["iteration"] == 3
+            assert list(ckpt.tensors) == ["mp_rank_00.model.w", "mp_rank_00.model.b"]
+            np.testing.assert_array_equal(ckpt.numpy("mp_rank_00.model.w"), W)
+        loaded = torchless.load(file)
+        np.testing.assert_array_equal(loaded["mp_rank_00"]["model"]["b"], B)
+
+    def test_every_truncation_is_refused(self, file: Path, tmp_path: Path) -> None:
+        _truncations_refused(file, self.member, step=7)
+
+    def test_trailing_bytes(self, torch: Any, file: Path, tmp_path: Path) -> None:
+        part = file / self.member
+        part.write_bytes(part.read_bytes() + b"\x00junk")
+        with pytest.raises(torchless.FormatError) as info:
+            torchless.load(file)
+        assert info.value.member == "mp_rank_00/model_optim_rng.pt"
+
+
 class TestZero(ContainerContract):
     """A DeepSpeed ZeRO-2 directory of one rank, written with torch.save in DeepSpeed's
     layout (the DeepSpeed-written cases are in test_zero.py): ``w`` from the flat fp32

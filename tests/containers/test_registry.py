@@ -84,7 +84,8 @@ def toy_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_built_in_layouts_in_order() -> None:
     assert registry.layouts() == ("zip", "legacy", "tar", "pickle", "dcp", "dcp-hf",
-                                  "zero")
+                                  "zero", "ranks", "megatron-legacy",
+                                  "megatron-dist")
 
 
 @pytest.mark.usefixtures("toy_layouts")
@@ -125,7 +126,8 @@ def test_every_registered_layout_has_its_region_walk() -> None:
     for layout in registry._FILES:
         assert callable(layout.regions), layout.name
     assert {d.name: callable(d.regions) or d.regions for d in registry._DIRECTORIES} == \
-        {"dcp": True, "dcp-hf": "each file", "zero": "each file"}
+        {"dcp": True, "dcp-hf": "each file", "zero": "each file",
+         "ranks": "each file", "megatron-legacy": "each file", "megatron-dist": True}
 
 
 def test_a_layout_without_a_region_walk_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,8 @@ The object is the state dict ``dcp_to_torch_save`` rebuilds: every item placed a
 ``planner_data`` path (as ``torch.distributed.checkpoint._traverse.set_element`` does),
 tensors assembled from their chunks (:mod:`.dcpchunks`), values read with the caller's
 rules from their own archives. Chunks are read with torch's rules alone
-(``torch.load(weights_only=True)`` is how torch reads them).
+(``torch.load(weights_only=True)`` is how torch reads them). A Megatron-Core ``torch_dist``
+directory's ``common.pt`` is merged in as Megatron's loader does (:mod:`.megatron`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from torchless.containers import megatron
 from torchless.containers.dcpchunks import Piece, assembled, coverage
 from torchless.containers.dcpmeta import Chunk, DcpMetadata, StorageInfo, TensorMeta, parse_metadata
 from torchless.containers.dcpst import SafetensorsBlock, hf_metadata, is_safetensors_at, read_block
@@ -80,8 +82,11 @@ class DcpDirectory:
         self._files: dict[str, Source] = {}
         self._fds: dict[str, int] = {}
         self._blocks: dict[tuple[str, int], SafetensorsBlock] = {}
+        self._others: list[Source] = []  # files beside the shards (Megatron's common.pt)
         self._current: TorchZip | None = None
         self.storage_format = "torch_save"
+        #: Megatron-Core's checkpointing config (metadata.json), None for plain DCP
+        self.megatron = None if hf_sharded else megatron.config(path)
         try:
             if hf_sharded:
                 self.storage_format = "safetensors (HuggingFaceStorageWriter, one file a rank)"
@@ -147,7 +152,30 @@ class DcpDirectory:
                 e.member = fqn if e.member is None else f"{fqn}: {e.member}"
                 raise
             _place(tree, self.meta.paths.get(fqn, (fqn,)), value, self.limits)
+        if megatron.reads_common(self.megatron):
+            return megatron.merge(self._common(resolver), tree)
         return tree
+
+    def _common(self, resolver: TorchResolver) -> dict[Any, Any]:
+        """Megatron's ``common.pt``, the base its loader merges the sharded state into."""
+        full = os.path.join(self.path, megatron.COMMON_NAME)
+        if not os.path.isfile(full):
+            raise StorageError(f"{megatron.COMMON_NAME} is missing: Megatron-Core's "
+                               "loader starts from it (metadata.json names the torch common "
+                               "backend)", hint=_HINT)
+        try:
+            src = Source(full)
+            self._others.append(src)
+            self._current = TorchZip(src, self.limits, verify_crc=self.verify_crc)
+            common = self._current.load(resolver)
+        except CheckpointError as e:
+            raise e.add_context(member=megatron.COMMON_NAME) from None
+        finally:
+            self._current = None
+        if not isinstance(common, dict):
+            raise FormatError(f"{megatron.COMMON_NAME} holds {type_phrase(common)}, not the "
+                              "dict Megatron-Core saves", member=megatron.COMMON_NAME)
+        return common
 
     def persistent_load(self, pid: Any, offset: int) -> Storage:
         if self._current is None:  # pragma: no cover - only archives run pickles here
@@ -263,7 +291,10 @@ class DcpDirectory:
                   for fqn, m in self.meta.items.items()
                   if m is not None and (fqn, m.chunks[0].offsets if m.chunks else ())
                   in self.meta.storage}
-        return {"dcp_version": self.meta.version, "storage_format": self.storage_format,
+        extra = {} if self.megatron is None else {"megatron": {
+            "sharded_backend": self.megatron.get("sharded_backend"),
+            "common": megatron.COMMON_NAME if megatron.reads_common(self.megatron) else None}}
+        return {**extra, "dcp_version": self.meta.version, "storage_format": self.storage_format,
                 "shards": shards,
                 "ranks": sorted({s["rank"] for s in shards if s["rank"] is not None}),
                 "values": sum(m is None for m in self.meta.items.values()),
@@ -276,7 +307,7 @@ class DcpDirectory:
         """Nothing: each chunk hands back its own shard's pages as it is streamed."""
 
     def close(self) -> None:
-        for src in self._files.values():
+        for src in [*self._files.values(), *self._others]:
             src.close()
         for fd in self._fds.values():
             os.close(fd)

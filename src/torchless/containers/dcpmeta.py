@@ -148,8 +148,13 @@ def _storage_info(value: Any) -> StorageInfo:
     return StorageInfo(path, offset, length, tuple(transforms))
 
 
+#: Megatron-Core's subclass of ``Metadata`` (its ``MCoreSavePlanner`` writes it, with one
+#: more field, ``mcore_data``; megatron/core/dist_checkpointing/strategies/torch.py).
+MCORE_METADATA = "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata"
+
+
 def parse_metadata(value: Any) -> DcpMetadata:
-    f = _fields(value, _M + "Metadata")
+    f = _fields(value, _M + "Metadata", MCORE_METADATA)
     sdm = f.get("state_dict_metadata")
     if not isinstance(sdm, dict):
         raise _bad(f"state_dict_metadata is {type_phrase(sdm)}")

@@ -17,6 +17,8 @@ archive, or one stored through a stream transform (compression) the scanner cann
 With the safetensors serialization format, tensor chunks point at a safetensors block that
 runs to the end of the shard (no pickle: nothing in it is unpickled). When ``.metadata``
 cannot be read as DCP metadata, every file of the directory is scanned as a file of its own.
+A Megatron-Core ``torch_dist`` directory's ``common.pt`` is read by Megatron's loader
+(``torch.load``, :mod:`.megatron`): it is scanned as the checkpoint it is, not flagged.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 
+from torchless.containers import megatron
 from torchless.containers.dcp import METADATA_NAME
 from torchless.containers.dcpmeta import DcpMetadata, StorageInfo, parse_metadata
 from torchless.containers.dcpst import is_safetensors_at
@@ -51,7 +54,8 @@ def dcp_regions(path: str, limits: Limits, root: RegionSink) -> str:
         used: set[str] = {METADATA_NAME}
         if meta is not None:
             used |= _walk_items(root, path, meta)
-        _other_files(root, path, used, everything=meta is None)
+        read = {megatron.COMMON_NAME} if megatron.reads_common(megatron.config(path)) else set()
+        _other_files(root, path, used, read, everything=meta is None)
     return "dcp"
 
 
@@ -155,10 +159,13 @@ def _coverage(root: RegionSink, name: str, size: int, spans: list[_Span]) -> Non
                   "item of the metadata", name, pos)
 
 
-def _other_files(root: RegionSink, path: str, used: set[str], *, everything: bool) -> None:
+def _other_files(root: RegionSink, path: str, used: set[str], read: set[str], *,
+                 everything: bool) -> None:
     """Files of the directory the metadata does not name: torch's DCP reads none of them,
     but a file among them that is a checkpoint is scanned (a loader may be pointed at it);
-    when the metadata is unreadable, every file, shards included."""
+    when the metadata is unreadable, every file, shards included. Those in ``read`` are
+    files the layout's own loader reads beside the shards (Megatron's ``common.pt``):
+    scanned like the rest, an anomaly only when they are no checkpoint."""
     for entry in sorted(os.listdir(path)):
         full = os.path.join(path, entry)
         if entry in used or not os.path.isfile(full):
@@ -172,11 +179,11 @@ def _other_files(root: RegionSink, path: str, used: set[str], *, everything: boo
         with source:
             found = root.nested(source)
         if found.error is not None:
-            if everything:
+            if everything or entry in read:
                 root.flag("dcp", f"not a checkpoint torch reads: {found.error.message}", entry)
             continue
         found.merge(entry)
-        if not everything:
+        if not everything and entry not in read:
             root.flag("dcp", f"a {found.layout} checkpoint the metadata does not name (DCP "
                       "does not read it)", entry)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from torchless.containers import dcp, dcpst, zero
+from torchless.containers import dcp, dcpst, megatron, megatronlegacy, ranks, zero
 from torchless.containers.base import Container, PlainPickle, plain_regions
 from torchless.containers.dcpregions import dcp_regions
 from torchless.containers.legacy import LegacyStream, legacy_regions
@@ -167,3 +167,15 @@ register(DirectoryLayout("dcp-hf", dcpst.is_hf_sharded_dir,
 register(DirectoryLayout("zero", zero.is_zero_dir,
                          lambda p, lim, crc: zero.ZeroDirectory(p, lim, verify_crc=crc),
                          "each file"))
+register(DirectoryLayout("ranks", ranks.is_rank_dir,
+                         lambda p, lim, crc: ranks.RankDirectory(p, lim, verify_crc=crc),
+                         "each file"))
+register(DirectoryLayout("megatron-legacy", megatronlegacy.is_megatron_legacy_dir,
+                         lambda p, lim, crc: megatronlegacy.MegatronLegacyDirectory(
+                             p, lim, verify_crc=crc),
+                         "each file"))
+register(DirectoryLayout("megatron-dist", lambda p: megatron.tracked_dist_dir(p) is not None,
+                         lambda p, lim, crc: dcp.DcpDirectory(
+                             megatron.tracked_dist_dir(p) or p, lim, verify_crc=crc),
+                         lambda p, lim, sink: dcp_regions(megatron.tracked_dist_dir(p) or p,
+                                                          lim, sink)))

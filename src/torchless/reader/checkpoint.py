@@ -224,13 +224,26 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
     if fmt == "package":
         return "torch.package archive written by PackageExporter (its modules never imported)"
     if fmt == "dcp":
-        return (f"torch.distributed.checkpoint directory (DCP {info.get('dcp_version')}, "
+        mcore = info.get("megatron")
+        return ((f"Megatron-Core dist checkpoint ({mcore.get('sharded_backend')}"
+                 + (f", {mcore['common']} merged" if mcore.get("common") else "") + ") in a "
+                 if isinstance(mcore, dict) else "")
+                + f"torch.distributed.checkpoint directory (DCP {info.get('dcp_version')}, "
                 f"{info.get('storage_format')} items, {len(info.get('shards', ()))} shard "
                 "files)")
     if fmt == "zero":
         return (f"DeepSpeed ZeRO-{info.get('zero_stage')} checkpoint ({info.get('tag')}, "
                 f"{info.get('world_size')} ranks): fp32 master weights consolidated from the "
                 "optimizer partitions")
+    if fmt == "megatron-legacy":
+        return (f"Megatron-LM legacy checkpoint (iteration {info.get('iteration')}, "
+                f"TP={info.get('tensor_parallel')}, PP={info.get('pipeline_parallel')}): each "
+                "rank's file as saved; its tensor-parallel partitions are not merged (the "
+                "files record no split axis)")
+    if fmt == "ranks":
+        return (f"per-rank torch.save files of {info.get('world_size')} ranks (verl / FSDP): "
+                f"{info.get('distributed_tensors')} distributed tensors put together from "
+                "their pieces")
     records = set(info.get("records", ()))
     if fmt == "torchscript":
         return "TorchScript archive written by torch.jit.save (torch >= 1.0)"

@@ -150,6 +150,10 @@ for _m, _names in {
     "pytorch_lightning.trainer.states": ("TrainerFn", "TrainerStatus", "RunningStage"),
     "lightning.fabric.utilities.enums": ("LightningEnum",),
     "omegaconf.base": ("SCMode",),
+    # Megatron-Core's args (common.pt, model_optim_rng.pt) hold its plain enums
+    "megatron.core.transformer.enums": ("ModelType", "LayerType", "AttnType", "AttnMaskType",
+                                        "AttnBackend", "CudaGraphScope"),
+    "megatron.core.enums": ("ModelType", "Fp8Recipe"),
 }.items():
     for _n in _names:
         CALLS[f"{_m}.{_n}"] = _ENUM
@@ -201,8 +205,40 @@ for _m, _n in (("torch.distributed.checkpoint.metadata", "Metadata"),
                ("torch.distributed.checkpoint._hf_utils", "_HFStorageInfo"),
                ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties")):
     NEW_ONLY[f"{_m}.{_n}"] = _DCP
+NEW_ONLY["megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata"] = (
+    "Megatron-Core's DCP Metadata: a dataclass subclass of torch's with one more field "
+    "(mcore_data), or the empty placeholder class later versions keep to load it; NEWOBJ + "
+    "BUILD fill its fields")
 CALLS["torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"] = _ENUM
 CALLS["torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING"] = _ENUM
+# What a DTensor and a ShardedTensor pickle (FSDP2, verl's and FSDP1's per-rank files; read
+# in torch 2.13): dataclasses and NamedTuples whose BUILD fills their fields (DTensorSpec's
+# __setattr__ only checks a shard order; the layouts are frozen dataclasses BUILD writes
+# directly), placements whose C++ __setstate__ sets their dim, DeviceMesh's __setstate__
+# (its dict, then a lookup of its process groups by name), ShardedTensor's __setstate__ (its
+# fields, then comparisons with the current process group: it raises without one), and the
+# tensor subclasses themselves, made by _rebuild_wrapper_subclass without their __new__
+_DISTRIBUTED = ("a torch.distributed record of a sharded tensor: NEWOBJ + BUILD (or its "
+                "own __setstate__) set its fields; nothing else runs")
+for _m, _n in (("torch.distributed.tensor", "DTensor"),
+               ("torch.distributed.tensor._api", "DTensor"),
+               ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+               ("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
+               ("torch.distributed.tensor._dtensor_spec", "ShardOrderEntry"),
+               ("torch.distributed.tensor.placement_types", "Shard"),
+               ("torch.distributed.tensor.placement_types", "Replicate"),
+               ("torch.distributed.device_mesh", "DeviceMesh"),
+               ("torch.distributed._mesh_layout", "_MeshLayout"),
+               ("torch.distributed._mesh_layout", "_FlatLayout"),
+               ("torch.distributed._shard.sharded_tensor.api", "ShardedTensor"),
+               ("torch.distributed._shard.sharded_tensor.api", "ShardedTensor.ProcessGroupState"),
+               ("torch.distributed._shard.sharded_tensor.shard", "Shard"),
+               ("torch.distributed._shard.sharded_tensor.metadata", "ShardedTensorMetadata"),
+               ("torch.distributed._shard.metadata", "ShardMetadata"),
+               ("torch.distributed._shard.sharding_spec.chunk_sharding_spec",
+                "ChunkShardingSpec"),
+               ("torch.distributed.remote_device", "_remote_device")):
+    NEW_ONLY[f"{_m}.{_n}"] = _DISTRIBUTED
 NEW_ONLY["torch.nested._internal.nested_tensor.NestedTensor"] = (
     "a jagged nested tensor: _rebuild_njt makes it from its tensors (shape and device checks), "
     "and _rebuild_from_type_v2 restores its state with _set_obj_state's setattr (it has no "

@@ -27,6 +27,12 @@ from torchless.pickle.known import Known
 from torchless.pickle.machine import Resolver
 from torchless.pickle.values import Global, Opaque
 from torchless.rules import kinds as _kinds
+from torchless.rules.dtensor import (
+    DTENSOR_CLASSES,
+    SHARDED_TENSOR_CLASSES,
+    dtensor_piece,
+    sharded_tensor_piece,
+)
 
 __all__ = ["UNSUPPORTED_ELSEWHERE", "UNSUPPORTED_TENSORS", "TorchRules"]
 
@@ -150,6 +156,12 @@ class TorchRules(Resolver):
         if not isinstance(args, tuple):
             raise PickleError(f"{f}: arguments are not a tuple")
         value = self.call(func, args, -1)
+        cls = (new_type.module, new_type.name) if isinstance(new_type, Global) else None
+        if isinstance(value, UnsupportedTensor) and len(a) == 4:  # one rank's piece, as data
+            if cls in DTENSOR_CLASSES:
+                return dtensor_piece(a[3])
+            if cls in SHARDED_TENSOR_CLASSES:
+                return sharded_tensor_piece(args, a[3])
         if isinstance(value, TensorRecord) and len(a) == 4:  # a jagged tensor's __dict__
             value.fields["attrs"] = _record_attrs(value, _attrs(f, a[3]))
         if isinstance(value, Tensor):
