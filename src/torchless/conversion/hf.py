@@ -357,7 +357,9 @@ def verify_layout(spath: str, dpath: str, *, key: str | None, skip_unsupported: 
             tensors.update(got)
             unsupported += list(bad)
         placed: dict[str, str] = {}
-        views = views_of(tensors)
+        # a name the index places in a shard is that shard's entry, never a same-view
+        # alias of a tensor another shard holds
+        views = {n: g for n, g in views_of(tensors).items() if wmap is None or n not in wmap}
         for path in files:
             with safetensors_data(path, read.limits) as (header, data):
                 mine = {n: t for n, t in tensors.items() if n not in placed and entry_of(
