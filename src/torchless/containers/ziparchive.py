@@ -139,9 +139,12 @@ class ZipArchive(MemberLayout, MemberReader):
         eager = not (self.source.remote and self.findings.strict)
         if eager:
             plain, fully = self._plain_local, self._check_local_fully  # _check_local
+            self._starts = sorted(e.header_offset for e in self.members)
             for e in self.members:
                 if not plain(e):
                     fully(e)
+            self._starts = []
+            self._window = b""
         self._order = sorted((e for e in self.members if e.located or not eager),
                              key=_by_offset)
         self._tile(self._order, 0, self._cd_start)
