@@ -125,6 +125,8 @@ class ZipArchive(MemberLayout, MemberReader):
         self.has_crc = any(e.crc for e in self.members if e.size)
         for e in self.members:
             key = e.raw_name.lower()
+            if key == e.raw_name:
+                key = e.raw_name  # one bytes object for both: a name in lower case already
             first = self._folded.get(key)
             if first is not None:
                 same = first.raw_name == e.raw_name
