@@ -5,14 +5,17 @@ unpicklers people compare against, in one interleaved run.
 Usage::
 
     python benchmarks/bench_open.py                         # 30,000 and 100,000 tensors
+    python benchmarks/bench_open.py --floats 2800           # of 2,800 floats each only
     python benchmarks/bench_open.py --counts 10000,100000,1000000 --readers c-pickle,torchless
     python benchmarks/bench_open.py --big-mib 0             # without the 2 GiB file
     python benchmarks/bench_open.py --quick                 # tiny files, one repetition
     python benchmarks/bench_open.py --json
 
-For each count it writes (with ``torch.save``) a flat state dict of that many 4-element
-float32 tensors, reads it once (warm page cache), then measures, interleaved (every reader
-once per repetition, in turn), each in a process forked from this one after every import:
+For each count and each tensor size (``--floats``: 4 and 2,800 float32 elements; at 2,800
+the members lie 11 KiB apart, so each local header is a read of its own) it writes (with
+``torch.save``) a flat state dict of that many tensors, reads it once (warm page cache),
+then measures, interleaved (every reader once per repetition, in turn), each in a process
+forked from this one after every import:
 
 * ``c-pickle``     the archive's ``data.pkl`` read by :mod:`zipfile`, unpickled by the C
                    unpickler with stub globals (``find_class`` returns one stub callable,
@@ -227,25 +230,27 @@ def run_big(mib: int, reps: int, directory: str, have_torch: bool) -> list[dict[
     return rows
 
 
-def _write(count: int, path: str, have_torch: bool) -> None:
+def _write(count: int, path: str, have_torch: bool, floats: int = 4) -> None:
     if have_torch:
         import torch
 
-        torch.save({f"layers.{i}.weight": torch.zeros(4) for i in range(count)}, path)
+        torch.save({f"layers.{i}.weight": torch.zeros(floats) for i in range(count)}, path)
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_read
 
-    tree = {f"layers.{i}.weight": bench_read.Spec("float32", (4,), i) for i in range(count)}
+    tree = {f"layers.{i}.weight": bench_read.Spec("float32", (floats,), i)
+            for i in range(count)}
     bench_read.save_builtin(tree, {"zip": path})
 
 
 def run(counts: list[int], reps: int, directory: str, have_torch: bool,
-        readers: list[str]) -> dict[str, Any]:
-    results: dict[str, Any] = {"counts": counts, "reps": reps, "rows": []}
-    for count in counts:
-        path = os.path.join(directory, f"open-{count}.pt")
-        _write(count, path, have_torch)
+        readers: list[str], sizes: tuple[int, ...] = (4,)) -> dict[str, Any]:
+    results: dict[str, Any] = {"counts": counts, "floats": list(sizes), "reps": reps,
+                               "rows": []}
+    for count, floats in ((c, f) for f in sizes for c in counts):
+        path = os.path.join(directory, f"open-{count}x{floats}.pt")
+        _write(count, path, have_torch, floats)
         with open(path, "rb") as f:  # warm the page cache
             while f.read(1 << 24):
                 pass
@@ -265,7 +270,8 @@ def run(counts: list[int], reps: int, directory: str, have_torch: bool,
             cpu = statistics.median(s["cpu"] for s in samples[reader])
             rss = statistics.median(s["rss"] for s in samples[reader])
             results["rows"].append({
-                "count": count, "reader": reader, "seconds": seconds, "cpu": cpu,
+                "count": count, "floats": floats, "reader": reader, "seconds": seconds,
+                "cpu": cpu,
                 "us_per_tensor": seconds / count * 1e6, "rss_per_tensor": rss / count,
                 "traced_per_tensor": traced["traced"] / count if traced else None,
                 "tensors": samples[reader][0]["count"]})
@@ -285,16 +291,17 @@ def big_table(rows: list[dict[str, Any]]) -> str:
 
 def table(results: dict[str, Any]) -> str:
     rows = results["rows"]
-    lines = [f"| tensors | reader | time (median of {results['reps']}) | µs/tensor | "
-             "CPU | RSS B/tensor | traced B/tensor | torchless time / this (CPU) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| tensors | floats each | reader | time (median of {results['reps']}) | "
+             "µs/tensor | CPU | RSS B/tensor | traced B/tensor | torchless time / this (CPU) |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         ours = next((r for r in rows if r["count"] == row["count"]
-                     and r["reader"] == "torchless"), None)
+                     and r["floats"] == row["floats"] and r["reader"] == "torchless"), None)
         ratio = "" if ours is None else (f"{ours['seconds'] / row['seconds']:.2f}x "
                                          f"({ours['cpu'] / row['cpu']:.2f}x)")
         traced = "" if row["traced_per_tensor"] is None else f"{row['traced_per_tensor']:,.0f}"
-        lines.append(f"| {row['count']:,} | {row['reader']} | {row['seconds']:.3f} s | "
+        lines.append(f"| {row['count']:,} | {row['floats']:,} | {row['reader']} | "
+                     f"{row['seconds']:.3f} s | "
                      f"{row['us_per_tensor']:.1f} | {row['cpu']:.3f} s | "
                      f"{row['rss_per_tensor']:,.0f} | {traced} | "
                      f"{ratio} |")
@@ -306,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--counts", default="30000,100000",
                     help="tensor counts, comma-separated (30000,100000)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions per reader (5)")
+    ap.add_argument("--floats", default="4,2800",
+                    help="float32 elements per tensor, comma-separated (4,2800)")
     ap.add_argument("--no-torch", action="store_true", help="leave torch out")
     ap.add_argument("--readers", default=",".join(READERS),
                     help=f"which readers, comma-separated ({','.join(READERS)})")
@@ -329,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     big = args.big_mib if args.big_mib is not None else 4 if args.quick else 2048
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         readers = [r for r in args.readers.split(",") if have_torch or r != "torch-wo"]
-        results = run(counts, reps, d, have_torch, readers)
+        sizes = (4,) if args.quick else tuple(int(f) for f in args.floats.split(","))
+        results = run(counts, reps, d, have_torch, readers, sizes)
         results["big"] = run_big(big, reps, d, have_torch) if big else []
     if args.json:
         print(json.dumps(results, indent=1))

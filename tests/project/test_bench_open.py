@@ -31,7 +31,7 @@ def test_bench_open_with_torch(torch: ModuleType) -> None:
     rows = results["rows"]
     assert [r["reader"] for r in rows] == ["c-pickle", "py-pickle", "torch-wo", "torchless"]
     for r in rows:
-        assert r["count"] == r["tensors"] == 300
+        assert r["count"] == r["tensors"] == 300 and r["floats"] == 4
         assert r["seconds"] > 0 and r["us_per_tensor"] > 0 and r["cpu"] >= 0
         assert (r["traced_per_tensor"] is None) == (r["reader"] == "torch-wo")
     big = results["big"]
@@ -43,8 +43,8 @@ def test_bench_open_with_torch(torch: ModuleType) -> None:
 
 def test_bench_open_without_torch() -> None:
     out = _run("--quick", "--no-torch")
-    lines = [line for line in out.splitlines() if line.startswith("| 300 |")]
-    assert [line.split("|")[2].strip() for line in lines] == ["c-pickle", "py-pickle",
+    lines = [line for line in out.splitlines() if line.startswith("| 300 | 4 |")]
+    assert [line.split("|")[3].strip() for line in lines] == ["c-pickle", "py-pickle",
                                                               "torchless"]
     for line in lines:
         assert line.rstrip().endswith("x) |")

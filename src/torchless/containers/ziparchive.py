@@ -125,6 +125,8 @@ class ZipArchive(MemberLayout, MemberReader):
         self.has_crc = any(e.crc for e in self.members if e.size)
         for e in self.members:
             key = e.raw_name.lower()
+            if key == e.raw_name:
+                key = e.raw_name  # one bytes object for both: a name in lower case already
             first = self._folded.get(key)
             if first is not None:
                 same = first.raw_name == e.raw_name
@@ -139,9 +141,12 @@ class ZipArchive(MemberLayout, MemberReader):
         eager = not (self.source.remote and self.findings.strict)
         if eager:
             plain, fully = self._plain_local, self._check_local_fully  # _check_local
+            self._starts = sorted(e.header_offset for e in self.members)
             for e in self.members:
                 if not plain(e):
                     fully(e)
+            self._starts = []
+            self._window = b""
         self._order = sorted((e for e in self.members if e.located or not eager),
                              key=_by_offset)
         self._tile(self._order, 0, self._cd_start)

@@ -9,6 +9,7 @@ report mode (:mod:`torchless.core.findings`).
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Callable
 
 from torchless.containers.zipformat import (
@@ -31,6 +32,13 @@ __all__ = ["MemberLayout"]
 
 #: Bytes read at a time for local headers and data descriptors.
 _WINDOW = 4 << 10
+#: Most bytes one read-ahead block spans when it covers the headers of the members that
+#: follow (a run of neighbouring members, one ``pread``).
+_SPAN = 256 << 10
+#: Widest mean spacing of the headers a block covers: past it a block per header copies
+#: fewer bytes than the system calls it saves cost (a ``pread`` costs about as much as
+#: copying 16 KiB).
+_DENSE = 16 << 10
 _LOCAL_SIZE = LOCAL.size
 _local = LOCAL.unpack_from
 _DESCRIPTOR = struct.Struct("<III")  # crc, compressed size, size
@@ -57,6 +65,8 @@ class MemberLayout:
 
     _window_at = -1
     _window = b""
+    #: Where the members' local headers start, in order: what a read-ahead block covers.
+    _starts: list[int] = []
 
     def _header(self, offset: int, n: int, what: str) -> bytes:
         """``n`` bytes of a local header or data descriptor. The members of a file of many
@@ -77,9 +87,22 @@ class MemberLayout:
         size = self.source.size
         if self.source.remote or offset < 0 or offset + n > size:
             return False
-        self._window = self.source.read(offset, min(size - offset, max(n, _WINDOW)), what)
+        self._window = self.source.read(offset, min(size - offset, max(n, self._ahead(offset))),
+                                        what)
         self._window_at = offset
         return True
+
+    def _ahead(self, offset: int) -> int:
+        """How many bytes to read at ``offset``: :data:`_WINDOW`, or, where the local headers
+        of the next members lie close together (tensors of a few KiB each), up to the block
+        of :data:`_WINDOW` at the last of them within :data:`_SPAN`, so that one ``pread``
+        covers the run (a file of 30,000 tensors of 11 KiB made one call per member)."""
+        starts = self._starts
+        k = bisect_right(starts, offset)
+        j = bisect_right(starts, offset + _SPAN - _WINDOW, k)
+        if j > k and starts[j - 1] - offset <= (j - k) * _DENSE:
+            return starts[j - 1] - offset + _WINDOW
+        return _WINDOW
 
     def _clipped(self, offset: int, n: int, what: str) -> bytes:
         """As many of the ``n`` bytes at ``offset`` as the file holds."""

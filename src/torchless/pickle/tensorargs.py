@@ -189,12 +189,15 @@ def tensor_args(m: Machine, pos: int, guard: int) -> int:
     if isinstance(value, _IMMUTABLE):
         value = immutable(value)
     outer.append(value)
-    if key_len is not None:
-        dense.append(key)
-    dense.append(pid)
-    if size_span is not None:
-        dense.append(size)
-    if stride_span is not None:
-        dense.append(stride)
-    dense += (hooks, args, value)
+    if key_len is not None and size_span is not None and stride_span is not None:
+        dense += (key, pid, size, stride, hooks, args, value)  # a tensor of a new storage
+    else:
+        if key_len is not None:
+            dense.append(key)
+        dense.append(pid)
+        if size_span is not None:
+            dense.append(size)
+        if stride_span is not None:
+            dense.append(stride)
+        dense += (hooks, args, value)
     return match.end()
