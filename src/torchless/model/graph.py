@@ -12,7 +12,7 @@ import argparse
 import collections
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
@@ -21,11 +21,11 @@ from torchless.errors import LimitError
 from torchless.model.chunks import detached
 from torchless.model.qmodules import quantized_conv, quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
-from torchless.model.walk import LEAVES, children, depth_first, is_node
+from torchless.model.walk import LEAVES, children, depth_first, is_module_state, is_node
 from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import NOTSET, Global, Opaque
 
-__all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
+__all__ = ["ModuleDict", "ModuleMode", "finish", "flatten", "keep_modules", "module_state_dict"]
 
 
 class ModuleDict(collections.OrderedDict[str, Any]):
@@ -33,6 +33,23 @@ class ModuleDict(collections.OrderedDict[str, Any]):
 
 
 ModuleHook = Callable[[Opaque], "ModuleDict | None"]
+
+#: How a module saved whole stands in a loaded tree: ``"record"``, the :class:`Opaque`
+#: record of its pickled ``__dict__`` (class, attributes, parameters, buffers, submodules);
+#: ``"state_dict"``, its ``state_dict()`` (a :class:`ModuleDict`).
+ModuleMode = Literal["record", "state_dict"]
+
+
+def keep_modules(base: ModuleHook) -> ModuleHook:
+    """The hook of ``modules="record"``: a module whose pickled ``__dict__`` holds its
+    parameters, buffers and submodules stays that record, every attribute in it, its tensors
+    named as ``state_dict()`` names them (:func:`~torchless.model.walk.is_module_state`);
+    anything else is what ``base`` makes of it (a quantized conv's packed state, a
+    TorchScript module: their ``state_dict()``)."""
+    def hook(obj: Opaque) -> ModuleDict | None:
+        return None if is_module_state(obj.state) else base(obj)
+
+    return hook
 
 
 def module_state_dict(obj: Opaque) -> ModuleDict | None:
