@@ -158,3 +158,22 @@ def test_a_module_inside_a_checkpoint(torch: ModuleType, tmp_path: Path) -> None
                         "epoch=-1, best_fitness=0.25, imgsz=640"),
         ("ultralytics", "model: <tests._modulesaves.TinyDetector>, yaml 'tiny.yaml'"),
         ("ultralytics", "names: 0='cat', 1='dog'")]
+
+
+def test_convert_keeps_the_attributes(torch: ModuleType, saved: tuple[Path, Any],
+                                      tmp_path: Path) -> None:
+    """``convert`` stores the record in the inert tree (``load`` of the output gives torch's
+    attributes back) and verifies it; ``tree=False`` (``--weights-only``) writes the
+    ``state_dict()`` tensors alone, as before."""
+    path, model = saved
+    out = tmp_path / "model.safetensors"
+    with pytest.warns(torchless.OpaqueObjectWarning):  # the module classes: inert records
+        report = torchless.convert(path, out, verify=True)
+    assert report.verified is not None and report.verified.ok
+    _same(torch, model, torchless.load(out), "model")
+    weights = tmp_path / "weights.safetensors"
+    report = torchless.convert(path, weights, verify=True, tree=False)
+    assert report.verified is not None and report.verified.ok
+    from safetensors.numpy import load_file
+
+    assert set(load_file(weights)) | {"out.weight"} == set(model.state_dict())

@@ -117,9 +117,10 @@ class ReadOptions:
     allow_globals: tuple[str, ...] = ()
     verify_crc: bool = False
 
-    def open(self, path: Any) -> Checkpoint:
+    def open(self, path: Any, modules: ModuleMode = "state_dict") -> Checkpoint:
         return open(path, limits=self.limits, strict=self.strict,
-                    allow_globals=self.allow_globals, verify_crc=self.verify_crc)
+                    allow_globals=self.allow_globals, verify_crc=self.verify_crc,
+                    modules=modules)
 
 
 def open(
