@@ -177,3 +177,32 @@ def test_convert_keeps_the_attributes(torch: ModuleType, saved: tuple[Path, Any]
     from safetensors.numpy import load_file
 
     assert set(load_file(weights)) | {"out.weight"} == set(model.state_dict())
+
+
+def test_inspect_reads_the_module_attributes(torch: ModuleType, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``inspect`` keeps state dicts in its tensor table, and its summary reads the module's
+    own attributes (ultralytics' names, nc, yaml; an HF-like config; timm's
+    pretrained_cfg) from the record each state dict was read from."""
+    from tests import _modulesaves
+    from torchless.cli.main import main
+
+    path = tmp_path / "best.pt"
+    torch.save({"epoch": -1, "best_fitness": 0.25, "model": _modulesaves.detector(),
+                "ema": None, "train_args": {"task": "detect", "imgsz": 640},
+                "version": "8.3.0"}, path)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("Ultralytics checkpoint (ultralytics 8.3.0): task='detect', nc=2, epoch=-1, "
+            "best_fitness=0.25, imgsz=640") in out
+    assert "model: <tests._modulesaves.TinyDetector>, yaml 'tiny.yaml'" in out
+    assert "names: 0='cat', 1='dog'" in out
+    assert "model.model.2.stride" not in out  # the table: the state dict's tensors
+    whole = tmp_path / "whole.pt"
+    torch.save(_modulesaves.detector(), whole)
+    assert main(["inspect", str(whole)]) == 0
+    out = capsys.readouterr().out
+    assert ("timm model <tests._modulesaves.TinyDetector>: pretrained_cfg "
+            "architecture='tiny', num_classes=2, input_size=(3, 32, 32)") in out
+    assert ("HF model <tests._modulesaves.TinyDetector>: config <tests._modulesaves.Config> "
+            "architectures=['TinyForDetection'], model_type='tiny', hidden_size=4") in out

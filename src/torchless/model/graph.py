@@ -29,7 +29,18 @@ __all__ = ["ModuleDict", "ModuleMode", "finish", "flatten", "keep_modules", "mod
 
 
 class ModuleDict(collections.OrderedDict[str, Any]):
-    """The ``state_dict()`` of a module saved whole; stands where the module was."""
+    """The ``state_dict()`` of a module saved whole; stands where the module was.
+
+    ``record`` is the module's own record (its ``__dict__``, whose submodules are their
+    state dicts in turn) when it was read from one, for what describes the module
+    (``inspect``'s summaries read ``names`` or ``config`` there). A slot, not an attribute:
+    no walk sees it, so it names no tensor and is stored nowhere."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.record: Opaque | None = None
 
 
 ModuleHook = Callable[[Opaque], "ModuleDict | None"]
@@ -72,6 +83,7 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
     if not isinstance(non_persistent, (set, frozenset, list, tuple)):
         non_persistent = ()
     out = ModuleDict()
+    out.record = obj
     for name, value in params.items():
         if value is not None:
             out[str(name)] = value

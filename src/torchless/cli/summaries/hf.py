@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from torchless.cli.summaries.seen import Found, Seen
-from torchless.cli.summaries.text import fields, pairs
+from torchless.cli.summaries.text import fields, module, pairs
 from torchless.core import jsondepth
 from torchless.core.limits import Limits
 from torchless.pickle.values import Opaque
@@ -33,10 +33,10 @@ def _config(obj: Any) -> dict[str, Any] | None:
 
 def summary(seen: Seen) -> list[Found]:
     """A whole-model pickle: the module's class and its config's architecture."""
-    tree = seen.tree
-    attrs = fields(tree) if isinstance(tree, Opaque) else None
+    tree = module(seen.tree)
+    attrs = fields(tree) if tree is not None else None
     config = _config((attrs or {}).get("config"))
-    if config is None or not isinstance(tree, Opaque):
+    if config is None or tree is None:
         return []
     what = attrs["config"] if attrs else None
     kind = f" <{what.class_path}>" if isinstance(what, Opaque) else ""

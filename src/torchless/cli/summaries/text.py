@@ -10,10 +10,19 @@ import types
 from typing import Any
 
 from torchless.core.ndarrays import is_ndarray
+from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor
 from torchless.pickle.values import Opaque
 
-__all__ = ["clipped_repr", "compact", "fields", "fmt", "pairs"]
+__all__ = ["clipped_repr", "compact", "fields", "fmt", "module", "pairs"]
+
+
+def module(v: Any) -> Opaque | None:
+    """The record of a module saved whole: ``v`` itself, or the one a state dict was read
+    from (:class:`~torchless.model.graph.ModuleDict`); None for anything else."""
+    if isinstance(v, ModuleDict):
+        return v.record
+    return v if isinstance(v, Opaque) else None
 
 
 def compact(value: Any) -> str | None:
@@ -56,8 +65,10 @@ def clipped_repr(v: Any, width: int) -> str:
 
 
 def fields(obj: Any) -> dict[str, Any] | None:
-    """The named fields of a dict, Namespace or an Opaque record's state (a module record's
-    attributes), else None."""
+    """The named fields of a dict, Namespace or an Opaque record's state (a module's
+    attributes, also of one read as its state dict), else None."""
+    if isinstance(obj, ModuleDict) and obj.record is not None:
+        obj = obj.record
     if isinstance(obj, dict):
         return {str(k): v for k, v in obj.items()}
     if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):

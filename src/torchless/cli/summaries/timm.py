@@ -7,8 +7,7 @@ model saved whole, known by its ``pretrained_cfg`` attribute."""
 from __future__ import annotations
 
 from torchless.cli.summaries.seen import Found, Seen
-from torchless.cli.summaries.text import fields, pairs
-from torchless.pickle.values import Opaque
+from torchless.cli.summaries.text import fields, module, pairs
 
 __all__ = ["summary"]
 
@@ -21,10 +20,11 @@ def summary(seen: Seen) -> list[Found]:
         line = "timm checkpoint: " + pairs(keep)
         line += f"; EMA present ({', '.join(emas)})" if emas else "; no EMA"
         return [("timm", line)]
-    attrs = fields(seen.tree) if isinstance(seen.tree, Opaque) else None
+    record = module(seen.tree)
+    attrs = fields(record) if record is not None else None
     cfg = fields((attrs or {}).get("pretrained_cfg"))
-    if cfg is None:
+    if cfg is None or record is None:
         return []
     keep = {k: cfg[k] for k in ("architecture", "tag", "num_classes", "input_size")
             if k in cfg}
-    return [("timm", f"timm model <{seen.tree.class_path}>: pretrained_cfg {pairs(keep)}")]
+    return [("timm", f"timm model <{record.class_path}>: pretrained_cfg {pairs(keep)}")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchless.cli.summaries.seen import Found, Seen
-from torchless.cli.summaries.text import fields, fmt, pairs
+from torchless.cli.summaries.text import fields, fmt, module, pairs
 from torchless.pickle.values import Opaque
 
 __all__ = ["summary"]
@@ -35,9 +35,8 @@ def summary(seen: Seen) -> list[Found]:
     top = seen.top
     if not ("train_args" in top or ("best_fitness" in top and "ema" in top)):
         return []
-    model = _model(top)
-    attrs = fields(model) if not isinstance(model, dict) else None
-    attrs = attrs or {}
+    model = module(_model(top))
+    attrs = (fields(model) if model is not None else None) or {}
     args = fields(top.get("train_args")) or fields(attrs.get("args")) or {}
     yaml = fields(attrs.get("yaml")) or {}
     names = attrs.get("names")
