@@ -163,7 +163,7 @@ def test_options_that_need_each_other(tmp_path: Path) -> None:
 def test_odd_shapes_never_break_the_summary() -> None:
     """Structures that only look like known ones (from any file) are described or left out,
     never a crash; a huge value is clipped before it is printed."""
-    from torchless.cli.summary import compact, structures
+    from torchless.cli.summaries import compact, structures
 
     tree = {"optimizer": {"state": 5, "param_groups": [{"params": 3}, "x"]},
             "a": (np.arange(3), np.zeros(624), 1, 2, 3), "b": (np.arange(2), (1,) * 625, None),
@@ -246,7 +246,7 @@ def test_values_stop_where_their_names_pass_64_mib(tmp_path: Path,
 def test_summary_names_places_as_tensor_names_do() -> None:
     """A summary's label names the place as ``.tensors`` names it (model/walk.entry_name):
     a bytes key by its text, a non-plain key by its position."""
-    from torchless.cli.summary import structures
+    from torchless.cli.summaries import structures
 
     opt = {"state": {}, "param_groups": [{"params": [0, 1]}]}
     found = dict(structures({"run": {b"opt": opt}}, ""))

@@ -416,7 +416,7 @@ def _check_script(torch: ModuleType, tg: ModuleType, path: Path) -> None:
             assert tl.storage_offset == t.storage_offset(), name
             check_array(tg, tl.numpy(), t, name)
         check_storage_sharing(tg, ckpt.tensors, expected)
-    loaded = torchless.load(path)
+    loaded = torchless.load(path, modules="state_dict")  # a record by default
     assert isinstance(loaded, collections.OrderedDict)
     assert list(loaded) == list(expected)
     for name, t in expected.items():
@@ -467,7 +467,7 @@ def test_full_model(torch: ModuleType, tg: ModuleType, tmp_path: Path, model: st
             check_tensor(tg, ckpt.tensors[name], t, name)
         check_storage_sharing(tg, ckpt.tensors, expected)
         assert isinstance(ckpt.tree, collections.OrderedDict)
-    loaded = torchless.load(path)
+    loaded = torchless.load(path, modules="state_dict")  # a record by default
     assert isinstance(loaded, collections.OrderedDict)
     assert_same(tg, reloaded, loaded)
     aliases = [(a, b) for a in expected for b in expected if a < b and expected[a] is expected[b]]
@@ -491,7 +491,7 @@ def test_model_inside_checkpoint(torch: ModuleType, tg: ModuleType, tmp_path: Pa
     with torchless.open(path) as ckpt:
         check_flat(tg, ckpt, expected)
         assert_same(tg, expected, ckpt.tree, tree=True)
-    assert_same(tg, expected, torchless.load(path))
+    assert_same(tg, expected, torchless.load(path, modules="state_dict"))
 
 
 # ---- 5. structure -----------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_quantized_model_saved_whole(torch: ModuleType, tmp_path: Path, kind: st
         torch.save(model, path, pickle_protocol=protocol)
         _torch_load(torch, path)  # torch reads the file
         expected = model.state_dict()
-    loaded = torchless.load(path)
+    loaded = torchless.load(path, modules="state_dict")
     assert list(loaded) == list(expected)
     for key, value in expected.items():
         if isinstance(value, (torch.Tensor, tuple, torch.dtype)):
@@ -188,7 +188,7 @@ def test_a_child_module_with_a_state_of_its_own_is_kept(torch: ModuleType,
     path = tmp_path / "packed.pt"
     torch.save(model, path)
     expected = _torch_load(torch, path).state_dict()
-    loaded = torchless.load(path)
+    loaded = torchless.load(path, modules="state_dict")
     assert list(loaded) == ["0.weight", "0.bias", "1"]
     assert isinstance(loaded["1"], torchless.Opaque)
     with torchless.open(path) as ckpt:

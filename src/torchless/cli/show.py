@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_error
-from torchless.cli.summary import as_json, clipped_repr, compact, structures
+from torchless.cli.summaries import as_json, clipped_repr, compact, structures
 from torchless.core.text import line_writer
 from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor, UnsupportedTensor
@@ -226,7 +226,8 @@ def inspect_json(ckpt: _checkpoint.Checkpoint, pattern: str | None = None) -> di
         })
     doc: dict[str, Any] = {
         "path": ckpt.path, "format": ckpt.format, "description": describe_format(ckpt),
-        "info": dict(ckpt.info), "summary": as_json(structures(ckpt.tree, ckpt.path)),
+        "info": dict(ckpt.info),
+        "summary": as_json(structures(ckpt.tree, ckpt.path, ckpt.info, ckpt.format)),
         "tensor_count": len(tensors),
         "total_bytes": sum(t["nbytes"] for t in tensors), "tensors": tensors,
         "totals_by_dtype": totals, "unsupported": dict(ckpt.unsupported),

@@ -10,7 +10,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from torchless.cli.summary import clipped_repr, compact
+from torchless.cli.summaries import clipped_repr, compact
 from torchless.core.text import line_writer
 from torchless.model.graph import ModuleDict
 from torchless.model.tensor import Tensor, UnsupportedTensor

@@ -240,7 +240,8 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
     limits = read.limits
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(_atomic.Output(dpath, force=force))
-        with read.open(spath) as ckpt:
+        # with the object tree, modules saved whole keep their attributes (records)
+        with read.open(spath, "record" if tree else "state_dict") as ckpt:
             try:
                 if os.path.exists(dpath) and os.path.samefile(spath, dpath):
                     raise ConversionError("the output path is the source file", path=dpath,
@@ -332,7 +333,8 @@ def _verify(spath: str, dpath: str, key: str | None, skip_unsupported: bool,
 
         return _hf.verify_layout(spath, dpath, key=key, skip_unsupported=skip_unsupported,
                                  read=read, selection=selection, cast=cast)
-    with safetensors_data(dpath, limits) as (header, data), read.open(spath) as ckpt:
+    with safetensors_data(dpath, limits) as (header, data), read.open(
+            spath, "record" if _inert.TREE_KEY in header.metadata else "state_dict") as ckpt:
         tensors, unsupported = select(ckpt, key, plan_names([ckpt], key, selection, spath)
                                       if selection else None)
         cast_report: dict[str, str] = {}

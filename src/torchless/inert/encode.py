@@ -40,7 +40,14 @@ from torchless.model.graph import ModuleDict
 from torchless.model.interop import torch_to_record
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
-from torchless.model.walk import arg_names, children, entry_name, key_text
+from torchless.model.walk import (
+    MODULE_DICTS,
+    arg_names,
+    children,
+    entry_name,
+    is_module_state,
+    key_text,
+)
 from torchless.pickle.values import NOTSET, Global, Opaque
 from torchless.rules.stdlib import system_zone
 from torchless.write.safetensors import MAX_HEADER_BYTES
@@ -102,6 +109,9 @@ class Encoder:
         self._counts: dict[int, int] = {}
         self._ids: dict[int, int] = {}
         self._active: set[int] = set()
+        #: module records' ``__dict__`` states: their ``_parameters``, ``_buffers`` and
+        #: ``_modules`` add no segment to the names below them, as in the walker's names
+        self._module_states: set[int] = set()
         self._lowered: dict[int, Any] = {}      # registered state / Opaque record, by id
         self._records: dict[int, TensorRecord | None] = {}  # of torch tensors, by id
         self._parts: set[int] = set()           # torch tensors that are a record's parts
@@ -399,7 +409,9 @@ class Encoder:
         if kind is dict:
             if not shared and all(type(k) is str and not k.startswith("$") for k in obj):
                 self._spend(sum(len(k) for k in obj), path)
-                return {k: self._value(v, _join(path, k), d) for k, v in obj.items()}
+                module = id(obj) in self._module_states
+                return {k: self._value(v, path if module and k in MODULE_DICTS
+                                       else _join(path, k), d) for k, v in obj.items()}
             return {"$dict": self._pairs(obj.items(), path, d)}
         if kind is collections.OrderedDict or kind is ModuleDict:
             body: dict[str, Any] = {"items": self._pairs(obj.items(), path, d)}
@@ -440,6 +452,8 @@ class Encoder:
             "items": [self._value(v, _join(path, i), d) for i, v in enumerate(obj.items)],
             "dict_items": self._pairs(obj.dict_items, path, d, keys=False)}
         if obj.state is not NOTSET:
+            if is_module_state(obj.state):
+                self._module_states.add(id(obj.state))
             body["state"] = self._value(obj.state, path, d)
         return body
 

@@ -12,7 +12,7 @@ import argparse
 import collections
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from torchless.core.dtypes import DType
 from torchless.core.limits import Limits
@@ -21,18 +21,46 @@ from torchless.errors import LimitError
 from torchless.model.chunks import detached
 from torchless.model.qmodules import quantized_conv, quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
-from torchless.model.walk import LEAVES, children, depth_first, is_node
+from torchless.model.walk import LEAVES, children, depth_first, is_module_state, is_node
 from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import NOTSET, Global, Opaque
 
-__all__ = ["ModuleDict", "finish", "flatten", "module_state_dict"]
+__all__ = ["ModuleDict", "ModuleMode", "finish", "flatten", "keep_modules", "module_state_dict"]
 
 
 class ModuleDict(collections.OrderedDict[str, Any]):
-    """The ``state_dict()`` of a module saved whole; stands where the module was."""
+    """The ``state_dict()`` of a module saved whole; stands where the module was.
+
+    ``record`` is the module's own record (its ``__dict__``, whose submodules are their
+    state dicts in turn) when it was read from one, for what describes the module
+    (``inspect``'s summaries read ``names`` or ``config`` there). A slot, not an attribute:
+    no walk sees it, so it names no tensor and is stored nowhere."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.record: Opaque | None = None
 
 
 ModuleHook = Callable[[Opaque], "ModuleDict | None"]
+
+#: How a module saved whole stands in a loaded tree: ``"record"``, the :class:`Opaque`
+#: record of its pickled ``__dict__`` (class, attributes, parameters, buffers, submodules);
+#: ``"state_dict"``, its ``state_dict()`` (a :class:`ModuleDict`).
+ModuleMode = Literal["record", "state_dict"]
+
+
+def keep_modules(base: ModuleHook) -> ModuleHook:
+    """The hook of ``modules="record"``: a module whose pickled ``__dict__`` holds its
+    parameters, buffers and submodules stays that record, every attribute in it, its tensors
+    named as ``state_dict()`` names them (:func:`~torchless.model.walk.is_module_state`);
+    anything else is what ``base`` makes of it (a quantized conv's packed state, a
+    TorchScript module: their ``state_dict()``)."""
+    def hook(obj: Opaque) -> ModuleDict | None:
+        return None if is_module_state(obj.state) else base(obj)
+
+    return hook
 
 
 def module_state_dict(obj: Opaque) -> ModuleDict | None:
@@ -55,6 +83,7 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
     if not isinstance(non_persistent, (set, frozenset, list, tuple)):
         non_persistent = ()
     out = ModuleDict()
+    out.record = obj
     for name, value in params.items():
         if value is not None:
             out[str(name)] = value

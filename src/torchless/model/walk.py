@@ -20,7 +20,9 @@ Flat names join the segments :func:`children` gives with ``"."`` (``docs/formats
   ``copyreg._reconstructor(cls, tuple, fields)``) and a ``torch.return_types``
   struct sequence are sequences (``p.0``); otherwise the keys of a dict state, of both dicts
   of a ``(dict, slots)`` state, the indices of a list or tuple state, ``state`` for any other
-  state, ``args.i`` for constructor arguments, ``kwargs.k`` for keyword arguments,
+  state (a module's pickled ``__dict__`` too, except that its ``_parameters``, ``_buffers``
+  and ``_modules`` add no segment: a module record names its tensors as ``state_dict()``
+  does), ``args.i`` for constructor arguments, ``kwargs.k`` for keyword arguments,
   the index for APPENDed items and the key for SETITEMs; ``callable`` for a call made on the
   result of another call.
 
@@ -45,8 +47,8 @@ from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.pickle.known import Pending
 from torchless.pickle.values import NOTSET, Global, Opaque
 
-__all__ = ["LEAVES", "NODES", "arg_names", "children", "depth_first", "entry_name", "is_node",
-           "key_text", "plain_key"]
+__all__ = ["LEAVES", "MODULE_DICTS", "NODES", "arg_names", "children", "depth_first",
+           "entry_name", "is_module_state", "is_node", "key_text", "plain_key"]
 
 #: Values that hold other values (and an object ndarray: :func:`is_node`).
 NODES: tuple[type, ...] = (dict, list, tuple, set, frozenset, collections.deque,
@@ -55,6 +57,16 @@ NODES: tuple[type, ...] = (dict, list, tuple, set, frozenset, collections.deque,
 LEAVES: tuple[type, ...] = (Tensor, UnsupportedTensor)
 
 _SCALARS = (str, int, float, bool, bytes, complex, type(None))
+
+#: The entries of an ``nn.Module``'s ``__dict__`` that hold its parameters, buffers and
+#: submodules by name.
+MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+
+
+def is_module_state(state: Any) -> bool:
+    """Whether a record's state is an ``nn.Module``'s pickled ``__dict__``: a dict whose
+    ``_parameters``, ``_buffers`` and ``_modules`` are dicts."""
+    return type(state) is dict and all(isinstance(state.get(k), dict) for k in MODULE_DICTS)
 
 
 _EXACT_NODES = frozenset({dict, list, tuple, set, frozenset, Opaque, collections.OrderedDict})
@@ -216,7 +228,11 @@ def _opaque(obj: Opaque) -> Iterator[tuple[str | None, Any]]:
         for k, v in obj.kwargs.items():
             yield None, k
             yield f"kwargs.{key_text(k) if plain_key(k) else '?'}", v
-    if obj.state is not NOTSET:
+    if is_module_state(obj.state):
+        yield None, obj.state  # walked whole, named through its entries:
+        for name, v in _items(obj.state.items()):
+            yield ("" if name in MODULE_DICTS else name), v
+    elif obj.state is not NOTSET:
         yield from _state(obj.state)
     for i, v in enumerate(obj.items):
         yield str(i), v

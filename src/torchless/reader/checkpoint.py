@@ -25,7 +25,7 @@ from torchless.errors import (
 from torchless.inert.schema import TensorMode, TypeRegistry
 from torchless.io.opening import is_file_object, open_source
 from torchless.io.remote import is_remote
-from torchless.model.graph import finish, flatten
+from torchless.model.graph import ModuleMode, finish, flatten, keep_modules
 from torchless.model.interop import record_to_torch, to_torch
 from torchless.model.kinds import TensorRecord
 from torchless.model.tensor import Tensor, UnsupportedTensor, with_attrs
@@ -45,7 +45,8 @@ class Checkpoint:
             or inert) and ``"index"`` (a sharded checkpoint's ``*.index.json``) for files
             torchless and Hugging Face write.
         tree: the whole saved object, with :class:`Tensor` leaves, modules saved
-            whole replaced by their ``state_dict()``, and unknown objects as
+            whole replaced by their ``state_dict()`` (with ``modules="record"``: kept as
+            the :class:`Opaque` records of their ``__dict__``), and unknown objects as
             :class:`Opaque` records.
         tensors: every tensor by flat name (dict keys and sequence indices joined by '.').
         unsupported: tensors that are not one array, by flat name, with what kind they
@@ -116,9 +117,10 @@ class ReadOptions:
     allow_globals: tuple[str, ...] = ()
     verify_crc: bool = False
 
-    def open(self, path: Any) -> Checkpoint:
+    def open(self, path: Any, modules: ModuleMode = "state_dict") -> Checkpoint:
         return open(path, limits=self.limits, strict=self.strict,
-                    allow_globals=self.allow_globals, verify_crc=self.verify_crc)
+                    allow_globals=self.allow_globals, verify_crc=self.verify_crc,
+                    modules=modules)
 
 
 def open(
@@ -129,6 +131,7 @@ def open(
     allow_globals: Iterable[str] = (),
     root_name: str = "",
     verify_crc: bool = False,
+    modules: ModuleMode = "state_dict",
 ) -> Checkpoint:
     """Open a torch checkpoint without torch and without running pickle code.
 
@@ -145,23 +148,30 @@ def open(
             even though the policy would refuse them (for files you trust).
         root_name: the name of the tensor when the whole file is one bare tensor.
         verify_crc: check each storage's CRC-32 when it is first read.
+        modules: how a module saved whole (``torch.save(model)``) stands in ``tree``:
+            ``"state_dict"`` (default), its ``state_dict()``, so that ``tensors`` are the
+            names ``load_state_dict`` takes; ``"record"``, the :class:`Opaque` record of its
+            pickled ``__dict__`` (as :func:`load` gives it).
 
     Raises:
         CheckpointError: (a subclass of it) for anything wrong with the file.
     """
+    if modules not in ("record", "state_dict"):
+        raise ValueError("modules must be 'record' or 'state_dict'")
     lim = limits if limits is not None else Limits()
     spath = path if is_file_object(path) or is_remote(path) else os.fspath(path)
     label = spath if isinstance(spath, str) else "<file object>"
     with error_boundary("reading", label, max_depth=lim.max_depth):
-        return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc)
+        return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc,
+                     modules)
 
 
 def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
-          verify_crc: bool) -> Checkpoint:
+          verify_crc: bool, modules: ModuleMode = "state_dict") -> Checkpoint:
     if isinstance(path, str) and not is_remote(path) and os.path.isdir(path):
         found = registry.find_directory(path)
         return _read(path, found.name, lambda: found.open(path, limits, verify_crc), None,
-                     limits, strict, allow, root_name)
+                     limits, strict, allow, root_name, modules)
     source = open_source(path)
     try:
         kind = formats.sniff(source)
@@ -173,15 +183,16 @@ def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_n
     if kind is not None:  # torchless's own outputs: safetensors, inert, index files
         opened: Checkpoint = formats.open_other(
             kind, source, limits,
-            lambda shard: _open(shard, limits, strict, allow, root_name, verify_crc),
+            lambda shard: _open(shard, limits, strict, allow, root_name, verify_crc, modules),
             Checkpoint)
         return opened
     return _read(source.path, layout.name, lambda: layout.open(source, limits, verify_crc),
-                 source, limits, strict, allow, root_name)
+                 source, limits, strict, allow, root_name, modules)
 
 
 def _read(path: str, layout: str, make: Callable[[], Container], source: Any,
-          limits: Limits, strict: bool, allow: frozenset[str], root_name: str) -> Checkpoint:
+          limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
+          modules: ModuleMode) -> Checkpoint:
     """Run the container's object pickle and finish the tree; ``source`` (or, for a
     directory layout, the container) is closed if anything fails."""
     closer = source
@@ -193,7 +204,8 @@ def _read(path: str, layout: str, make: Callable[[], Container], source: Any,
             resolver = TorchResolver(limits, container.persistent_load, strict=strict,
                                      allow=allow)
             raw = container.load(resolver)
-            tree = finish(raw, limits, container.module_hook())
+            hook = container.module_hook()
+            tree = finish(raw, limits, hook if modules == "state_dict" else keep_modules(hook))
             part = container.weights(tree) if isinstance(container, PartialTree) else tree
             tensors, unsupported = flatten(part, limits, root_name)
         info: dict[str, Any] = {"layout": layout, **container.describe(resolver)}
@@ -265,6 +277,7 @@ def load(
     allow_globals: Iterable[str] = (),
     verify_crc: bool = False,
     copy: bool = False,
+    modules: ModuleMode = "record",
 ) -> Any:
     """The whole saved object: of a torch checkpoint, or of a file :func:`torchless.save`
     or :func:`torchless.convert` wrote (for another safetensors file, its tensors by name).
@@ -282,6 +295,13 @@ def load(
         allow_globals: as for :func:`open`.
         verify_crc: as for :func:`open`.
         copy: writable NumPy copies instead of read-only views of the file.
+        modules: ``"record"`` (default): a module saved whole (``torch.save(model)``) comes
+            as the :class:`Opaque` record of its pickled ``__dict__``: ``class_path``, and
+            in ``state`` every attribute torch would see (``names``, ``yaml``, ``config``,
+            ``args`` …), its ``_parameters``, ``_buffers`` and ``_modules`` (submodules as
+            records), nothing called. ``"state_dict"``: its ``state_dict()`` instead (a dict
+            of arrays by name), as :func:`open` keeps it in ``Checkpoint.tree``. Inert and
+            safetensors files hold no pickled module: for them it changes nothing.
 
     Sparse, quantized, nested, jagged and meta tensors come as :class:`TensorRecord`
     objects holding their component arrays (``tensors="torch"``: as torch tensors).
@@ -290,6 +310,8 @@ def load(
     """
     if tensors not in ("numpy", "torch"):
         raise ValueError("tensors must be 'numpy' or 'torch'")
+    if modules not in ("record", "state_dict"):
+        raise ValueError("modules must be 'record' or 'state_dict'")
     spath: Any = path if is_file_object(path) or is_remote(path) else os.fspath(path)
     if not (isinstance(spath, str) and not is_remote(spath) and os.path.isdir(spath)):
         source = open_source(spath)
@@ -311,7 +333,7 @@ def load(
         torch = _import_torch("tensors='torch'")
     lim = limits if limits is not None else Limits()
     ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals,
-                verify_crc=verify_crc)
+                verify_crc=verify_crc, modules=modules)
     try:
         unreadable = [(n, k) for n, k in ckpt.unsupported.items() if n not in ckpt.records]
         if unreadable:
