@@ -240,8 +240,10 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
     limits = read.limits
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(_atomic.Output(dpath, force=force))
-        # with the object tree, modules saved whole keep their attributes (records)
-        with read.open(spath, "record" if tree else "state_dict") as ckpt:
+        # with the object tree, modules saved whole keep their attributes (records); a
+        # selection writes tensors only, as state dicts name them
+        with read.open(spath, "record" if tree and selection is None else "state_dict"
+                       ) as ckpt:
             try:
                 if os.path.exists(dpath) and os.path.samefile(spath, dpath):
                     raise ConversionError("the output path is the source file", path=dpath,
