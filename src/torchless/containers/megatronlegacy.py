@@ -21,10 +21,9 @@ import re
 from typing import Any
 
 from torchless.containers.megatron import tracked_dir
-from torchless.containers.torchzip import TorchZip
+from torchless.containers.rankfiles import RankFiles
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, NotACheckpointError, StorageError
-from torchless.io.source import Source
+from torchless.errors import NotACheckpointError
 from torchless.model.graph import ModuleHook, module_state_dict
 from torchless.model.tensor import Storage, Tensor
 from torchless.rules.resolver import TorchResolver
@@ -74,27 +73,16 @@ class MegatronLegacyDirectory:
         self.limits = limits
         self.verify_crc = verify_crc
         self.ranks = _rank_dirs(found)
-        self._sources: list[Source] = []
-        self._current: TorchZip | None = None
+        self._ranks = RankFiles(self.limits, self.verify_crc)
         self._tree: dict[str, Any] = {}
 
     def persistent_load(self, pid: Any, offset: int) -> Storage:
-        if self._current is None:  # pragma: no cover - only archives run pickles here
-            raise StorageError("a storage outside an archive")
-        return self._current.persistent_load(pid, offset)
+        return self._ranks.persistent_load(pid, offset)
 
     def load(self, resolver: TorchResolver) -> Any:
         for rank in self.ranks:
-            member = f"{rank}/{FILE}"
-            try:
-                src = Source(os.path.join(self.path, rank, FILE))
-                self._sources.append(src)
-                self._current = TorchZip(src, self.limits, verify_crc=self.verify_crc)
-                self._tree[rank] = self._current.load(resolver)
-            except CheckpointError as e:
-                raise e.add_context(member=member) from None
-            finally:
-                self._current = None
+            self._tree[rank] = self._ranks.read(os.path.join(self.path, rank, FILE),
+                                                f"{rank}/{FILE}", resolver)
         return self._tree
 
     def describe(self, resolver: TorchResolver) -> dict[str, Any]:
@@ -126,8 +114,7 @@ class MegatronLegacyDirectory:
         """Nothing: each rank's file is its own map."""
 
     def close(self) -> None:
-        for src in self._sources:
-            src.close()
+        self._ranks.close()
 
 
 def _tensors(value: Any, prefix: str, depth: int = 0) -> dict[str, Tensor]:

@@ -24,16 +24,14 @@ from typing import Any
 
 from torchless.containers.dcpchunks import Piece, assembled, coverage
 from torchless.containers.dcpmeta import Chunk, TensorMeta
-from torchless.containers.torchzip import TorchZip
+from torchless.containers.rankfiles import RankFiles
 from torchless.core.limits import Limits
 from torchless.errors import (
-    CheckpointError,
     FormatError,
     LimitError,
     StorageError,
     type_phrase,
 )
-from torchless.io.source import Source
 from torchless.model.dtensor import DistributedPiece, DTensorShard
 from torchless.model.graph import ModuleHook, module_state_dict
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
@@ -93,24 +91,14 @@ class RankDirectory:
         if not self.files:  # pragma: no cover - the registry sniffed it
             raise StorageError("not a directory of rank files", path=path)
         self.world_size = len(self.files["model"])
-        self._sources: dict[str, Source] = {}
-        self._current: TorchZip | None = None
+        self._ranks = RankFiles(self.limits, self.verify_crc)
         self.placed = 0
 
     def _read(self, name: str, resolver: TorchResolver) -> Any:
-        try:
-            src = self._sources[name] = Source(os.path.join(self.path, name))
-            self._current = TorchZip(src, self.limits, verify_crc=self.verify_crc)
-            return self._current.load(resolver)
-        except CheckpointError as e:
-            raise e.add_context(member=name) from None
-        finally:
-            self._current = None
+        return self._ranks.read(os.path.join(self.path, name), name, resolver)
 
     def persistent_load(self, pid: Any, offset: int) -> Storage:
-        if self._current is None:  # pragma: no cover - only archives run pickles here
-            raise StorageError("a storage outside an archive")
-        return self._current.persistent_load(pid, offset)
+        return self._ranks.persistent_load(pid, offset)
 
     def load(self, resolver: TorchResolver) -> Any:
         tree: dict[str, Any] = {}
@@ -154,7 +142,7 @@ class RankDirectory:
         if len(set(ids)) != len(ids):
             raise FormatError(f"two rank files hold the same piece of {fqn!r} (the same "
                               "mesh coordinate or shards)", hint=_HINT)
-        pieces = [Piece(Chunk(offsets, sizes), t, self._sources.get(name))
+        pieces = [Piece(Chunk(offsets, sizes), t, *self._ranks.file(name))
                   for v, name in zip(values, names, strict=True)
                   for offsets, sizes, t in v.boxes]
         dtypes = {p.tensor.dtype for p in pieces}
@@ -192,5 +180,4 @@ class RankDirectory:
         """Nothing: each piece hands back its own file's pages as it is streamed."""
 
     def close(self) -> None:
-        for src in self._sources.values():
-            src.close()
+        self._ranks.close()

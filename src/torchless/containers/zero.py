@@ -39,7 +39,7 @@ from typing import Any
 
 from torchless.containers.dcpchunks import Piece, assembled
 from torchless.containers.dcpmeta import Chunk, TensorMeta
-from torchless.containers.torchzip import TorchZip
+from torchless.containers.rankfiles import RankFiles
 from torchless.core import dtypes as _dtypes
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, FormatError, NotACheckpointError, StorageError
@@ -142,12 +142,7 @@ class ZeroDirectory:
         if tag_dir is None:  # pragma: no cover - the registry sniffed it
             raise NotACheckpointError("not a DeepSpeed ZeRO checkpoint directory", path=path)
         self.tag_dir = tag_dir
-        self._sources: list[Source] = []
-        #: a descriptor of each of those files (None where it could not be opened): a piece
-        #: of a partition that is one plain range of its file is read with ``pread``, so
-        #: converting touches no page of the maps
-        self._fds: list[int | None] = []
-        self._current: TorchZip | None = None
+        self._ranks = RankFiles(self.limits, self.verify_crc)
         self.stage = 0
         self.world_size = 0
         self.model_files = _files(tag_dir, _MODEL)
@@ -156,25 +151,10 @@ class ZeroDirectory:
     # ---- reading the rank files -------------------------------------------------------
 
     def _read(self, name: str, resolver: TorchResolver) -> Any:
-        try:
-            full = os.path.join(self.tag_dir, name)
-            src = Source(full)
-            self._sources.append(src)
-            try:
-                self._fds.append(os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
-            except OSError:
-                self._fds.append(None)  # its pieces are then read through the map
-            self._current = TorchZip(src, self.limits, verify_crc=self.verify_crc)
-            return self._current.load(resolver)
-        except CheckpointError as e:
-            raise e.add_context(member=name) from None
-        finally:
-            self._current = None
+        return self._ranks.read(os.path.join(self.tag_dir, name), name, resolver)
 
     def persistent_load(self, pid: Any, offset: int) -> Storage:
-        if self._current is None:  # pragma: no cover - only archives run pickles here
-            raise StorageError("a storage outside an archive")
-        return self._current.persistent_load(pid, offset)
+        return self._ranks.persistent_load(pid, offset)
 
     def load(self, resolver: TorchResolver) -> Any:
         optims = [self._read(n, resolver) for n in self.optim_files]
@@ -245,8 +225,7 @@ class ZeroDirectory:
                 frags = [_get(_get(m, "frozen_param_fragments", "model states"), name,
                               "frozen_param_fragments") for m in models]
                 pieces = _take([(f, 0, _numel(f)) for f in frags], math.prod(shape), name)
-                # the model-states files were read after the world size's optimizer files
-                files = [self._file(self.world_size + r) for r in range(len(pieces))]
+                files = [self._ranks.file(self.model_files[r]) for r in range(len(pieces))]
                 out[name] = _as_float32(name, _gathered(name, shape, pieces, files))
             else:
                 frag = _get(_get(states, "frozen_param_fragments", "model states"), name,
@@ -256,7 +235,8 @@ class ZeroDirectory:
                 out[name] = _as_float32(name, frag)
         for name, (shape, where) in places.items():
             pieces = [(flats[r][g], start, n) for r, g, start, n in where]
-            out[name] = _gathered(name, shape, pieces, [self._file(r) for r, *_ in where])
+            out[name] = _gathered(name, shape, pieces,
+                                  [self._ranks.file(self.optim_files[r]) for r, *_ in where])
         shared = states.get("shared_params") or {}
         if self.stage < 3:  # parameters no group and no frozen record holds (ZeRO-1 keeps
             # frozen ones only in the module, which zero_to_fp32 then leaves out): as saved
@@ -292,7 +272,8 @@ class ZeroDirectory:
                 except CheckpointError:
                     continue
                 entry[k] = _gathered(f"{name}.{k}", shape, pieces,
-                                     [self._file(r) for r, *_ in where])
+                                     [self._ranks.file(self.optim_files[r])
+                                      for r, *_ in where])
             state[name] = entry
         return {"state": state, "param_groups": bases[0].get("param_groups")}  # type: ignore[union-attr]
 
@@ -314,20 +295,8 @@ class ZeroDirectory:
     def release(self, offset: int, n: int) -> None:
         """Nothing: each piece hands back its own file's pages as it is streamed."""
 
-    def _file(self, index: int) -> tuple[Source | None, int | None]:
-        """The ``index``-th rank file read (the optimizer files first, rank order) and its
-        descriptor."""
-        if 0 <= index < len(self._sources):
-            return self._sources[index], self._fds[index]
-        return None, None  # pragma: no cover - every piece comes from a file read
-
     def close(self) -> None:
-        for src in self._sources:
-            src.close()
-        for fd in self._fds:
-            if fd is not None:
-                os.close(fd)
-        self._fds.clear()
+        self._ranks.close()
 
 
 #: Where a parameter's elements lie: (rank, group, start, count) pieces in order.
