@@ -26,27 +26,32 @@ from ._parity import assert_same
 PICKLES = (".pt", ".pth", ".bin")
 
 
-def _trainer(out: Path, callbacks: list[Any]) -> Any:
+def trainer(out: Path, callbacks: list[Any], *, n_layer: int = 1, n_embd: int = 8,
+            vocab: int = 32, positions: int = 8, rows: int = 8, steps: int = 4,
+            warmup: int = 1, **args: Any) -> Any:
+    """A tiny GPT-2 Trainer, the same for every seed and call: ``steps`` training steps, a
+    checkpoint every ``steps // 2``; ``args`` go to ``TrainingArguments``."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32,
-                                     n_positions=8)
+    config = transformers.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=2,
+                                     vocab_size=vocab, n_positions=positions)
     model = transformers.GPT2LMHeadModel(config)
     g = torch.Generator().manual_seed(3)
     data = [{"input_ids": ids, "labels": ids}
-            for ids in torch.randint(0, 32, (8, 8), generator=g)]
-    args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=4, save_steps=2, per_device_train_batch_size=2,
-        learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=1, report_to=[],
-        use_cpu=True, seed=0, logging_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0)
-    return transformers.Trainer(model=model, args=args, train_dataset=data,
+            for ids in torch.randint(0, vocab, (rows, 8), generator=g)]
+    training = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=steps, save_steps=steps // 2,
+        per_device_train_batch_size=2, learning_rate=1e-2, lr_scheduler_type="linear",
+        warmup_steps=warmup, report_to=[], use_cpu=True, seed=0, logging_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0, **args)
+    return transformers.Trainer(model=model, args=training, train_dataset=data,
                                 callbacks=callbacks)
 
 
-def _final(trainer: Any) -> dict[str, Any]:
+def final(trainer: Any) -> dict[str, Any]:
+    """What a resumed run must end with: weights, optimizer, scheduler, the three RNGs."""
     import numpy as np
     import torch
 
@@ -84,9 +89,9 @@ def _refused(root: Path, resume: Path) -> dict[str, Any]:
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             steps.append(state.global_step)
 
-    trainer = _trainer(root, [InertCheckpointCallback(), Steps()])
+    resumed = trainer(root, [InertCheckpointCallback(), Steps()])
     try:
-        trainer.train(resume_from_checkpoint=str(resume))
+        resumed.train(resume_from_checkpoint=str(resume))
     except Exception as e:  # the type is the result
         return {"error": type(e).__name__, "message": str(e), "steps": steps}
     return {"error": None, "steps": steps}
@@ -99,15 +104,15 @@ def run(root: Path) -> dict[str, Any]:
     tmp.mkdir()
     saved, tempfile.tempdir = tempfile.tempdir, str(tmp)
     try:
-        _trainer(root / "run", [InertCheckpointCallback(remove_originals=False)]).train()
+        trainer(root / "run", [InertCheckpointCallback(remove_originals=False)]).train()
         native = root / "run" / "checkpoint-2"
         conv = _copy(native, root / "conv" / "checkpoint-2", lambda n: not n.endswith(PICKLES))
-        oracle = _trainer(root / "a", [])
+        oracle = trainer(root / "a", [])
         oracle.train(resume_from_checkpoint=str(native))
-        want = _final(oracle)
-        by_path = _trainer(root / "b", [InertCheckpointCallback()])
+        want = final(oracle)
+        by_path = trainer(root / "b", [InertCheckpointCallback()])
         by_path.train(resume_from_checkpoint=str(conv))
-        by_true = _trainer(root / "conv", [InertCheckpointCallback()])
+        by_true = trainer(root / "conv", [InertCheckpointCallback()])
         by_true.train(resume_from_checkpoint=True)
         no_opt = _copy(conv, root / "no-opt" / "checkpoint-2",
                        lambda n: n != "optimizer.safetensors")
@@ -116,8 +121,8 @@ def run(root: Path) -> dict[str, Any]:
                          n not in ("optimizer.pt", "scheduler.pt")
                          and not n.endswith(".safetensors")))
         return {"native": sorted(os.listdir(native)), "conv": sorted(os.listdir(conv)),
-                "step": want["step"], "path": _same(_final(by_path), want),
-                "true": _same(_final(by_true), want),
+                "step": want["step"], "path": _same(final(by_path), want),
+                "true": _same(final(by_true), want),
                 "no_opt": _refused(root / "c", no_opt), "bare": _refused(root / "d", bare),
                 "bare_files": sorted(os.listdir(bare)), "tmp": os.listdir(tmp)}
     finally:

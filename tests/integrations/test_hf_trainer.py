@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from ..conftest import require
 from ._parity import assert_same
+from ._trainer_resume import final, trainer
 from .conftest import OFFLINE, TRANSFORMERS_5
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
@@ -32,43 +32,18 @@ def transformers() -> ModuleType:
     return require("transformers")
 
 
-def _trainer(transformers: ModuleType, out: Path, callbacks: list[Any], safe: bool) -> Any:
-    import torch
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50,
-                                     n_positions=16)
-    model = transformers.GPT2LMHeadModel(config)
-    g = torch.Generator().manual_seed(3)
-    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 50, (12, 8),
-                                                                         generator=g)]
-    args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=6, save_steps=3, per_device_train_batch_size=2,
-        learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=2, report_to=[],
-        use_cpu=True, seed=0, logging_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0, save_safetensors=safe)
-    return transformers.Trainer(model=model, args=args, train_dataset=data,
-                                callbacks=callbacks)
-
-
-def _final(trainer: Any) -> dict[str, Any]:
-    import numpy as np
-    import torch
-
-    return {"model": trainer.model.state_dict(), "opt": trainer.optimizer.state_dict(),
-            "sched": trainer.lr_scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
-            "np_rng": np.random.get_state()[1].tolist(), "py_rng": random.getstate(),
-            "step": trainer.state.global_step}
-
+def _trainer(out: Path, callbacks: list[Any], safe: bool) -> Any:
+    return trainer(out, callbacks, n_layer=2, n_embd=16, vocab=50, positions=16, rows=12,
+                   steps=6, warmup=2, save_safetensors=safe)
 
 
 @pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
 def test_resume_parity(transformers: ModuleType, tmp_path: Path, safe: bool) -> None:
     from torchless.integrations.transformers import InertCheckpointCallback, restore_checkpoint
 
-    _trainer(transformers, tmp_path / "plain", [], safe).train()
+    _trainer(tmp_path / "plain", [], safe).train()
     callback = InertCheckpointCallback()
-    _trainer(transformers, tmp_path / "inert", [callback], safe).train()
+    _trainer(tmp_path / "inert", [callback], safe).train()
     ckpt = tmp_path / "inert" / "checkpoint-3"
     assert sorted(os.listdir(ckpt)) == sorted([
         "config.json", "generation_config.json", "model.safetensors", "trainer_state.json",
@@ -79,17 +54,17 @@ def test_resume_parity(transformers: ModuleType, tmp_path: Path, safe: bool) -> 
         "rng_state.pth": "rng_state.safetensors",
         "training_args.bin": "training_args.safetensors",
         **({} if safe else {"pytorch_model.bin": "model.safetensors"})}
-    oracle_trainer = _trainer(transformers, tmp_path / "a", [], safe)
+    oracle_trainer = _trainer(tmp_path / "a", [], safe)
     oracle_trainer.train(resume_from_checkpoint=str(tmp_path / "plain" / "checkpoint-3"))
-    oracle = _final(oracle_trainer)
+    oracle = final(oracle_trainer)
     restored = restore_checkpoint(ckpt, tmp_path / "restored")
     assert sorted(n for n in os.listdir(restored) if n.endswith((".pt", ".pth", ".bin"))) == [
         "optimizer.pt", *([] if safe else ["pytorch_model.bin"]), "rng_state.pth",
         "scheduler.pt"]
-    resumed_trainer = _trainer(transformers, tmp_path / "b", [], safe)
+    resumed_trainer = _trainer(tmp_path / "b", [], safe)
     resumed_trainer.train(resume_from_checkpoint=restored)
     assert oracle["step"] == 6
-    assert_same(_final(resumed_trainer), oracle)
+    assert_same(final(resumed_trainer), oracle)
 
 
 def _check_natural_resume(result: dict[str, Any]) -> None:
