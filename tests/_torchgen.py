@@ -101,6 +101,21 @@ def views(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
+def save_bin_shards(root: Path, shards: list[dict[str, torch.Tensor]]) -> None:
+    """``pytorch_model-0000K-of-0000N.bin`` shards and their index, as
+    ``save_pretrained(safe_serialization=False)`` writes a sharded model into ``root``."""
+    import json
+
+    weight_map, total = {}, 0
+    for k, sd in enumerate(shards):
+        name = f"pytorch_model-{k + 1:05d}-of-{len(shards):05d}.bin"
+        torch.save(sd, root / name)
+        weight_map.update(dict.fromkeys(sd, name))
+        total += sum(t.numel() * t.element_size() for t in sd.values())
+    (root / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}))
+
+
 def contiguous_bytes(t: torch.Tensor) -> bytes:
     """The tensor's values in C order, as raw bytes (torch's own copy kernel)."""
     if t.numel() == 0:

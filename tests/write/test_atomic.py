@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 import subprocess
@@ -48,13 +47,9 @@ def _hf_dir(torch: ModuleType, root: Path, seed: int) -> Path:
     g = torch.Generator().manual_seed(seed)
     shards = [{f"a{seed}": torch.randn(64, generator=g)},
               {f"b{seed}": torch.randn(64, generator=g)}]
-    weight_map = {}
-    for k, sd in enumerate(shards):
-        name = f"pytorch_model-{k + 1:05d}-of-00002.bin"
-        torch.save(sd, root / name)
-        weight_map.update(dict.fromkeys(sd, name))
-    (root / "pytorch_model.bin.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": 512}, "weight_map": weight_map}))
+    from .._torchgen import save_bin_shards
+
+    save_bin_shards(root, shards)
     return root
 
 

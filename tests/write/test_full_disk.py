@@ -11,7 +11,6 @@ bytes."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -97,13 +96,9 @@ def test_one_file_says_needed_and_free(torch: ModuleType, tmp_path: Path,
 def _shards(torch: ModuleType, root: Path) -> list[dict[str, Any]]:
     root.mkdir()
     shards = [{"a": torch.randn(64)}, {"b": torch.randn(32)}]
-    weight_map = {}
-    for k, sd in enumerate(shards):
-        name = f"pytorch_model-{k + 1:05d}-of-00002.bin"
-        torch.save(sd, root / name)
-        weight_map.update(dict.fromkeys(sd, name))
-    (root / "pytorch_model.bin.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": 384}, "weight_map": weight_map}))
+    from .._torchgen import save_bin_shards
+
+    save_bin_shards(root, shards)
     return shards
 
 
