@@ -80,28 +80,37 @@ def test_progress_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not progress_wanted(False, _Tty())
 
 
-def test_convert_draws_on_a_terminal_only(tmp_path: Path) -> None:
-    """stderr a pseudo-terminal: the line is drawn (a slow enough run) and wiped; piped:
-    never a byte of it."""
+def _drawn(argv: list[str]) -> tuple[subprocess.CompletedProcess[bytes], str, bytes]:
+    """``torchless ARGV`` run twice in a child with progress drawn at once: with stderr a
+    pseudo-terminal (the run, what was drawn there) and piped (that run's stderr)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    code = ("import time, torchless.cli.progress as p; p._FIRST_DRAW = 0.0; "
-            "from torchless.cli.main import main; raise SystemExit(main(["
-            f"'convert', {str(TINY)!r}, '-o', {str(tmp_path / 'o.safetensors')!r}]))")
+    code = ("import torchless.cli.progress as p; p._FIRST_DRAW = 0.0; "
+            "from torchless.cli.main import main; "
+            f"raise SystemExit(main({argv!r}))")
     leader, follower = pty.openpty()
     run = subprocess.run([sys.executable, "-c", code], stderr=follower,
                          stdout=subprocess.PIPE, env=env, timeout=120, check=False)
     os.close(follower)
     drawn = os.read(leader, 65536).decode()
     os.close(leader)
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
+                           timeout=120, check=False)
+    assert piped.returncode == run.returncode
+    return run, drawn, piped.stderr
+
+
+def test_convert_draws_on_a_terminal_only(tmp_path: Path) -> None:
+    """stderr a pseudo-terminal: the line is drawn (a slow enough run) and wiped; piped:
+    never a byte of it."""
+    out = tmp_path / "o.safetensors"
+    run, drawn, piped = _drawn(["convert", str(TINY), "-o", str(out), "--force"])
     assert run.returncode == 0 and "100.0%" in drawn and "ETA 0:00" in drawn
     assert "26/26 tensors" in drawn  # the entries safetensors finds in the output:
     safetensors = pytest.importorskip("safetensors")
     with safetensors.safe_open(tmp_path / "o.safetensors", "np") as f:
         assert len(f.keys()) == 26
     assert b"26 tensors" in run.stdout
-    piped = subprocess.run([sys.executable, "-c", code.replace("o.safetensors", "p.safetensors")],
-                           capture_output=True, env=env, timeout=120, check=False)
-    assert piped.returncode == 0 and piped.stderr == b""
+    assert piped == b""
 
 
 def test_quiet_on_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -183,21 +192,10 @@ def test_scan_draws_files_on_a_terminal_only(tmp_path: Path) -> None:
     corpus.mkdir()
     for name in ("a.pt", "b.pt", "c.pt"):
         (corpus / name).write_bytes(TINY.read_bytes())
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    code = ("import torchless.cli.progress as p; p._FIRST_DRAW = 0.0; "
-            "from torchless.cli.main import main; raise SystemExit(main(["
-            f"'scan', {str(corpus)!r}]))")
-    leader, follower = pty.openpty()
-    run = subprocess.run([sys.executable, "-c", code], stderr=follower,
-                         stdout=subprocess.PIPE, env=env, timeout=120, check=False)
-    os.close(follower)
-    drawn = os.read(leader, 65536).decode()
-    os.close(leader)
+    run, drawn, piped = _drawn(["scan", str(corpus)])
     assert run.returncode == 0 and "3/3 files" in drawn and "100.0%" in drawn
     assert drawn.endswith("\r")  # wiped before the table
-    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
-                           timeout=120, check=False)
-    assert piped.returncode == 0 and piped.stderr == b""
+    assert piped == b""
     assert main(["scan", str(corpus), "-q"]) == 0
 
 
