@@ -32,6 +32,7 @@ import fnmatch
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from torchless.errors import ConversionError
 
@@ -95,6 +96,24 @@ def _glob(pattern: str) -> Callable[[str], bool]:
     return match
 
 
+_F = TypeVar("_F", bound=Callable[[str], object])
+
+
+def _labelled(value: object, what: str, parse: Callable[[str], _F],
+              expected: str) -> tuple[tuple[str, _F], ...]:
+    """Each pattern of ``value`` (one or many) as (how messages name it, its function): a
+    string is parsed, a callable is used as it is."""
+    out: list[tuple[str, _F]] = []
+    for p in _many(value):
+        if isinstance(p, str):
+            out.append((f"'{p}'", parse(p)))
+        elif callable(p):
+            out.append((repr(p), cast(_F, p)))
+        else:
+            raise ConversionError(f"{what}: expected {expected}, not {type(p).__name__}")
+    return tuple(out)
+
+
 def _many(value: object) -> list[object]:
     if value is None:
         return []
@@ -124,32 +143,13 @@ class Selection:
            exclude: NamePattern | Iterable[NamePattern] | None = None,
            rename: RenameRule | Iterable[RenameRule] | None = None,
            strip_prefix: str | None = None, ema: bool = False) -> Selection | None:
-        def patterns(value: object, what: str) -> tuple[tuple[str, Callable[[str], bool]], ...]:
-            out: list[tuple[str, Callable[[str], bool]]] = []
-            for p in _many(value):
-                if isinstance(p, str):
-                    out.append((f"'{p}'", _glob(p)))
-                elif callable(p):
-                    out.append((repr(p), p))
-                else:
-                    raise ConversionError(f"{what}: expected a glob or a callable, not "
-                                          f"{type(p).__name__}")
-            return tuple(out)
-
-        rules: list[tuple[str, Callable[[str], str]]] = []
-        for r in _many(rename):
-            if isinstance(r, str):
-                rules.append((f"'{r}'", substitution(r)))
-            elif callable(r):
-                rules.append((repr(r), r))
-            else:
-                raise ConversionError(f"rename: expected s/REGEX/REPL/ or a callable, not "
-                                      f"{type(r).__name__}")
+        rules = _labelled(rename, "rename", substitution, "s/REGEX/REPL/ or a callable")
         if strip_prefix == "":
             raise ConversionError("strip_prefix is empty", hint="give the prefix to remove, "
                                   "e.g. --strip-prefix model.")
-        found = cls(patterns(include, "include"), patterns(exclude, "exclude"),
-                    strip_prefix, tuple(rules), bool(ema))
+        found = cls(_labelled(include, "include", _glob, "a glob or a callable"),
+                    _labelled(exclude, "exclude", _glob, "a glob or a callable"),
+                    strip_prefix, rules, bool(ema))
         return None if found == cls() else found
 
     def apply(self, names: Mapping[str, str], path: str | None) -> dict[str, str]:
