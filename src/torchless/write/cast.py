@@ -232,10 +232,14 @@ def _done(piece: memoryview, future: Future[memoryview],
 
 def cast_tensor(t: Tensor, target: DType, *,
                 release: Callable[[memoryview], None] | None = None,
-                spill_dir: str | None = None) -> Tensor:
+                spill_dir: str | None = None,
+                observe: Callable[[], Callable[[memoryview], None]] | None = None) -> Tensor:
     """``t`` as a contiguous tensor of ``target`` whose bytes are cast as they are read
     (a streamed storage: :meth:`Storage.iter_bytes` casts block by block). ``release``
-    hands back the source map's pages behind each block read."""
+    hands back the source map's pages behind each block read. ``observe()``, called each
+    time the tensor is read, gives a function that is handed the source's bytes (contiguous,
+    little-endian) block by block, in order, as they are cast (the certificate's source
+    digest: :mod:`torchless.write.digest`)."""
     source = t.dtype
     if source.name not in CASTABLE:  # pragma: no cover - Cast.plan refuses them first
         raise ConversionError(f"cannot cast torch.{source.name}")
@@ -245,13 +249,20 @@ def cast_tensor(t: Tensor, target: DType, *,
         elements = max(1, min(chunk, BLOCK_BYTES) // max(source.itemsize, target.itemsize))
         block = elements * source.itemsize
         pieces = _source_blocks(t, block, spill_dir)
+        feed = observe() if observe is not None else None
+
+        def one(piece: memoryview) -> memoryview:
+            if feed is not None:
+                feed(piece)
+            return cast_block(source, target, piece)
+
         if t.nbytes <= block:
             for piece in pieces:
-                yield cast_block(source, target, piece)
+                yield one(piece)
                 if release is not None:
                     release(piece)
             return
-        yield from _ahead(pieces, lambda piece: cast_block(source, target, piece), release)
+        yield from _ahead(pieces, one, release)
 
     def load() -> bytes:  # the whole cast tensor, for a reader that asks for all of it
         return b"".join(bytes(b) for b in stream(BLOCK_BYTES))
@@ -310,11 +321,18 @@ class Cast:
 
     def apply(self, tensors: Mapping[str, Tensor], *,
               release: Callable[[memoryview], None] | None = None,
-              spill_dir: str | None = None) -> tuple[dict[str, Tensor], str]:
+              spill_dir: str | None = None,
+              observe: Callable[[str], Callable[[memoryview], None]] | None = None
+              ) -> tuple[dict[str, Tensor], str]:
         """The tensors with those chosen cast (streamed), and the record of what was cast
-        for ``__metadata__``."""
+        for ``__metadata__``; ``observe(name)`` as for :func:`cast_tensor`."""
         planned = self.plan(tensors)
-        out = {n: cast_tensor(t, self.dtype, release=release, spill_dir=spill_dir)
+
+        def watch(name: str) -> Callable[[], Callable[[memoryview], None]] | None:
+            return None if observe is None else lambda: observe(name)
+
+        out = {n: cast_tensor(t, self.dtype, release=release, spill_dir=spill_dir,
+                              observe=watch(n))
                if n in planned else t for n, t in tensors.items()}
         return out, self.record(planned)
 
