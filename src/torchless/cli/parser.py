@@ -66,6 +66,7 @@ examples:
   torchless convert ckpt.pt --weights-only          # tensors only, no object tree
   torchless convert https://example.org/model.pt    # streamed by range requests
   torchless convert model.ckpt -o net.safetensors --key state_dict --rename s/^/net./
+  torchless convert model.pt -o signed.safetensors --certificate  # + every tensor's digest
 """
 
 _VERIFY_EXAMPLES = """\
@@ -74,8 +75,8 @@ examples:
   torchless verify model.ckpt out.safetensors --key state_dict --json
   torchless verify ./my-model/ ./out/             # every shard, and the output index
   torchless verify -q model.pt model.safetensors  # nothing printed: the exit code says
-  torchless verify --certificate model.safetensors           # the output alone
-  torchless verify --certificate model.safetensors model.pt  # and against its source
+  torchless verify --certificate signed.safetensors           # the output alone
+  torchless verify --certificate signed.safetensors model.pt  # and against its source
 """
 
 

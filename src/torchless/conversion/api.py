@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from torchless.containers.base import PartialTree
 from torchless.conversion import hflayout as _hflayout
+from torchless.conversion.certificate import METADATA_KEY as CERT_KEY
+from torchless.conversion.certificate import Certificate, transforms_of
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
@@ -30,8 +32,6 @@ from torchless.conversion.common import (
     verify_unpublished,
     write_output,
 )
-from torchless.conversion.certificate import METADATA_KEY as CERT_KEY
-from torchless.conversion.certificate import Certificate, transforms_of
 from torchless.conversion.hflayout import is_checkpoint_dir
 from torchless.conversion.select import NamePattern, RenameRule, Selection
 from torchless.core.collector import collector_paused

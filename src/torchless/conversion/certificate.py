@@ -37,7 +37,6 @@ again in place, before the file is flushed and published.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -112,12 +111,18 @@ class _Hashes:
 
 def sha256_file(path: str) -> str:
     """The sha256 of a file's bytes (read in blocks)."""
+    import hashlib  # with a certificate only: not at start-up
+
     h = hashlib.sha256()
     buf = bytearray(_READ_BYTES)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                h.update(view[:n])
+    except OSError as e:
+        raise ConversionError(f"cannot read the source to hash it: {e.strerror}",
+                              path=path) from None
     return h.hexdigest()
 
 

@@ -19,7 +19,6 @@ for both.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +44,8 @@ BACKGROUND_BYTES = 1 << 20
 
 def new() -> Any:
     """A fresh hash of the certificate's kind."""
+    import hashlib  # with a certificate only: not at start-up
+
     return hashlib.blake2b(digest_size=DIGEST_SIZE)
 
 
