@@ -297,3 +297,41 @@ def test_no_certificate_and_usage(torch: Any, tmp_path: Path,
     with pytest.raises(SystemExit) as e:
         main(["verify", str(src)])
     assert e.value.code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("text", [
+    "[", "{}", "[" * 5000 + "]" * 5000, '{"schema": 1, "digest": "sha1"}',
+    '{"schema": 1, "digest": "blake2b-128", "sources": [], "transforms": {}, "tensors": {}}',
+    "TENSOR:" + json.dumps({"src": "x", "out": 1}),
+    "TENSOR:" + json.dumps({"src": "0" * 32, "out": "0" * 32, "file": "a"}),
+    "TENSOR:" + json.dumps({"src": "0" * 32, "out": "0" * 32, "file": -1}),
+    "SOURCES:" + json.dumps([{"path": "m.pt", "files": 3}]),
+    "SOURCES:" + json.dumps([{"size": 3}]),
+    "TRANSFORMS:" + json.dumps({"include": 5}),
+    "TRANSFORMS:" + json.dumps({"dtype_filter": [None]}),
+    "TRANSFORMS:" + json.dumps({"dtype": "F64"}),
+])
+def test_a_malformed_certificate_is_refused_by_our_errors(torch: Any, tmp_path: Path,
+                                                         text: str) -> None:
+    from safetensors.numpy import save_file
+
+    src, out = tmp_path / "m.pt", tmp_path / "m.safetensors"
+    torch.save({"w": torch.ones(2)}, src)
+    torchless.convert(src, out, certificate=True)
+    doc = _certificate(out)
+    for prefix, field in (("TENSOR:", None), ("SOURCES:", "sources"),
+                          ("TRANSFORMS:", "transforms")):
+        if text.startswith(prefix):
+            value = json.loads(text[len(prefix):])
+            if field is None:
+                doc["tensors"]["w"] = value
+            elif field == "transforms":
+                doc["transforms"].update(value)
+            else:
+                doc["sources"] = value
+            text = json.dumps(doc)
+    save_file({"w": torch.ones(2).numpy()}, str(out), metadata={KEY: text})
+    with pytest.raises(torchless.CheckpointError) as e:
+        torchless.verify_certificate(out, src)
+    assert not isinstance(e.value, torchless.InternalError), e.value
+    assert main(["verify", "--certificate", str(out), str(src), "-q"]) == 1

@@ -44,9 +44,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchless._version import __version__
+from torchless.core import jsondepth as _json
+from torchless.core.limits import Limits
 from torchless.errors import ConversionError, FormatError
 from torchless.io.remote import is_remote
-from torchless.write.digest import ALGORITHM, PLACEHOLDER, Digests
+from torchless.write.digest import ALGORITHM, HEX_DIGITS, PLACEHOLDER, Digests
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -198,6 +200,9 @@ class Certificate:
         renumber = {old: new for new, old in enumerate(used)}
         records: dict[str, Any] = {}
         for name, (path, source_name) in tensors.items():
+            if final and name not in hexes:  # pragma: no cover - a bug of ours
+                raise ConversionError(f"the tensor {name!r} was written without its digest",
+                                      member=name)
             src, out = hexes.get(name, (PLACEHOLDER, PLACEHOLDER))
             rec: dict[str, Any] = {"src": src, "out": out}
             if source_name is None:
@@ -217,7 +222,8 @@ class Certificate:
         self.digests.close()
 
 
-def parse(metadata: Mapping[str, str], path: str) -> dict[str, Any]:
+def parse(metadata: Mapping[str, str], path: str,
+          max_depth: int = Limits.max_depth) -> dict[str, Any]:
     """The certificate in a safetensors file's ``__metadata__``, its shape checked."""
     text = metadata.get(METADATA_KEY)
     if text is None:
@@ -225,7 +231,7 @@ def parse(metadata: Mapping[str, str], path: str) -> dict[str, Any]:
                           f"{METADATA_KEY!r}])", path=path,
                           hint="convert with --certificate (certificate=True) to write one")
     try:
-        doc = json.loads(text)
+        doc = _json.loads(text, max_depth=max_depth, what="the certificate")
     except json.JSONDecodeError as e:
         raise FormatError(f"the certificate is not JSON: {e}", path=path) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
@@ -234,16 +240,60 @@ def parse(metadata: Mapping[str, str], path: str) -> dict[str, Any]:
     if doc.get("digest") != ALGORITHM:
         raise FormatError(f"the certificate's digest is {doc.get('digest')!r}, not "
                           f"{ALGORITHM!r}", path=path)
-    tensors = doc.get("tensors")
-    ok = isinstance(tensors, dict) and isinstance(doc.get("sources"), list) and isinstance(
-        doc.get("transforms"), dict)
-    for rec in (tensors.values() if isinstance(tensors, dict) else ()):
-        ok = ok and isinstance(rec, dict) and all(
-            isinstance(rec.get(k), str) for k in ("src", "out"))
-    if not ok:
-        raise FormatError("the certificate is malformed (sources, transforms and tensors "
-                          "with src and out digests)", path=path)
+    why = _malformed(doc)
+    if why:
+        raise FormatError(f"the certificate is malformed: {why}", path=path,
+                          hint="the file was edited or damaged: convert it again")
     return doc
+
+
+_TRANSFORM_TYPES: dict[str, tuple[type, ...]] = {
+    "key": (str, type(None)), "ema": (bool,), "strip_prefix": (str, type(None)),
+    "dtype": (str, type(None)), "dedupe": (bool,), "skip_unsupported": (bool,),
+    "tree": (bool,)}
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_hex(value: object, digits: int) -> bool:
+    return isinstance(value, str) and len(value) == digits and set(value) <= _HEX
+
+
+def _malformed(doc: dict[str, Any]) -> str | None:
+    """What is wrong with a certificate's shape (None: nothing)."""
+    sources, transforms, tensors = doc.get("sources"), doc.get("transforms"), doc.get("tensors")
+    if not isinstance(sources, list) or not all(isinstance(r, dict) for r in sources):
+        return "sources is not a list of objects"
+    for rec in sources:
+        files = rec.get("files", [])
+        if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(
+                f.get("name"), str) for f in files):
+            return "a source's files are not a list of named objects"
+        for f in [rec, *files]:
+            if not isinstance(f.get("size", 0), int) or (
+                    "sha256" in f and not _is_hex(f["sha256"], 64)):
+                return "a source's size or sha256 is malformed"
+        if not any(isinstance(rec.get(k), str) for k in ("path", "url")):
+            return "a source has neither path nor url"
+    if not isinstance(transforms, dict):
+        return "transforms is not an object"
+    for k, types in _TRANSFORM_TYPES.items():
+        if not isinstance(transforms.get(k), types):
+            return f"transforms.{k} is malformed"
+    for k in ("include", "exclude", "rename", "dtype_filter"):
+        v = transforms.get(k)
+        if not isinstance(v, list) or not all(
+                isinstance(x, str) or (x is None and k != "dtype_filter") for x in v):
+            return f"transforms.{k} is not a list of strings"
+    if not isinstance(tensors, dict):
+        return "tensors is not an object"
+    for name, rec in tensors.items():
+        if not isinstance(rec, dict) or not all(
+                _is_hex(rec.get(k), HEX_DIGITS) for k in ("src", "out")):
+            return f"the digests of {name!r} are malformed"
+        if not isinstance(rec.get("from", ""), str) or type(rec.get("file", 0)) is not int \
+                or rec.get("file", 0) < 0 or rec.get("tree", False) not in (True, False):
+            return f"the record of {name!r} is malformed"
+    return None
 
 
 def replayable(transforms: Mapping[str, Any]) -> bool:

@@ -107,7 +107,7 @@ def verify_certificate(dst: str | os.PathLike[str], src: str | os.PathLike[str] 
         base = os.path.basename(path)
         label = f"{base}: " if len(files) > 1 else ""
         with safetensors_data(path, limits) as (header, data):
-            doc = parse(header.metadata, path)
+            doc = parse(header.metadata, path, (limits or Limits()).max_depth)
             records = doc["tensors"]
             for name, (_, _, begin, end) in header.entries.items():
                 rec = records.get(name)
@@ -267,9 +267,12 @@ def _check_shard(k: int, shard: _Shard, paths: dict[tuple[int, int], str],
     for name, rec in records.items():
         if rec.get("tree"):
             continue
-        path = paths.get((k, int(rec.get("file", 0))))
+        index = rec.get("file", 0)
+        path = paths.get((k, index))
         if path is None:
-            continue  # its source file is reported missing
+            if index >= len(shard.doc["sources"]):
+                result.mismatched[label + name] = f"its source {index} is not recorded"
+            continue  # else its source file is reported, not found in SRC
         want = str(rec.get("from", name))
         if replay and derived.get(name) != (path, want):
             result.mismatched[label + name] = "the recorded transforms do not give this " \
