@@ -278,6 +278,11 @@ def test_a_url_records_the_servers_validators(tmp_path: Path, torch: Any) -> Non
         assert source["etag"] == f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
         assert "sha256" not in source and source["last_modified"]
         assert torchless.verify_certificate(out, url).ok
+        torch.save({"w": torch.arange(10.0) + 1}, served / "m.pt")  # a new version
+        os.utime(served / "m.pt", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        report = torchless.verify_certificate(out, url)
+        assert set(report.mismatched) == {"w", "(source m.pt)"}
+        assert "etag" in report.mismatched["(source m.pt)"]
 
 
 def test_no_certificate_and_usage(torch: Any, tmp_path: Path,

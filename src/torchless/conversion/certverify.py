@@ -7,7 +7,8 @@ names must be those the certificate lists, and a shard's those its index places 
 
 With SRC, also: each source file the certificate names is found in SRC (the file itself,
 or by name among a model directory's or an index's files) and must have the recorded size
-and sha256; the recorded transforms are applied to SRC again (the names it gives must be
+and sha256 (a URL: size and the server's ETag and Last-Modified as it gives them now); the
+recorded transforms are applied to SRC again (the names it gives must be
 the recorded ``from`` names; a pattern recorded as a function cannot be, and the recorded
 names are then used as they are), every source tensor is hashed (``src``), a cast tensor is
 cast again and hashed (``out``), and an array of the stored object tree is encoded again
@@ -197,6 +198,23 @@ def _file_differs(path: str, rec: dict[str, Any]) -> str | None:
     return None
 
 
+def _shard_source(shards: list[_Shard], k: int, i: int) -> dict[str, Any]:
+    rec: dict[str, Any] = shards[k].doc["sources"][i]
+    return rec
+
+
+def _version_differs(source: Any, rec: dict[str, Any]) -> str | None:
+    """Why a remote source, as its server gives it now, is not the recorded one."""
+    size = getattr(source, "size", None)
+    if size != rec.get("size"):
+        return f"size {size} != {rec.get('size')} recorded"
+    now = getattr(source, "validators", {})
+    for name in ("etag", "last_modified"):
+        if rec.get(name) is not None and now.get(name) is not None and now[name] != rec[name]:
+            return f"the server's {name} is {now[name]!r}, {rec[name]!r} recorded"
+    return None
+
+
 def _transforms(doc: dict[str, Any]) -> tuple[str | None, Selection | None, Any, bool]:
     t = doc["transforms"]
     selection = Selection.of(recorded_patterns(t.get("include", ())),
@@ -224,6 +242,11 @@ def _check_source(spath: str, shards: list[_Shard], read: ReadOptions,
         for path in dict.fromkeys(paths.values()):
             opened[path] = stack.enter_context(read.open(path, "record" if tree
                                                          else "state_dict"))
+        for (k, i), path in paths.items():
+            if is_remote(path):
+                why = _version_differs(opened[path]._source, _shard_source(shards, k, i))
+                if why:
+                    result.mismatched[f"(source {_base(_shard_source(shards, k, i))})"] = why
         ckpts = list(opened.values())
         # output name -> (source file, source flat name), as the transforms give them
         derived: dict[str, tuple[str, str]] = {}
