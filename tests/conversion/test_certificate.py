@@ -117,7 +117,9 @@ def test_one_flipped_byte_fails_naming_the_tensor(torch: Any, tmp_path: Path,
 def test_a_faithful_reconversion_passes(torch: Any, tmp_path: Path) -> None:
     src, out = tmp_path / "m.pt", tmp_path / "m.safetensors"
     torch.save({"model": _state(torch), "step": 9}, src)
-    torchless.convert(src, out, certificate=True)
+    report = torchless.convert(src, out, certificate=True, verify=True)  # the object tree too
+    assert report.verified is not None and report.verified.ok
+    assert torchless.verify(src, out).ok
     first = out.read_bytes()
     torchless.convert(src, out, certificate=True, force=True)
     assert out.read_bytes() == first  # deterministic, digests included
