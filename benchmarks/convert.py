@@ -26,6 +26,8 @@ and measures, for each file, every way of producing a file of the same size besi
 * ``torchless-nofsync``  the same with ``os.fsync`` made a no-op in that child: the
                  like-for-like figure against ``cp``, ``floor-nofsync`` and the torch path,
                  which leave their output in the page cache;
+* ``torchless-certificate``  ``torchless.convert(src, dst, certificate=True)``: the
+                 same, every tensor hashed (BLAKE2b) and the source file's sha256 taken;
 * ``floor``      the floor script: a Python process that copies the whole file with
                  ``os.copy_file_range`` (else ``os.sendfile``) and fsyncs it: no parsing, no
                  header, the least a durable conversion can cost;
@@ -89,8 +91,8 @@ from bench_read import Spec, human, log, save_builtin, save_with_torch
 MiB = 1 << 20
 #: What --quick sets (options given explicitly still win): seconds, not figures.
 QUICK = {"mib": "1", "big": 2, "many": 16, "small": 200, "reps": 1, "startup": 3}
-METHODS = ("torchless", "torchless-nofsync", "floor", "floor-nofsync", "c-pickle", "cp",
-           "cp+sync", "torch", "ptloader", "pt-safe-loader")
+METHODS = ("torchless", "torchless-nofsync", "torchless-certificate", "floor", "floor-nofsync",
+           "c-pickle", "cp", "cp+sync", "torch", "ptloader", "pt-safe-loader")
 PEERS = ("ptloader", "pt-safe-loader")
 FILES = ("f32", "bf16", "small")
 #: Above this size the files are written by the built-in writer (bounded memory).
@@ -106,6 +108,10 @@ _CHILD = {
     "torchless-nofsync": (
         "import os, torchless\nos.fsync = lambda fd: None",
         "torchless.convert(SRC, DST)",
+    ),
+    "torchless-certificate": (
+        "import torchless",
+        "torchless.convert(SRC, DST, certificate=True)",
     ),
     "floor": ("import os\nSYNC = True", "FLOOR"),
     "floor-nofsync": ("import os\nSYNC = False", "FLOOR"),
@@ -435,6 +441,7 @@ def generate(directory: str, files: list[str], sizes: list[int], args: Any) -> i
 def ratios(med: dict[str, dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     pairs = [("torchless", "cp+sync"), ("torchless", "floor"),
+             ("torchless-certificate", "torchless"),
              ("torchless-nofsync", "cp"), ("torchless-nofsync", "floor-nofsync"),
              ("torchless", "c-pickle"), ("c-pickle", "floor"),
              ("torch", "torchless-nofsync"), ("ptloader", "torchless-nofsync"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -61,6 +62,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.send_header("Content-Length", str(len(body)))
+        # the validators real servers send (what a conversion certificate records)
+        stat = path.stat()
+        self.send_header("ETag", f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"')
+        self.send_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
         self.end_headers()
         # counted before it is written: the client may have read it (and the test looked at
         # the count) before write() returns here

@@ -34,7 +34,7 @@ from torchless.errors import (
 if TYPE_CHECKING:
     from torchless.api.batch import BatchResult, batch
     from torchless.api.safeopen import safe_open
-    from torchless.conversion.api import convert, verify
+    from torchless.conversion.api import convert, verify, verify_certificate
     from torchless.conversion.common import (
         ConversionReport,
         OpaqueObjectWarning,
@@ -163,6 +163,7 @@ _WHERE: dict[str, Callable[[], Any]] = {
     "save": _inert_store,
     "scan": _scanner_files,
     "verify": _conversion_api,
+    "verify_certificate": _conversion_api,
 }
 
 
@@ -230,4 +231,5 @@ __all__ = [
     "save",
     "scan",
     "verify",
+    "verify_certificate",
 ]

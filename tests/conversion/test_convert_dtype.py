@@ -92,10 +92,38 @@ def test_dtype_filter_casts_only_matching_names(tmp_path: Path) -> None:
     assert "(cast record)" in report.mismatched
 
 
+@pytest.mark.parametrize(("flag", "name"), [("bf16", "bfloat16"), ("fp16", "float16"),
+                                            ("fp32", "float32")])
+def test_float8_sources_cast_as_torch_casts_them(tmp_path: Path, flag: str, name: str) -> None:
+    """Every one of the 256 codes of float8_e4m3fn and float8_e5m2 (NaNs, ±inf, ±0,
+    subnormals), in many positions and through a strided view, against torch's ``.to()``."""
+    torch = require("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    g = torch.Generator().manual_seed(8)
+    codes = torch.arange(256, dtype=torch.uint8).repeat(40)[torch.randperm(10240, generator=g)]
+    sd = {}
+    for kind in ("float8_e4m3fn", "float8_e5m2"):
+        x = codes.view(getattr(torch, kind))
+        sd[kind] = x
+        sd[kind + ".t"] = x.reshape(80, 128).t()  # strided: made contiguous first
+        sd[kind + ".all"] = torch.arange(256, dtype=torch.uint8).view(getattr(torch, kind))
+    src, dst = tmp_path / "f8.pt", tmp_path / "f8.safetensors"
+    torch.save(sd, src)
+    convert(src, dst, dtype=flag, certificate=True)
+    out = safetensors_torch.load_file(dst)
+    target = getattr(torch, name)
+    for key, t in sd.items():
+        expected = t.to(target)
+        assert out[key].dtype == target, key
+        assert _bits(torch, out[key]) == _bits(torch, expected), key
+    assert verify(src, dst, dtype=flag).ok
+    assert torchless.verify_certificate(dst, src).ok
+
+
 def test_refusals(tmp_path: Path) -> None:
     torch = require("torch")
     src = tmp_path / "a.pt"
-    torch.save({"f8": torch.zeros(3).to(torch.float8_e4m3fn), "w": torch.ones(2)}, src)
+    torch.save({"f8": torch.zeros(3).to(torch.float8_e8m0fnu), "w": torch.ones(2)}, src)
     with pytest.raises(ConversionError, match="float8"):
         convert(src, tmp_path / "a.safetensors", dtype="bf16")
     with pytest.raises(ConversionError, match="needs dtype"):

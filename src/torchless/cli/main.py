@@ -37,7 +37,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "limits": _limits(args), "strict": args.strict,
             "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
             "link_files": not args.copy_files, "dtype": args.dtype,
-            "dtype_filter": tuple(args.dtype_filter), **_selection(args)}
+            "dtype_filter": tuple(args.dtype_filter), "certificate": args.certificate,
+            **_selection(args)}
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
@@ -186,18 +187,38 @@ def _run_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
 def _run_verify(args: argparse.Namespace) -> int:
     from torchless.cli.show import verify_json, verify_text
-    from torchless.conversion.api import verify
+    from torchless.conversion.api import verify, verify_certificate
 
-    report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
-                    skip_unsupported=args.skip_unsupported, strict=args.strict,
-                    allow_globals=args.allow_global, verify_crc=args.verify_crc,
-                    dtype=args.dtype, dtype_filter=args.dtype_filter, **_selection(args))
+    if args.certificate:
+        report = verify_certificate(args.src, args.dst, limits=_limits(args),
+                                    strict=args.strict, allow_globals=args.allow_global,
+                                    verify_crc=args.verify_crc)
+    else:
+        report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
+                        skip_unsupported=args.skip_unsupported, strict=args.strict,
+                        allow_globals=args.allow_global, verify_crc=args.verify_crc,
+                        dtype=args.dtype, dtype_filter=args.dtype_filter,
+                        **_selection(args))
     if args.json:
         json.dump(verify_json(report), sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif not args.quiet:
         verify_text(report, sys.stdout)
     return 0 if report.ok else 1
+
+
+def _check_verify(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.certificate:
+        if args.dst is None:
+            parser.error("verify takes SRC and DST (or --certificate OUT [SRC])")
+        return
+    given = [n for n, v in (("--key", args.key), ("--dtype", args.dtype),
+                            ("--skip-unsupported", args.skip_unsupported),
+                            *(("--" + k.replace("_", "-"), v)
+                              for k, v in _selection(args).items())) if v]
+    if given:
+        parser.error("verify --certificate takes the transforms from the certificate: "
+                     f"drop {', '.join(given)}")
 
 
 def _run_scan(args: argparse.Namespace) -> int:
@@ -296,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.quiet = True
     if args.command == "convert":
         _check_convert(parser, args)
+    if args.command == "verify":
+        _check_verify(parser, args)
     if args.command == "inspect":
         if args.html and not args.output:
             parser.error("--html writes a page: name it with -o FILE")

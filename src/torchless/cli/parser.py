@@ -66,6 +66,7 @@ examples:
   torchless convert ckpt.pt --weights-only          # tensors only, no object tree
   torchless convert https://example.org/model.pt    # streamed by range requests
   torchless convert model.ckpt -o net.safetensors --key state_dict --rename s/^/net./
+  torchless convert model.pt -o signed.safetensors --certificate  # + every tensor's digest
 """
 
 _VERIFY_EXAMPLES = """\
@@ -74,6 +75,8 @@ examples:
   torchless verify model.ckpt out.safetensors --key state_dict --json
   torchless verify ./my-model/ ./out/             # every shard, and the output index
   torchless verify -q model.pt model.safetensors  # nothing printed: the exit code says
+  torchless verify --certificate signed.safetensors           # the output alone
+  torchless verify --certificate signed.safetensors model.pt  # and against its source
 """
 
 
@@ -251,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="leave out tensors safetensors cannot hold (complex128 …)")
     conv.add_argument("--verify", action="store_true",
                       help="re-read both files afterwards and compare every tensor")
+    conv.add_argument("--certificate", action=argparse.BooleanOptionalAction, default=False,
+                      help="record a certificate in each output's __metadata__: the source "
+                           "(path or URL, size, sha256 or ETag), the transforms and every "
+                           "tensor's BLAKE2b digests, checked by verify --certificate "
+                           "(default: off; hashing reads every byte, docs/certificate.md)")
     conv.add_argument("--copy-files", action="store_true",
                       help="model directory to -o DIR: copy its other files (config.json, "
                            "tokenizer …) instead of hard-linking them")
@@ -272,8 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "model directory or a *.bin.index.json, DST a directory or a "
                     "*.safetensors.index.json with its shards.",
         epilog=_VERIFY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json")
-    ver.add_argument("dst", help="safetensors file, directory or *.safetensors.index.json")
+    ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json "
+                                 "(with --certificate: the output, OUT)")
+    ver.add_argument("dst", nargs="?",
+                     help="safetensors file, directory or *.safetensors.index.json (with "
+                          "--certificate: the source, SRC, optional)")
+    ver.add_argument("--certificate", action="store_true",
+                     help="verify --certificate OUT [SRC]: check OUT against the certificate "
+                          "convert --certificate wrote in it (every tensor's digest); with "
+                          "SRC, re-derive every digest from the source as well")
     ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
     ver.add_argument("--skip-unsupported", action="store_true",
                      help="tensors safetensors cannot hold count as skipped, not missing (as "

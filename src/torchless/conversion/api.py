@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from torchless.containers.base import PartialTree
 from torchless.conversion import hflayout as _hflayout
+from torchless.conversion.certificate import METADATA_KEY as CERT_KEY
+from torchless.conversion.certificate import Certificate, transforms_of
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
@@ -24,6 +26,7 @@ from torchless.conversion.common import (
     prepare,
     safetensors_data,
     select,
+    source_names,
     store_tree,
     summary,
     verify_unpublished,
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
     from torchless.conversion import hfdir as _hfdir
     from torchless.write.cast import Cast
 
-__all__ = ["convert", "verify"]
+__all__ = ["convert", "verify", "verify_certificate"]
 
 
 def convert(
@@ -78,6 +81,7 @@ def convert(
     ema: bool = False,
     dtype: str | None = None,
     dtype_filter: Iterable[str] = (),
+    certificate: bool = False,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -137,6 +141,13 @@ def convert(
             integer and bool tensors are left as they are. ``__metadata__`` records the cast
             (``torchless.cast``).
         dtype_filter: globs on the flat (output) names: cast only the tensors they match.
+        certificate: record in each output's ``__metadata__`` a certificate of the
+            conversion: the source (path or URL, size, sha256 or the server's ETag), this
+            torchless's version, the transforms, and per tensor the BLAKE2b digests of its
+            source bytes and of the bytes written (:mod:`torchless.conversion.certificate`,
+            ``docs/certificate.md``), checked by :func:`verify_certificate`. Off by default:
+            hashing reads every byte (a tensor the kernel copies never enters the process
+            otherwise) and costs several times a plain conversion's CPU.
 
     With any of ``include``, ``exclude``, ``rename``, ``strip_prefix`` or ``ema``, the output
     holds the chosen tensors only (no object tree: it would name tensors the file does not
@@ -161,7 +172,7 @@ def convert(
         selection = Selection.of(include, exclude, rename, strip_prefix, ema)
         return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
                             progress, max_shard_size, tree, read, link_files, selection,
-                            cast=_cast(dtype, dtype_filter))
+                            cast=_cast(dtype, dtype_filter), certificate=certificate)
 
 
 def _cast(dtype: str | None, dtype_filter: Iterable[str]) -> Cast | None:
@@ -178,8 +189,8 @@ def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool,
                  dedupe: bool | None, skip_unsupported: bool, verify: bool,
                  progress: Callable[[int, int], None] | None, max_shard_size: int | str | None,
                  tree: bool, read: ReadOptions, link_files: bool,
-                 selection: Selection | None, cast: Cast | None = None
-                 ) -> _hfdir.DirectoryReport:
+                 selection: Selection | None, cast: Cast | None = None,
+                 certificate: bool = False) -> _hfdir.DirectoryReport:
     """The weights through :mod:`.hf` (cast with ``cast``), then the rest of the directory
     (:mod:`.hfdir`; its other checkpoints, optimizer states …, are not cast)."""
     from torchless.conversion import hf as _hf
@@ -195,9 +206,10 @@ def _convert_dir(spath: str, dst: str | None, *, key: str | None, force: bool,
     report = _hf.convert_layout(spath, dst, key=key, force=force, dedupe=dedupe is not False,
                                 skip_unsupported=skip_unsupported, verify=verify,
                                 progress=progress, max_shard_size=max_shard_size, read=read,
-                                selection=selection, cast=cast)
+                                selection=selection, cast=cast, certificate=certificate)
     converted = tuple(_convert(src, out, None, force, bool(dedupe), skip_unsupported, verify,
-                               None, tree, read, None) for src, out in rest.checkpoints)
+                               None, tree, read, None, certificate=certificate)
+                      for src, out in rest.checkpoints)
     brought = _hfdir.bring(rest.files, link=link_files, force=force)
     return _hfdir.DirectoryReport(**vars(report), converted=converted, brought=tuple(brought),
                                   left_out=tuple(rest.left_out))
@@ -208,15 +220,15 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
                  progress: Callable[[int, int], None] | None,
                  max_shard_size: int | str | None, tree: bool,
                  read: ReadOptions, link_files: bool,
-                 selection: Selection | None, *, cast: Cast | None = None
-                 ) -> ConversionReport:
+                 selection: Selection | None, *, cast: Cast | None = None,
+                 certificate: bool = False) -> ConversionReport:
     local_dir = not is_remote(spath) and os.path.isdir(spath) and not is_checkpoint_dir(spath)
     if local_dir:
         return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
                             force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
                             verify=verify, progress=progress, max_shard_size=max_shard_size,
                             tree=tree, read=read, link_files=link_files, selection=selection,
-                            cast=cast)
+                            cast=cast, certificate=certificate)
     if spath.endswith(".index.json") or max_shard_size is not None:
         from torchless.conversion import hf as _hf  # directories only: not at start-up
 
@@ -225,21 +237,26 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
             dedupe=dedupe is not False if spath.endswith(".index.json") else bool(dedupe),
             skip_unsupported=skip_unsupported, verify=verify,
             progress=progress, max_shard_size=max_shard_size, read=read, selection=selection,
-            cast=cast)
+            cast=cast, certificate=certificate)
     dpath = os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
     return _convert(spath, dpath, key, force, bool(dedupe), skip_unsupported, verify, progress,
-                    tree, read, selection, cast)
+                    tree, read, selection, cast, certificate=certificate)
 
 
 def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              skip_unsupported: bool, verify: bool,
              progress: Callable[[int, int], None] | None, tree: bool,
              read: ReadOptions, selection: Selection | None,
-             cast: Cast | None = None) -> ConversionReport:
+             cast: Cast | None = None, *, certificate: bool = False) -> ConversionReport:
     started = time.monotonic()
     limits = read.limits
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(_atomic.Output(dpath, force=force))
+        cert = None
+        if certificate:
+            cert = Certificate(transforms_of(key, selection, cast, dedupe=dedupe,
+                                             skip_unsupported=skip_unsupported, tree=tree))
+            stack.callback(cert.close)
         # with the object tree, modules saved whole keep their attributes (records); a
         # selection writes tensors only, as state dicts name them
         with read.open(spath, "record" if tree and selection is None else "state_dict"
@@ -252,20 +269,32 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
                 pass
             names = plan_names([ckpt], key, selection, spath) if selection else None
             written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported,
-                                                      names, cast)
+                                                      names, cast,
+                                                      cert.observe if cert else None)
             # a layout whose tensors are a part of its tree (ZeRO: the consolidated weights
             # beside the optimizer's moments) converts to those tensors, as its own tools do;
             # so does a selection (the tree would name tensors the output does not hold)
             whole = not isinstance(ckpt._source, PartialTree) and names is None
             opaque = store_tree(ckpt, key, written, bad, aliases, metadata, limits
                                  ) if tree and whole else ()
+            final = None
+            if cert is not None:
+                cert.add_source(spath, ckpt._source)
+                flat = source_names(ckpt, key, names)
+                origin = {n: (spath, flat.get(n)) for n in written}
+                metadata[CERT_KEY] = cert.text(origin, final=False)
+
+                def final() -> bytes:
+                    assert cert is not None
+                    return plan(written, {**metadata, CERT_KEY: cert.text(origin, True)})[0]
             try:
                 header, planned = plan(written, metadata)
             except CheckpointError as e:
                 raise e.add_context(path=spath) from None
             total = len(header) + sum(p.tensor.nbytes for p in planned)
             nbytes = write_output(ckpt, out, header, planned, progress=progress, before=0,
-                                  total=total)
+                                  total=total, digests=cert.digests if cert else None,
+                                  final_header=final)
         checked = None
         if verify:  # before publishing: a failure leaves an existing DST as it was
             checked = verify_unpublished(spath, [out], lambda paths: _verify(
@@ -323,6 +352,28 @@ def verify(
     cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype
     return _verify(spath, dpath, key, skip_unsupported, read,
                    Selection.of(include, exclude, rename, strip_prefix, ema), cast)
+
+
+@reports_bugs("verifying")
+def verify_certificate(
+    dst: str | os.PathLike[str],
+    src: str | os.PathLike[str] | None = None,
+    *,
+    limits: Limits | None = None,
+    strict: bool = False,
+    allow_globals: Iterable[str] = (),
+    verify_crc: bool = False,
+) -> VerifyReport:
+    """Check the safetensors output DST against the certificate ``convert(certificate=True)``
+    wrote into it (every tensor's bytes against its recorded digest); given SRC, also
+    re-derive every digest from the source, with the recorded transforms (names, cast), and
+    check the source files' sizes and sha256. A model directory or a
+    ``*.safetensors.index.json`` is checked shard by shard. Details:
+    :mod:`torchless.conversion.certverify`, ``docs/certificate.md``."""
+    from torchless.conversion.certverify import verify_certificate as check
+
+    return check(dst, src, limits=limits, strict=strict, allow_globals=allow_globals,
+                 verify_crc=verify_crc)
 
 
 def _verify(spath: str, dpath: str, key: str | None, skip_unsupported: bool,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from torchless.conversion.certificate import METADATA_KEY as CERT_KEY
 from torchless.conversion.ema import ema_names
 from torchless.conversion.select import Selection, Shape
 from torchless.core.dtypes import DType
@@ -41,6 +42,7 @@ from torchless.model.tensor import Tensor
 from torchless.model.walk import children
 from torchless.reader import checkpoint as _checkpoint
 from torchless.write import atomic as _atomic
+from torchless.write.digest import Digests
 from torchless.write.safetensors import (
     Planned,
     Progress,
@@ -55,7 +57,8 @@ if TYPE_CHECKING:
 __all__ = ["ConversionReport", "OpaqueObjectWarning", "TensorProgress", "VerifyReport",
            "cast_expected", "cast_tensors", "compare", "compare_tree", "default_dst",
            "entry_of", "plan_names", "prepare", "safetensors_data", "same_views", "select",
-           "source_name", "store_tree", "summary", "verify_unpublished", "views_of",
+           "source_name", "source_names", "store_tree", "summary", "tree_of",
+           "verify_unpublished", "views_of",
            "write_output"]
 
 
@@ -119,12 +122,20 @@ def select(ckpt: _checkpoint.Checkpoint, key: str | None,
     """The tensors (and unsupported tensors) under ``key``, named relative to it; or, given
     ``names`` (output name -> source name, from :func:`plan_names`, ``key`` applied there),
     the source's tensors among them under their output names."""
-    if names is None:
-        if key is None:
-            return dict(ckpt.tensors), dict(ckpt.unsupported)
-        names = _under_key(ckpt, {n: n for n in [*ckpt.tensors, *ckpt.unsupported]}, key)
+    if names is None and key is None:
+        return dict(ckpt.tensors), dict(ckpt.unsupported)
+    names = source_names(ckpt, key, names)
     return ({n: ckpt.tensors[s] for n, s in names.items() if s in ckpt.tensors},
             {n: ckpt.unsupported[s] for n, s in names.items() if s in ckpt.unsupported})
+
+
+def source_names(ckpt: _checkpoint.Checkpoint, key: str | None,
+                 names: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """Output name -> source flat name, as :func:`select` names the tensors."""
+    if names is not None:
+        return names
+    every = {n: n for n in [*ckpt.tensors, *ckpt.unsupported]}
+    return every if key is None else _under_key(ckpt, every, key)
 
 
 def plan_names(ckpts: Sequence[_checkpoint.Checkpoint], key: str | None, selection: Selection,
@@ -230,12 +241,13 @@ def _file_offset(source: Source, path: str) -> tuple[int | None, Callable[[Tenso
 
 def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
             skip_unsupported: bool, names: Mapping[str, str] | None = None,
-            cast: Cast | None = None
+            cast: Cast | None = None,
+            observe: Callable[[str], Callable[[memoryview], None]] | None = None
             ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, str], dict[str, str]]:
     """What one checkpoint contributes: (tensors to write, ``__metadata__``, refused name ->
     why, removed alias -> kept name); ``names`` as for :func:`select`. With ``cast``, the
     floating tensors it chooses are written cast (streamed) and ``__metadata__`` records
-    them."""
+    them (``observe`` as for :meth:`Cast.apply`)."""
     spath = ckpt.path
     tensors, unsupported = select(ckpt, key, names)
     bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
@@ -259,16 +271,17 @@ def prepare(ckpt: _checkpoint.Checkpoint, key: str | None, dedupe: bool,
     if cast is not None:
         from torchless.write.cast import METADATA_KEY
 
-        written, metadata[METADATA_KEY] = cast_tensors(ckpt, written, cast)
+        written, metadata[METADATA_KEY] = cast_tensors(ckpt, written, cast, observe)
     return written, metadata, bad, aliases
 
 
-def cast_tensors(ckpt: _checkpoint.Checkpoint, tensors: dict[str, Tensor],
-                 cast: Cast) -> tuple[dict[str, Tensor], str]:
+def cast_tensors(ckpt: _checkpoint.Checkpoint, tensors: dict[str, Tensor], cast: Cast,
+                 observe: Callable[[str], Callable[[memoryview], None]] | None = None
+                 ) -> tuple[dict[str, Tensor], str]:
     """``cast.apply`` to tensors of ``ckpt``: the tensors, some cast, and the record."""
     source = ckpt._source  # a file's map hands back its pages behind each block cast
     return cast.apply(tensors, release=source.release_view if isinstance(source, Source)
-                      else None)
+                      else None, observe=observe)
 
 
 def cast_expected(tensors: dict[str, Tensor], cast: Cast | None, header: SafetensorsHeader,
@@ -374,13 +387,16 @@ class TensorProgress(Protocol):
 def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: bytes,
                  planned: list[Planned], *,
                  progress: Callable[[int, int], None] | None, before: int, total: int,
-                 tensors_before: int = 0, tensors_total: int | None = None) -> int:
+                 tensors_before: int = 0, tensors_total: int | None = None,
+                 digests: Digests | None = None,
+                 final_header: Callable[[], bytes] | None = None) -> int:
     """Write one safetensors file from ``ckpt`` into ``out`` (published later), copying
     byte ranges of its file.
 
     ``progress(done, total)`` counts ``before`` bytes already written by earlier files; a
     :class:`TensorProgress` is also told the tensors written, after ``tensors_before`` of
-    earlier files, of ``tensors_total`` (default: this file's)."""
+    earlier files, of ``tensors_total`` (default: this file's). ``digests`` and
+    ``final_header`` as for :func:`~torchless.write.safetensors.write_into`."""
     report: Progress | None = None
     if progress is not None:
         callback = progress
@@ -397,7 +413,7 @@ def write_output(ckpt: _checkpoint.Checkpoint, out: _atomic.Output, header: byte
     try:
         return write_into(out, header, planned, src_fd=src_fd, file_offset=file_offset,
                           progress=report, release=ckpt._source.release, needed=total,
-                          held=before)
+                          held=before, digests=digests, final_header=final_header)
     except CheckpointError as e:  # writing DST, or reading SRC (a damaged member …)
         raise e.add_context(path=out.dst if isinstance(e, ConversionError) else ckpt.path
                             ) from None
@@ -444,11 +460,8 @@ def compare_tree(ckpt: _checkpoint.Checkpoint, key: str | None, tensors: Mapping
     """Check DST's object tree: SRC's object encoded as convert does must give the same
     text, and the entries it adds (NumPy arrays of the object) the same bytes. Records
     differences in ``mismatched``; returns the names of those entries."""
-    bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
-           if t.dtype.safetensors is None and n not in header.entries}
-    reserved = {n for n in header.metadata if n not in (_inert.TREE_KEY, _inert.FORMAT_KEY)}
-    encoder, text = _tree_encoder(ckpt, key, tensors, bad, aliases, reserved, limits,
-                                  tensors if written is None else written)
+    encoder, text = tree_of(ckpt, key, tensors, header, aliases, limits, written,
+                            frozenset({CERT_KEY}))
     if text != header.metadata[_inert.TREE_KEY]:
         mismatched["(object tree)"] = "the stored tree differs from the source's object"
     for name, t in encoder.tensors.items():
@@ -461,6 +474,21 @@ def compare_tree(ckpt: _checkpoint.Checkpoint, key: str | None, tensors: Mapping
         elif not _same_bytes(t, data[entry[2]:entry[3]]):
             mismatched[name] = "bytes differ"
     return list(encoder.tensors)
+
+
+def tree_of(ckpt: _checkpoint.Checkpoint, key: str | None, tensors: Mapping[str, Tensor],
+            header: SafetensorsHeader, aliases: Mapping[str, str], limits: Limits | None,
+            written: Mapping[str, Tensor] | None = None,
+            ignore: frozenset[str] = frozenset()) -> tuple[_inert_write.Encoder, str]:
+    """SRC's object encoded as convert encoded it into DST (whose header says which names
+    were reserved: its ``__metadata__`` keys but the tree's own and ``ignore``, keys
+    added after the tree was encoded): the encoder (its arrays) and the tree text."""
+    bad = {n: f"torch.{t.dtype.name}" for n, t in tensors.items()
+           if t.dtype.safetensors is None and n not in header.entries}
+    reserved = {n for n in header.metadata
+                if n not in (_inert.TREE_KEY, _inert.FORMAT_KEY) and n not in ignore}
+    return _tree_encoder(ckpt, key, tensors, bad, aliases, reserved, limits,
+                         tensors if written is None else written)
 
 
 Compared = tuple[list[str], dict[str, str], list[str], list[str], list[str], dict[str, str]]

@@ -53,6 +53,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from torchless.conversion import hftied as _hftied
+from torchless.conversion.certificate import METADATA_KEY as CERT_KEY
+from torchless.conversion.certificate import Certificate, transforms_of
 from torchless.conversion.common import (
     ConversionReport,
     VerifyReport,
@@ -64,6 +66,7 @@ from torchless.conversion.common import (
     safetensors_data,
     select,
     source_name,
+    source_names,
     verify_unpublished,
     views_of,
     write_output,
@@ -94,6 +97,7 @@ from torchless.write.safetensors import Planned, plan
 if TYPE_CHECKING:
     from torchless.core.dtypes import DType
     from torchless.write.cast import Cast
+    from torchless.write.digest import Digests
 
 __all__ = ["convert_layout", "verify_layout"]
 
@@ -118,14 +122,22 @@ def convert_layout(
     read: ReadOptions,
     selection: Selection | None = None,
     cast: Cast | None = None,
+    certificate: bool = False,
 ) -> ConversionReport:
     """Convert a model directory, an index, or one file into (sharded) safetensors;
     ``selection`` applies to all its files as one (a rename clash across shards is one); with
-    ``cast``, its floating weights cast (each shard records those it holds)."""
+    ``cast``, its floating weights cast (each shard records those it holds); with
+    ``certificate``, each shard holds the certificate of its tensors (:mod:`.certificate`).
+    """
     started = time.monotonic()
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     layout = resolve(spath, dst)
     with contextlib.ExitStack() as stack:
+        cert = None
+        if certificate:
+            cert = Certificate(transforms_of(key, selection, cast, dedupe=dedupe,
+                                             skip_unsupported=skip_unsupported, tree=False))
+            stack.callback(cert.close)
         ckpts = [stack.enter_context(read.open(p)) for p in layout.sources]
         if layout.expected is not None:
             check_index(layout, ckpts)
@@ -137,7 +149,8 @@ def convert_layout(
         if cast is not None:
             for c, (written, *_) in zip(ckpts, parts, strict=True):
                 cast_from.update(cast.plan(written))
-                written.update(cast_tensors(c, written, cast)[0])
+                written.update(cast_tensors(c, written, cast,
+                                            cert.observe if cert else None)[0])
         owner: dict[str, int] = {}
         for i, (written, _, _, aliases) in enumerate(parts):
             for name in [*written, *aliases]:
@@ -166,8 +179,16 @@ def convert_layout(
                 shards.append(_Shard(name, used, {n: (i, t) for n, i, t in group}))
         records = None if cast is None else [cast.record(
             {n: cast_from[n] for n in s.tensors if n in cast_from}) for s in shards]
+        origins = None
+        if cert is not None:
+            flats = [source_names(c, key, names) for c in ckpts]
+            for path, c in zip(layout.sources, ckpts, strict=True):
+                cert.add_source(path, c._source)
+            origins = [{n: (layout.sources[i], flats[i].get(n))
+                        for n, (i, _) in s.tensors.items()} for s in shards]
         return _write_all(spath, layout, ckpts, parts, shards, out_index, force=force,
-                          verify=verify, progress=progress, started=started, records=records)
+                          verify=verify, progress=progress, started=started, records=records,
+                          cert=cert, origins=origins)
 
 
 def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
@@ -175,7 +196,10 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
                                  dict[str, str]]],
                shards: list[_Shard], out_index: str | None, *, force: bool, verify: bool,
                progress: Callable[[int, int], None] | None,
-               started: float, records: list[str] | None = None) -> ConversionReport:
+               started: float, records: list[str] | None = None,
+               cert: Certificate | None = None,
+               origins: list[dict[str, tuple[str, str | None]]] | None = None
+               ) -> ConversionReport:
     out_dir = layout.out_dir
     paths = [os.path.join(out_dir, s.name) for s in shards]
     index_path = os.path.join(out_dir, out_index) if out_index is not None else None
@@ -196,6 +220,7 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
     for _, _, _, a in parts:
         aliases.update(a)
     planned_all: list[tuple[bytes, list[Planned]]] = []
+    finals: list[Callable[[], bytes] | None] = []
     for k, shard in enumerate(shards):
         names = [source_name(layout.sources[i]) for i in shard.sources]
         metadata = {"format": "pt", "source": ", ".join(names)}
@@ -207,8 +232,13 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
             for removed, kept in parts[i][3].items():
                 if kept in shard.tensors:
                     metadata[removed] = kept
+        tensors = {n: t for n, (_, t) in shard.tensors.items()}
+        finals.append(None)
+        if cert is not None and origins is not None:
+            metadata[CERT_KEY] = cert.text(origins[k], final=False)
+            finals[-1] = _final_header(cert, origins[k], tensors, metadata)
         try:
-            planned_all.append(plan({n: t for n, (_, t) in shard.tensors.items()}, metadata))
+            planned_all.append(plan(tensors, metadata))
         except CheckpointError as e:
             raise e.add_context(path=spath) from None
     total = sum(len(h) + sum(p.tensor.nbytes for p in pl) for h, pl in planned_all)
@@ -219,7 +249,9 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
     try:
         nbytes, verified, outputs = _write_shards(spath, shards, paths, index_path, parts,
                                                   ckpts, planned_all, total, force=force,
-                                                  verify=verify, progress=progress)
+                                                  verify=verify, progress=progress,
+                                                  finals=finals,
+                                                  digests=cert.digests if cert else None)
     except BaseException:
         _atomic.remove_dirs(created)  # a directory this run made, if nothing is in it
         raise
@@ -236,7 +268,9 @@ def _write_shards(spath: str, shards: list[_Shard], paths: list[str], index_path
                                     dict[str, str]]],
                   ckpts: list[_checkpoint.Checkpoint],
                   planned_all: list[tuple[bytes, list[Planned]]], total: int, *,
-                  force: bool, verify: bool, progress: Callable[[int, int], None] | None
+                  force: bool, verify: bool, progress: Callable[[int, int], None] | None,
+                  finals: list[Callable[[], bytes] | None] | None = None,
+                  digests: Digests | None = None
                   ) -> tuple[int, VerifyReport | None, list[_atomic.Output]]:
     """Write, check and publish every shard and the index; (bytes, verification, outputs)."""
     nbytes = 0
@@ -244,11 +278,12 @@ def _write_shards(spath: str, shards: list[_Shard], paths: list[str], index_path
     with contextlib.ExitStack() as stack:
         outputs = []
         counts = (0, sum(len(pl) for _, pl in planned_all))  # tensors written, in all
-        for shard, path, (header, planned) in zip(shards, paths, planned_all, strict=True):
+        for k, (shard, path, (header, planned)) in enumerate(zip(shards, paths, planned_all,
+                                                                 strict=True)):
             out = stack.enter_context(_atomic.Output(path, force=force))
             outputs.append(out)
             nbytes += _write_shard(shard, out, header, planned, ckpts, progress, nbytes, total,
-                                   counts)
+                                   counts, digests, finals[k] if finals else None)
             counts = (counts[0] + len(planned), counts[1])
         if verify:  # the files are checked before any is published
             verified = verify_unpublished(spath, outputs, lambda readable: _verify_shards(
@@ -271,7 +306,8 @@ def _write_shards(spath: str, shards: list[_Shard], paths: list[str], index_path
 def _write_shard(shard: _Shard, out: _atomic.Output, header: bytes, planned: list[Planned],
                  ckpts: list[_checkpoint.Checkpoint],
                  progress: Callable[[int, int], None] | None, before: int,
-                 total: int, counts: tuple[int, int]) -> int:
+                 total: int, counts: tuple[int, int], digests: Digests | None = None,
+                 final_header: Callable[[], bytes] | None = None) -> int:
     # the kernel copies from one source file: the one giving this shard the most bytes
     weight = dict.fromkeys(shard.sources, 0)
     for i, t in shard.tensors.values():
@@ -279,7 +315,16 @@ def _write_shard(shard: _Shard, out: _atomic.Output, header: bytes, planned: lis
     main = max(shard.sources, key=lambda i: weight[i])
     return write_output(ckpts[main], out, header, planned, progress=progress,
                         before=before, total=total, tensors_before=counts[0],
-                        tensors_total=counts[1])
+                        tensors_total=counts[1], digests=digests, final_header=final_header)
+
+
+def _final_header(cert: Certificate, origin: dict[str, tuple[str, str | None]],
+                  tensors: dict[str, Tensor], metadata: dict[str, str]
+                  ) -> Callable[[], bytes]:
+    """The shard's header with its certificate's digests, once its data is written."""
+    def final() -> bytes:
+        return plan(tensors, {**metadata, CERT_KEY: cert.text(origin, True)})[0]
+    return final
 
 
 def _index_output(stack: contextlib.ExitStack, path: str, data: bytes,

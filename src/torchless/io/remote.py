@@ -70,6 +70,10 @@ class _Http:
         self.stats = Stats()
         with self._get(0, 1) as r:
             total = _content_range_total(r.headers.get("Content-Range"), url)
+            #: what identifies this version of the file (the conversion certificate's)
+            self.validators = {k: str(v) for k, v in (
+                ("etag", r.headers.get("ETag")),
+                ("last_modified", r.headers.get("Last-Modified"))) if v}
             r.read(2)
         self.size = total
 
@@ -194,10 +198,16 @@ class _Fsspec:
                                             "protocol package, e.g. s3fs)") from None
             try:
                 self.fs, self.path = fsspec.core.url_to_fs(target)
-                self.size = int(self.fs.size(self.path))
+                info = self.fs.info(self.path)
+                self.size = int(info["size"]) if info.get("size") is not None else int(
+                    self.fs.size(self.path))
             except (OSError, ValueError, ImportError) as e:
                 raise CheckpointError(f"cannot open: {e}", path=target) from None
+            self.validators = {k: str(info[name]) for k, name in (
+                ("etag", "ETag"), ("etag", "etag"), ("last_modified", "LastModified"),
+                ("last_modified", "last_modified"), ("mtime", "mtime")) if info.get(name)}
         else:
+            self.validators = {}
             self.file = target
             self.path = _file_name(target)
             target.seek(0, os.SEEK_END)
@@ -256,6 +266,12 @@ class RemoteSource(Source):
     @property
     def stats(self) -> Stats:
         return self._backend.stats
+
+    @property
+    def validators(self) -> dict[str, str]:
+        """What the server says identifies this version of the file: ``etag`` and
+        ``last_modified`` (HTTP), or what an fsspec file system's ``info`` gives."""
+        return dict(getattr(self._backend, "validators", {}))
 
     def _ensure(self, offset: int, n: int) -> None:
         """Fetch the missing blocks of ``[offset, offset + n)``, a run per request."""

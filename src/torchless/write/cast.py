@@ -30,8 +30,20 @@ the element alone reproduces them: float64 → bfloat16 NaN is 0xFFFF in the vec
 large tensor's NaNs get, and the same rule as the float32 paths). Every other result, NaN or
 not, is what torch gives whatever the position.
 
-Integer, bool and complex tensors are never cast. float8 tensors are refused by name (torch
-would cast them, through lookup tables this module does not have).
+float8 sources (``float8_e4m3fn``, ``float8_e5m2``) are widened through a table of their 256
+codes, built from the formats' definitions (OCP FP8: E4M3 with bias 7, no infinities, NaN at
+S.1111.111; E5M2 with bias 15, IEEE infinities and NaNs): every finite value is exact in all
+three targets, ±0 and ±inf keep their sign, and NaNs become what torch gives (the same in
+any position: torch converts float8 element by element):
+
+* E4M3 → float32 / float16: the NaN's sign, the target's all-ones exponent and its mantissa
+  bits shifted up (``0x7F`` → ``0x7FF00000`` / ``0x7F80``), not quieted;
+* E5M2 → float32 / float16: as a float16 NaN (E5M2 is float16's top byte), quieted
+  (``sign | 0x7FC00000 | mantissa << 13``; ``bits << 8 | 0x0200``);
+* either → bfloat16: 0x7FC0, its sign dropped.
+
+Integer, bool and complex tensors are never cast; nor is ``float8_e8m0fnu`` (refused by
+name: widening it to float16 would round, with rules this module does not have).
 """
 
 from __future__ import annotations
@@ -67,8 +79,12 @@ METADATA_KEY = "torchless.cast"
 #: The dtypes a cast may produce, by the names ``--dtype`` takes.
 TARGETS = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
            "half": "float16", "fp32": "float32", "float32": "float32", "float": "float32"}
-#: The source dtypes cast (floating types NumPy can compute on).
-CASTABLE = frozenset({"float64", "float32", "float16", "bfloat16"})
+#: The float8 formats widened by table: (exponent bits, mantissa bits, exponent bias, and
+#: whether the all-ones exponent holds infinities and NaNs as in IEEE 754; else only the
+#: code with every bit of exponent and mantissa set is NaN, "fn": finite).
+_FLOAT8 = {"float8_e4m3fn": (4, 3, 7, False), "float8_e5m2": (5, 2, 15, True)}
+#: The source dtypes cast (floating types NumPy can compute on, and the float8 tables).
+CASTABLE = frozenset({"float64", "float32", "float16", "bfloat16", *_FLOAT8})
 _REFUSED_PREFIX = "float8"
 
 _U16, _U32 = np.dtype("<u2"), np.dtype("<u4")
@@ -167,7 +183,52 @@ _CASTS: dict[tuple[str, str], Callable[[np.ndarray[Any, Any]], np.ndarray[Any, A
     ("float16", "float32"): _f16_to_f32,
     ("bfloat16", "float32"): _bf16_to_f32,
 }
-_UINT = {2: "<u2", 4: "<u4", 8: "<u8"}
+_UINT = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
+
+def _float8_bits(source: str, target: str, code: int) -> int:
+    """The ``target`` bits torch gives for the float8 ``code`` (module docstring)."""
+    e_bits, m_bits, bias, ieee = _FLOAT8[source]
+    sign, e, m = code >> 7, (code >> m_bits) & ((1 << e_bits) - 1), code & ((1 << m_bits) - 1)
+    top = e == (1 << e_bits) - 1
+    nan = top and (m != 0 if ieee else m == (1 << m_bits) - 1)
+    wide = target == "float32"
+    if nan and target == "bfloat16":
+        return 0x7FC0
+    if ieee and top:  # E5M2: float16's top byte
+        h = code << 8
+        if not nan:  # ±inf
+            return (sign << 31) | 0x7F800000 if wide else (
+                (sign << 15) | 0x7F80 if target == "bfloat16" else h)
+        return (sign << 31) | 0x7FC00000 | ((h & 0x3FF) << 13) if wide else h | 0x0200
+    if nan:  # E4M3's NaN, shifted up
+        return (sign << 31) | 0x7F800000 | (m << (23 - m_bits)) if wide else (
+            (sign << 15) | 0x7C00 | (m << (10 - m_bits)))
+    value = (-1.0) ** sign * (m / (1 << m_bits) + (e > 0)) * 2.0 ** (max(e, 1) - bias)
+    if target == "float16":
+        return int(np.array(value, "<f2").view(_U16))
+    bits = int(np.array(value, "<f4").view(_U32))  # exact: 3 mantissa bits at most
+    return bits >> 16 if target == "bfloat16" else bits
+
+
+def _float8_cast(source: str, target: str) -> Callable[[np.ndarray[Any, Any]],
+                                                      np.ndarray[Any, Any]]:
+    """The cast of ``source`` float8 codes to ``target`` bits, by a table of all 256."""
+    table: np.ndarray[Any, Any] | None = None
+
+    def cast(codes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        nonlocal table
+        if table is None:
+            table = np.array([_float8_bits(source, target, c) for c in range(256)],
+                             dtype=_U32 if target == "float32" else _U16)
+        out: np.ndarray[Any, Any] = table[codes]
+        return out
+
+    return cast
+
+
+_CASTS.update({(s, t): _float8_cast(s, t) for s in _FLOAT8
+               for t in ("bfloat16", "float16", "float32")})
 
 
 def cast_block(source: DType, target: DType, data: bytes | memoryview) -> memoryview:
@@ -232,10 +293,14 @@ def _done(piece: memoryview, future: Future[memoryview],
 
 def cast_tensor(t: Tensor, target: DType, *,
                 release: Callable[[memoryview], None] | None = None,
-                spill_dir: str | None = None) -> Tensor:
+                spill_dir: str | None = None,
+                observe: Callable[[], Callable[[memoryview], None]] | None = None) -> Tensor:
     """``t`` as a contiguous tensor of ``target`` whose bytes are cast as they are read
     (a streamed storage: :meth:`Storage.iter_bytes` casts block by block). ``release``
-    hands back the source map's pages behind each block read."""
+    hands back the source map's pages behind each block read. ``observe()``, called each
+    time the tensor is read, gives a function that is handed the source's bytes (contiguous,
+    little-endian) block by block, in order, as they are cast (the certificate's source
+    digest: :mod:`torchless.write.digest`)."""
     source = t.dtype
     if source.name not in CASTABLE:  # pragma: no cover - Cast.plan refuses them first
         raise ConversionError(f"cannot cast torch.{source.name}")
@@ -245,13 +310,20 @@ def cast_tensor(t: Tensor, target: DType, *,
         elements = max(1, min(chunk, BLOCK_BYTES) // max(source.itemsize, target.itemsize))
         block = elements * source.itemsize
         pieces = _source_blocks(t, block, spill_dir)
+        feed = observe() if observe is not None else None
+
+        def one(piece: memoryview) -> memoryview:
+            if feed is not None:
+                feed(piece)
+            return cast_block(source, target, piece)
+
         if t.nbytes <= block:
             for piece in pieces:
-                yield cast_block(source, target, piece)
+                yield one(piece)
                 if release is not None:
                     release(piece)
             return
-        yield from _ahead(pieces, lambda piece: cast_block(source, target, piece), release)
+        yield from _ahead(pieces, one, release)
 
     def load() -> bytes:  # the whole cast tensor, for a reader that asks for all of it
         return b"".join(bytes(b) for b in stream(BLOCK_BYTES))
@@ -289,7 +361,8 @@ class Cast:
 
     def plan(self, tensors: Mapping[str, Tensor]) -> dict[str, DType]:
         """name -> source dtype of the tensors to cast (those of another dtype than the
-        target); float8 tensors chosen are refused by name."""
+        target); other float8 tensors chosen (``float8_e8m0fnu``, the ``fnuz`` kinds) are
+        refused by name."""
         out: dict[str, DType] = {}
         refused = []
         for name, t in tensors.items():
@@ -310,11 +383,18 @@ class Cast:
 
     def apply(self, tensors: Mapping[str, Tensor], *,
               release: Callable[[memoryview], None] | None = None,
-              spill_dir: str | None = None) -> tuple[dict[str, Tensor], str]:
+              spill_dir: str | None = None,
+              observe: Callable[[str], Callable[[memoryview], None]] | None = None
+              ) -> tuple[dict[str, Tensor], str]:
         """The tensors with those chosen cast (streamed), and the record of what was cast
-        for ``__metadata__``."""
+        for ``__metadata__``; ``observe(name)`` as for :func:`cast_tensor`."""
         planned = self.plan(tensors)
-        out = {n: cast_tensor(t, self.dtype, release=release, spill_dir=spill_dir)
+
+        def watch(name: str) -> Callable[[], Callable[[memoryview], None]] | None:
+            return None if observe is None else lambda: observe(name)
+
+        out = {n: cast_tensor(t, self.dtype, release=release, spill_dir=spill_dir,
+                              observe=watch(n))
                if n in planned else t for n, t in tensors.items()}
         return out, self.record(planned)
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ from torchless.model.chunks import chunks, is_plain
 from torchless.model.tensor import Tensor
 from torchless.write import atomic as _atomic
 from torchless.write import stream as _stream
+from torchless.write.digest import Digests
 from torchless.write.stream import Progress, Release
 
 __all__ = ["MAX_HEADER_BYTES", "Planned", "Progress", "SafetensorsHeader", "check_name", "plan",
@@ -205,6 +207,8 @@ def write_into(
     release: Release | None = None,
     needed: int | None = None,
     held: int = 0,
+    digests: Digests | None = None,
+    final_header: Callable[[], bytes] | None = None,
 ) -> int:
     """Write the whole file into ``out`` (not yet published) and flush it to the disk.
 
@@ -212,28 +216,49 @@ def write_into(
     behind ``src_fd`` (None when they are not a plain byte range there); ``release`` is told
     which of those bytes have been written. On a full disk the error says the bytes
     ``needed`` (default: this file's) and those free, counting the ``held`` bytes of the
-    run's earlier outputs (:meth:`Output.error`)."""
+    run's earlier outputs (:meth:`Output.error`).
+
+    With ``digests``, every tensor's bytes are hashed as they are written
+    (:mod:`.digest`); then ``final_header()``, called once the data is written and hashed,
+    gives the header again (the same length: the digests in it filled in), written in place
+    before the file is flushed."""
     if needed is None:
         needed = len(header) + sum(p.end - p.begin for p in planned)
     writer = _stream.Writer(out.fd, src_fd, progress, release)
     try:
         writer.write(header)
         for p in planned:
-            _write_tensor(writer, p, file_offset, out.directory)
+            _write_tensor(writer, p, file_offset, out.directory, digests)
         writer.flush()
+        if digests is not None:
+            digests.wait()
+        if final_header is not None:
+            _rewrite_header(out.fd, header, final_header())
     except OSError as e:
         raise out.error(e, needed, held) from None
     finally:
         writer.close()
+        if digests is not None:
+            digests.close()
     if writer.done != writer.queued:  # pragma: no cover - a bug of ours
         raise ConversionError(f"wrote {writer.done} bytes of {writer.queued}")
     out.finish(needed, held)
     return writer.done
 
 
+def _rewrite_header(fd: int, first: bytes, header: bytes) -> None:
+    if len(header) != len(first):  # pragma: no cover - a bug of ours
+        raise ConversionError(f"the final header has {len(header)} bytes, the first "
+                              f"{len(first)}")
+    done = 0
+    while done < len(header):
+        done += os.pwrite(fd, header[done:], done)
+
+
 def _write_tensor(writer: _stream.Writer, p: Planned, file_offset: FileOffset | None,
-                  spill_dir: str) -> None:
+                  spill_dir: str, digests: Digests | None = None) -> None:
     t = p.tensor
+    h = digests.output(p.name) if digests is not None else None
     n = p.end - p.begin
     start = writer.queued
     if n and is_plain(t) and not t.storage.streams:
@@ -242,6 +267,10 @@ def _write_tensor(writer: _stream.Writer, p: Planned, file_offset: FileOffset | 
         offset = None
         if file_offset is not None and (writer.can_read or n >= _stream.KERNEL_MIN_BYTES):
             offset = file_offset(t)
+        if h is not None and digests is not None:
+            digests.mapped(h, memoryview(buf).cast("B")[begin:begin + n],
+                           None if offset is None else offset + begin, writer.release,
+                           writer.src_fd is not None)
         if offset is not None and n < _stream.KERNEL_MIN_BYTES and n <= _stream.GATHER_BYTES:
             writer.read(offset + begin, n)  # small ones are gathered, read from the file
         else:
@@ -249,6 +278,8 @@ def _write_tensor(writer: _stream.Writer, p: Planned, file_offset: FileOffset | 
             writer.copy(None if offset is None else offset + begin, mapped)
     else:
         for block in chunks(t, spill_dir):
+            if h is not None:
+                h.update(block)
             writer.write(block)
     if writer.queued - start != n:  # pragma: no cover - a bug of ours
         raise ConversionError(f"wrote {writer.queued - start} bytes for a tensor of {n}",
