@@ -31,7 +31,8 @@ class NothingToRead(CheckpointError):
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
+    return {"key": args.key, "force": args.force, "skip_existing": args.skip_existing,
+            "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
             "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
             "limits": _limits(args), "strict": args.strict,
@@ -134,14 +135,13 @@ def _checkpoint_files(paths: Sequence[str]) -> list[str]:
 
 def _run_batch(args: argparse.Namespace) -> int:
     """Many sources (directories walked), each to its default output; a failure does not
-    stop the others; outputs already there and verified are skipped."""
+    stop the others; with --skip-existing, outputs already there and verified are kept."""
     from torchless.api.batch import BatchResult, batch
     from torchless.cli.progress import Progress, progress_wanted
     from torchless.cli.show import batch_doc, batch_line, human
 
     files = _checkpoint_files(args.src)
     options = _options(args)
-    options["resume"] = not args.force
     bar = Progress(human, unit="files") if progress_wanted(args.quiet or args.json) else None
     done: list[BatchResult] = []
 
@@ -255,6 +255,7 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                      f"with -o (torchless convert {args.src[0]} -o {args.src[1]}); "
                      "several SRC are each converted to their default output")
     from torchless.conversion.common import default_dst
+    from torchless.conversion.existing import same_file
     from torchless.io.remote import is_remote
 
     for i, src in enumerate(args.src):
@@ -262,7 +263,7 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             continue
         dst = args.output if args.output is not None and not os.path.isdir(
             args.output) else default_dst(src)
-        if not _same_file(src, dst):
+        if not same_file(src, dst):
             continue
         if i > 0 and len(args.src) == 2 and args.output is None:
             parser.error(f"{src} is a safetensors file, what convert writes: as SRC it would "
@@ -270,15 +271,6 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                          f"{args.src[0]} there, name it with -o (torchless convert "
                          f"{args.src[0]} -o {src}, with --force to replace it)")
         parser.error(f"{src} would be its own output: name another with -o")
-
-
-def _same_file(a: str, b: str) -> bool:
-    if os.path.abspath(a) == os.path.abspath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

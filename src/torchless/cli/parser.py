@@ -62,7 +62,7 @@ examples:
   torchless convert ./my-model/                   # pytorch_model*.bin -> model*.safetensors
   torchless convert ./my-model/ --max-shard-size 5GB -o ./out/
   torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
-  torchless convert ./runs/ -j 4 --report run.jsonl  # a directory; re-runs skip done files
+  torchless convert ./runs/ -j 4 --report run.jsonl --skip-existing  # re-runs: only what is left
   torchless convert ckpt.pt --weights-only          # tensors only, no object tree
   torchless convert https://example.org/model.pt    # streamed by range requests
   torchless convert model.ckpt -o net.safetensors --key state_dict --rename s/^/net./
@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write a self-contained HTML report (sortable tensor table, "
                           "treemap of bytes by module, dtype totals, scan verdict) to -o FILE")
     ins.add_argument("-o", "--output", metavar="FILE", help="with --html: the page to write")
+    ins.add_argument("--force", action="store_true",
+                     help="with -o: replace an existing FILE (never the checkpoint itself)")
     _add_reading(ins)
     conv = sub.add_parser(
         "convert", help="write a checkpoint's tensors as a safetensors file",
@@ -222,10 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "contiguous and little-endian, written atomically (temporary file, fsync, "
                     "rename). Shared tensors are written once per name unless --dedupe (a "
                     "model directory: tied weights once, unless --no-dedupe). An "
-                    "existing output is refused unless --force (several SRC: one that "
-                    "verifies is skipped); a SRC is never its own output. On a terminal a "
-                    "progress line shows bytes (files, for several SRC), %, rate and time "
-                    "left: -q or TORCHLESS_PROGRESS=0 turns it off.",
+                    "existing output is refused unless --force, or kept with "
+                    "--skip-existing when it verifies against its SRC; a SRC is never its "
+                    "own output. On a terminal a progress line shows bytes (files, for "
+                    "several SRC), %, rate and time left: -q or TORCHLESS_PROGRESS=0 turns it off.",
         epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     conv.add_argument("src", nargs="+",
                       help="checkpoint file, Hugging Face model directory or *.bin.index.json "
@@ -242,7 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with several SRC: append one JSON line per file to FILE")
     conv.add_argument("--key", metavar="K",
                       help="convert only the subtree under this dotted key (e.g. state_dict)")
-    conv.add_argument("--force", action="store_true", help="replace an existing DST")
+    conv.add_argument("--force", action="store_true",
+                      help="replace an existing DST (never SRC itself)")
+    conv.add_argument("--skip-existing", action="store_true",
+                      help="keep an existing DST that verifies against its SRC and write "
+                           "nothing for it (a re-run of several SRC); one that does not "
+                           "verify is refused (replaced with --force)")
     conv.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
                       help="write identical aliases once; record the others in __metadata__ "
                            "(default: on for a model directory or an index, as transformers "
