@@ -8,7 +8,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_bug, print_error
@@ -34,10 +34,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"key": args.key, "force": args.force, "skip_existing": args.skip_existing,
             "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
-            "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
+            "max_shard_size": args.max_shard_size, "tree": args.tree,
             "limits": _limits(args), "strict": args.strict,
             "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
-            "link_files": not args.copy_files, "dtype": args.dtype,
+            "link_files": args.link_files, "dtype": args.dtype,
             "dtype_filter": tuple(args.dtype_filter), **_selection(args)}
 
 
@@ -47,7 +47,35 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _limits(args: argparse.Namespace) -> Limits | None:
-    return Limits(**dict(args.limit)) if args.limit else None
+    from torchless.core.limits import allowing_download
+
+    return allowing_download(Limits(**dict(args.limit)) if args.limit else None,
+                             args.download)
+
+
+@contextlib.contextmanager
+def _download_line(quiet: bool) -> Iterator[None]:
+    """A progress line on stderr while a file is downloaded whole (a server that ignores
+    Range), wiped when it is done; on a terminal only, as every progress line."""
+    from torchless.cli.progress import Progress, progress_wanted
+    from torchless.cli.show import human
+    from torchless.io.remote import download_progress
+
+    if not progress_wanted(quiet):
+        yield
+        return
+    bar = Progress(human)
+    bar.count = "downloading (the server ignores Range)"
+
+    def show(done: int, total: int) -> None:
+        bar(done, total or done)
+
+    token = download_progress.set(show)
+    try:
+        yield
+    finally:
+        download_progress.reset(token)
+        bar.close()
 
 
 def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionReport:
@@ -273,6 +301,18 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"{src} would be its own output: name another with -o")
 
 
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.command == "inspect":
+        return _run_inspect(args, parser)
+    if args.command == "convert":
+        return _run_convert(args)
+    if args.command == "verify":
+        return _run_verify(args)
+    if args.command == "scan":
+        return _run_scan(args)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; the exit codes are listed in :mod:`torchless.cli.parser`."""
     from torchless.cli.progress import quiet_from_env
@@ -298,15 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if vars(args).get("dtype_filter") and not args.dtype:
         parser.error("--dtype-filter chooses the names --dtype casts: give --dtype too")
     try:
-        if args.command == "inspect":
-            return _run_inspect(args, parser)
-        if args.command == "convert":
-            return _run_convert(args)
-        if args.command == "verify":
-            return _run_verify(args)
-        elif args.command == "scan":
-            return _run_scan(args)
-        return EXIT_OK
+        with _download_line(bool(args.quiet or vars(args).get("json")
+                                 or vars(args).get("jsonl"))):
+            return _run(args, parser)
     except InternalError as e:
         print_bug(e)
         return EXIT_FAILED

@@ -33,7 +33,7 @@ from torchless.conversion.existing import claim, skip_verified
 from torchless.conversion.hflayout import is_checkpoint_dir
 from torchless.conversion.select import NamePattern, RenameRule, Selection
 from torchless.core.collector import collector_paused
-from torchless.core.limits import Limits
+from torchless.core.limits import Limits, allowing_download
 from torchless.errors import (
     CheckpointError,
     ConversionError,
@@ -80,6 +80,7 @@ def convert(
     ema: bool = False,
     dtype: str | None = None,
     dtype_filter: Iterable[str] = (),
+    allow_full_download: bool = False,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -144,6 +145,8 @@ def convert(
             integer and bool tensors are left as they are. ``__metadata__`` records the cast
             (``torchless.cast``).
         dtype_filter: globs on the flat (output) names: cast only the tensors they match.
+        allow_full_download: as for :func:`torchless.open` (a URL SRC on a server that
+            ignores ``Range``: downloaded whole first, whatever its size).
 
     With any of ``include``, ``exclude``, ``rename``, ``strip_prefix`` or ``ema``, the output
     holds the chosen tensors only (no object tree: it would name tensors the file does not
@@ -162,6 +165,7 @@ def convert(
         if dst is None:
             dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
     spath = os.fspath(src)
+    limits = allowing_download(limits, allow_full_download)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
             collector_paused():
@@ -337,6 +341,7 @@ def verify(
     ema: bool = False,
     dtype: str | Cast | None = None,
     dtype_filter: Iterable[str] = (),
+    allow_full_download: bool = False,
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -355,9 +360,11 @@ def verify(
     ``exclude``, ``rename``, ``strip_prefix`` and ``ema`` as for :func:`convert` (SRC's
     tensors are compared under the names convert gives them). With ``dtype`` (and
     ``dtype_filter``), SRC's tensors are expected cast as ``convert`` casts them, and DST's
-    record of the cast must be the one convert writes."""
+    record of the cast must be the one convert writes. ``allow_full_download`` as for
+    :func:`torchless.open`."""
     spath, dpath = os.fspath(src), os.fspath(dst)
-    read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
+    read = ReadOptions(allowing_download(limits, allow_full_download), strict,
+                       tuple(allow_globals), verify_crc)
     cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype
     return _verify(spath, dpath, key, skip_unsupported, read,
                    Selection.of(include, exclude, rename, strip_prefix, ema), cast)

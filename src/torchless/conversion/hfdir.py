@@ -10,7 +10,7 @@ OUTDIR is a loadable model directory and nothing is skipped without a word:
   ``.ckpt``, ``.tar``, ``.pkl`` or ``.pickle``) is converted to ``<stem>.safetensors`` in
   OUTDIR, with its object tree, as ``convert FILE`` does;
 * every other top-level file is hard-linked into OUTDIR (copied where a link cannot be
-  made, e.g. across filesystems), or copied with ``link_files=False`` / ``--copy-files``
+  made, e.g. across filesystems), or copied with ``link_files=False`` / ``--no-link-files``
   (a hard link is the same file: editing one edits the other). A subdirectory of plain
   files (sentence-transformers' ``1_Pooling/``, a tokenizer folder) is brought the same
   way; hidden entries and subdirectories holding weights or checkpoints (``checkpoint-500/``,
