@@ -469,7 +469,9 @@ def _label(args: tuple[Any, ...]) -> str | None:
 
 
 #: For "the output file exists": what to do.
-EXISTS_HINT = "add --force (force=True) to replace it, or choose another output with -o / dst"
+EXISTS_HINT = ("add --force (force=True) to replace it, --skip-existing (skip_existing=True) to "
+               "keep it where it verifies against its source, or choose another output "
+               "with -o / dst")
 
 
 def type_phrase(obj: object) -> str:

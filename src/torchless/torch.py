@@ -47,14 +47,14 @@ MapLocation = Any  # None, str, torch.device, dict[str, str] or callable(storage
 
 def _import_torch(asked: str = "torchless.torch") -> Any:
     """torch, imported when a function of this module is called, or when torch objects are
-    asked for (``asked``: ``tensors='torch'``, ``to_torch()``); the one place in torchless
+    asked for (``asked``: ``framework='pt'``, ``to_torch()``); the one place in torchless
     that imports it (tests/project/test_static_safety.py allows it here only; any layer
     may call it, tests/project/test_layers.py)."""
     try:
         import torch  # noqa: TID251 - the drop-in returns torch objects; see the docstring
     except ImportError as e:
         raise UnsupportedError(f"{asked} needs torch, which cannot be imported here: {e}",
-                               hint="install torch, or read NumPy arrays (tensors='numpy', "
+                               hint="install torch, or read NumPy arrays (framework='np', "
                                     "Tensor.numpy())") from None
 
     try:  # torch.load's own defaults (``mmap``), which ``import torch`` does not import

@@ -72,11 +72,20 @@ def test_serial_then_resume(torch: ModuleType, tmp_path: Path) -> None:
     assert [(x["path"], x["status"], x["ok"]) for x in lines] == [
         (r.path, r.status, r.ok) for r in first]
     mtimes = {r.output: os.stat(r.output).st_mtime_ns for r in first if r.output}
-    again = batch([root], "convert", report=report)
+    # the one existing-output rule: an existing output is refused unless asked otherwise
+    refused = {os.path.relpath(r.path, root): r for r in batch([root], "convert")}
+    for name, status in EXPECTED.items():
+        assert refused[name].status == "refused"
+        assert ("the output file exists" in (refused[name].error or "")) == (
+            status == "done")
+    again = batch([root], "convert", report=report, skip_existing=True)
     assert {k: v for k, v in _statuses(again, root).items()} == {
         k: ("skipped" if v == "done" else v) for k, v in EXPECTED.items()}
     assert {o: os.stat(o).st_mtime_ns for o in mtimes} == mtimes  # nothing rewritten
     assert len(report.read_text().splitlines()) == 2 * len(EXPECTED)
+    with pytest.warns(DeprecationWarning, match="skip_existing"):
+        old = batch([root], "convert", resume=True)  # the old name, the same result
+    assert _statuses(old, root) == _statuses(again, root)
 
 
 def test_scan_and_inspect_ops(torch: ModuleType, tmp_path: Path) -> None:
@@ -152,7 +161,7 @@ def test_killed_run_resumes_without_redoing(torch: ModuleType, tmp_path: Path) -
                   if json.loads(x)["status"] == "done"}
     assert done_first, "the first run finished nothing before it was killed"
     mtimes = {p: os.stat(p[:-3] + ".safetensors").st_mtime_ns for p in done_first}
-    results = batch([root], "convert")
+    results = batch([root], "convert", skip_existing=True)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     skipped = {r.path for r in results if r.status == "skipped"}
     assert done_first <= skipped
@@ -220,7 +229,7 @@ def test_dask_worker_killed_mid_run_then_resume(torch: ModuleType, tmp_path: Pat
     done_first = {r.path for r in first if r.status == "done"}
     assert len(done_first) >= 2
     mtimes = {p: os.stat(p[:-3] + ".safetensors").st_mtime_ns for p in done_first}
-    again = batch([root], "convert")
+    again = batch([root], "convert", skip_existing=True)
     assert all(r.ok for r in again), [r.error for r in again if not r.ok]
     assert {r.path for r in again if r.status == "skipped"} >= done_first
     assert {p: os.stat(p[:-3] + ".safetensors").st_mtime_ns for p in done_first} == mtimes

@@ -1,7 +1,7 @@
 """``torchless.torch.load`` on the tensor kinds torchless reads as records (sparse,
 quantized, nested, meta): it returns the torch tensors ``torch.load`` returns, compared part
 by part with torch's own accessors (``tests._kinds_oracle``). It refused them, though
-``torchless.load(tensors="torch")`` rebuilt them.
+``torchless.load(framework="pt")`` rebuilt them.
 """
 
 from __future__ import annotations

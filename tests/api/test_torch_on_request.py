@@ -1,4 +1,4 @@
-"""``tensors="torch"`` and ``Tensor.to_torch()`` import torch when asked (through
+"""``framework="pt"`` and ``Tensor.to_torch()`` import torch when asked (through
 ``torchless.torch._import_torch``, the library's one torch import), in a program that has not
 imported it; ``import torchless`` and NumPy reads still never do. The oracle: ``torch.load``
 of the same file, in the same fresh interpreter after the call."""
@@ -25,7 +25,7 @@ import torchless
 out = {"before": "torch" in sys.modules}
 ckpt_np = torchless.load(sys.argv[1])
 out["numpy_read"] = "torch" in sys.modules
-obj = torchless.load(sys.argv[1], tensors=sys.argv[3] if len(sys.argv) > 3 else "torch")
+obj = torchless.load(sys.argv[1], framework=sys.argv[3] if len(sys.argv) > 3 else "pt")
 out["after"] = "torch" in sys.modules
 import torch
 ref = torch.load(sys.argv[1], weights_only=False)

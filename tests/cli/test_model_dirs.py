@@ -184,7 +184,7 @@ def test_safetensors_index_scans_clean_and_the_report_has_no_red_pill(
     assert [f.status for f in report.files] == ["clean"] * 3 and report.exit_code == 0
     page = tmp_path / "r.html"
     for target in (index, tmp_path / "model-00001-of-00002.safetensors"):
-        assert main(["inspect", str(target), "--html", "-o", str(page)]) == 0
+        assert main(["inspect", str(target), "--html", "-o", str(page), "--force"]) == 0
         text = page.read_text()
         assert 'id="verdict">clean<' in text and "verdict unreadable" not in text
     capsys.readouterr()

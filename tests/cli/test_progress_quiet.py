@@ -119,7 +119,7 @@ def test_quiet_on_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     runs = [["convert", str(TINY), "-o", str(out)], ["inspect", str(TINY)],
             ["inspect", str(TINY), str(out)], ["scan", str(TINY)],
             ["verify", str(TINY), str(out)],
-            ["inspect", str(TINY), "--html", "-o", str(tmp_path / "r.html")]]
+            ["inspect", str(TINY), "--html", "-o", str(tmp_path / "r.html"), "--force"]]
     for argv in runs:
         assert main([*argv, "-q"]) == 0, argv
         assert capsys.readouterr() == ("", ""), argv

@@ -44,10 +44,10 @@ def _same(ref: Any, got: Any, torch: Any, ordered: bool = True) -> None:
 @pytest.mark.parametrize("case", TORCH_SAVE_CASES)
 def test_load_equals_dcp_to_torch_save(case: str, dcp_cases: Path, torch: Any) -> None:
     ref = torch.load(dcp_cases / f"{case}.pt", weights_only=False)
-    _same(ref, torchless.load(dcp_cases / case, tensors="torch"), torch)
+    _same(ref, torchless.load(dcp_cases / case, framework="pt"), torch)
     # and the tensors the ranks held, whole
     _same(torch.load(dcp_cases / f"{case}.full.pt", weights_only=False),
-          torchless.load(dcp_cases / case, tensors="torch"), torch, ordered=False)
+          torchless.load(dcp_cases / case, framework="pt"), torch, ordered=False)
 
 
 @pytest.mark.parametrize(("case", "layout", "storage"), [
@@ -56,7 +56,7 @@ def test_load_equals_dcp_to_torch_save(case: str, dcp_cases: Path, torch: Any) -
 def test_safetensors_formats(case: str, layout: str, storage: str, dcp_cases: Path,
                              torch: Any) -> None:
     _same(torch.load(dcp_cases / "st.full.pt", weights_only=False),
-          torchless.load(dcp_cases / case, tensors="torch"), torch, ordered=False)
+          torchless.load(dcp_cases / case, framework="pt"), torch, ordered=False)
     with torchless.open(dcp_cases / case) as ckpt:
         assert ckpt.info["layout"] == layout
         assert ckpt.info["storage_format"] == storage

@@ -45,7 +45,7 @@ def test_convert_equals_dcp_to_torch_save(case: str, dcp_cases: Path, tmp_path: 
     assert report.verified is not None and report.verified.ok
     _assert_same_bytes(_tensors(torch, dcp_cases / f"{case}.pt"), load_file(out), torch)
     want = torch.load(dcp_cases / f"{case}.pt", weights_only=False)
-    got = torchless.load(out, tensors="torch")
+    got = torchless.load(out, framework="pt")
     assert list(flat(want)) == list(flat(got))
     for name, value in flat(want).items():
         if isinstance(value, torch.Tensor):
@@ -106,7 +106,7 @@ def test_cli_convert_default_output_and_verify(dcp_cases: Path, tmp_path: Path,
 
     src = tmp_path / "ckpt"
     shutil.copytree(dcp_cases / "dtensor", src)
-    assert main(["convert", str(src) + "/", "--weights-only"]) == 0
+    assert main(["convert", str(src) + "/", "--no-tree"]) == 0
     out = tmp_path / "ckpt.safetensors"
     assert out.is_file()
     assert main(["verify", str(src), str(out)]) == 0
@@ -138,7 +138,7 @@ def test_batch_takes_dcp_directories_as_units(dcp_cases: Path, tmp_path: Path) -
 
     assert expand([runs]) == [str(runs / "step-10"), str(runs / "final.pt"),
                               str(runs / "a" / "step-20")]
-    assert main(["convert", str(runs), "--weights-only"]) == 0
+    assert main(["convert", str(runs), "--no-tree"]) == 0
     for name in ("step-10", "a/step-20"):
         assert torchless.verify(runs / name, runs / f"{name}.safetensors").ok
     assert expand([runs], units=False) == [str(runs / "final.pt")]

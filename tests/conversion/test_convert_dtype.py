@@ -264,7 +264,7 @@ def test_model_directory_and_shards_cast(tmp_path: Path) -> None:
 def test_several_sources_cast_and_resume(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """``convert A B --dtype bf16``: each cast; run again, each output verifies with the
-    cast and is skipped, not converted again."""
+    cast and is skipped with --skip-existing, not converted again."""
     torch = require("torch")
     sources = [tmp_path / "a.pt", tmp_path / "b.pt"]
     for i, src in enumerate(sources):
@@ -274,10 +274,11 @@ def test_several_sources_cast_and_resume(tmp_path: Path,
     assert [r["status"] for r in json.loads(capsys.readouterr().out)] == ["done", "done"]
     for src in sources:
         assert verify(src, src.with_suffix(".safetensors"), dtype="bf16").ok
-    assert main(args) == 0
+    assert main([*args, "--skip-existing"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert [r["status"] for r in again] == ["skipped", "skipped"]
-    assert main([*args[:-1], "--dtype", "fp16", "--json"]) != 0  # another cast: not skipped
+    # another cast: not skipped
+    assert main([*args[:-1], "--dtype", "fp16", "--json", "--skip-existing"]) != 0
 
 
 def test_dtype_with_a_selection(tmp_path: Path) -> None:

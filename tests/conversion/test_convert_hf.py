@@ -371,20 +371,30 @@ def test_cli_batch(torch: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixt
     assert safetensors.torch.load_file(tmp_path / "a.safetensors")["x"].tolist() == [0, 1, 2, 3]
     assert safetensors.torch.load_file(tmp_path / "b.safetensors")["y"].tolist() == [[1.0] * 2] * 2
     assert not (tmp_path / "bad.safetensors").exists()
-    # again: both outputs exist and verify, so both are skipped (a resumed run)
-    assert main(["convert", str(a), str(b), "-j", jobs]) == 0
+    # again: both outputs exist, so both are refused (the one existing-output rule) ...
+    assert main(["convert", str(a), str(b), "-j", jobs]) == 1
+    out = capsys.readouterr()
+    assert out.err.count("the output file exists") == 2 and "2 failed" in out.out
+    # ... unless --skip-existing: both verify, so both are kept (a resumed run)
+    assert main(["convert", str(a), str(b), "-j", jobs, "--skip-existing"]) == 0
     out = capsys.readouterr()
     assert out.out.count("already converted (verified)") == 2
     assert "0 converted, 2 already done, 0 failed" in out.out
     # an output that no longer matches its source is refused, not replaced
     torch.save({"y": torch.zeros(2, 2)}, b)
-    assert main(["convert", str(a), str(b), "-j", jobs]) == 1
+    assert main(["convert", str(a), str(b), "-j", jobs, "--skip-existing"]) == 1
     out = capsys.readouterr()
     assert "does not match" in out.err and "1 failed" in out.out
     assert safetensors.torch.load_file(tmp_path / "b.safetensors")["y"].tolist() == [[1.0] * 2] * 2
+    # --force with --skip-existing: the one that verifies is kept, the other replaced
+    mtime = os.stat(tmp_path / "a.safetensors").st_mtime_ns
+    assert main(["convert", str(a), str(b), "--force", "--skip-existing", "-j", jobs]) == 0
+    assert "1 converted, 1 already done, 0 failed" in capsys.readouterr().out
+    assert os.stat(tmp_path / "a.safetensors").st_mtime_ns == mtime
+    assert safetensors.torch.load_file(tmp_path / "b.safetensors")["y"].tolist() == [[0.0] * 2] * 2
     assert main(["convert", str(a), str(b), "--force", "-j", jobs]) == 0
     assert "a.safetensors: 1 tensors" in capsys.readouterr().out
-    assert safetensors.torch.load_file(tmp_path / "b.safetensors")["y"].tolist() == [[0.0] * 2] * 2
+    assert os.stat(tmp_path / "a.safetensors").st_mtime_ns != mtime
 
 
 def test_cli_batch_rejects_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

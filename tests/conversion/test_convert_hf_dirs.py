@@ -138,8 +138,8 @@ def test_convert_dir_brings_the_other_files(torch: ModuleType, tmp_path: Path,
     left = "left out (hidden, or a directory holding checkpoints)"
     assert f"{left}: {src / '.gitattributes'}" in text
     assert f"{left}: {src / 'checkpoint-5'}" in text
-    # --copy-files: separate files, same bytes
-    assert main(["convert", str(src), "-o", str(tmp_path / "copy"), "--copy-files"]) == 0
+    # --no-link-files: separate files, same bytes
+    assert main(["convert", str(src), "-o", str(tmp_path / "copy"), "--no-link-files"]) == 0
     assert f"copied {src / 'config.json'}" in capsys.readouterr().out
     for name, data in others.items():
         assert (tmp_path / "copy" / name).read_bytes() == data

@@ -186,7 +186,7 @@ def test_attributes_of_live_torch_tensors_are_saved(torch: ModuleType, tmp_path:
     torch.save(obj, tmp_path / "ref.pt")
     want = torch.load(tmp_path / "ref.pt", weights_only=False)
     torchless.save(obj, tmp_path / "a.safetensors")
-    got = torchless.load(tmp_path / "a.safetensors", tensors="torch")
+    got = torchless.load(tmp_path / "a.safetensors", framework="pt")
     for key in ("t", "p"):
         assert type(got[key]) is type(want[key]), key
         assert sorted(vars(got[key])) == sorted(vars(want[key])), key

@@ -1,7 +1,7 @@
 """The object tree's text is bounded while it is encoded: one string (or bytes, or a global
 name) a file holds once can be referenced thousands of times through the memo, and each
 reference is written out in full. Past what a safetensors header holds (100,000,000
-bytes) convert and save stop at once with a ConversionError naming --weights-only; the
+bytes) convert and save stop at once with a ConversionError naming --no-tree; the
 tree was built whole first (20,000 references to 1 MiB of bytes: 28 GB of base64)."""
 
 from __future__ import annotations

@@ -491,7 +491,7 @@ def test_lightning(torch: ModuleType, fakes: Fakes, tmp_path: Path, attr_module:
     assert list(got["state_dict"]) == list(ckpt["state_dict"])
 
     # with torch tensors, the state dicts load into fresh objects and equal the originals
-    tl = torchless.load(tmp_path / (src.stem + ".safetensors"), tensors="torch")
+    tl = torchless.load(tmp_path / (src.stem + ".safetensors"), framework="pt")
     fresh = _net(torch, seed=1)
     assert any(not torch.equal(a, b) for a, b in
                zip(fresh.state_dict().values(), model.state_dict().values(), strict=True))
@@ -592,7 +592,7 @@ def test_hf_trainer_dir(torch: ModuleType, fakes: Fakes, tmp_path: Path) -> None
 
     # RNG states: restoring them from the inert file continues every stream
     got_rng = _round_trip(torch, out_dir / "rng_state.pth", tmp_path, [])
-    tl = torchless.load(tmp_path / "rng_state.safetensors", tensors="torch")
+    tl = torchless.load(tmp_path / "rng_state.safetensors", framework="pt")
     assert list(tl) == ["python", "numpy", "cpu"]
     with rngs_kept(torch):
         random.setstate(tl["python"])
@@ -671,7 +671,7 @@ def test_fairseq(torch: ModuleType, fakes: Fakes, tmp_path: Path) -> None:
         assert st[k].tobytes() == v.detach().numpy().tobytes(), k
 
     # with torch tensors: the fp16 weights, the shared one still shared
-    tl = torchless.load(tmp_path / "checkpoint_last.safetensors", tensors="torch")
+    tl = torchless.load(tmp_path / "checkpoint_last.safetensors", framework="pt")
     tm = tl["model"]
     assert tm["encoder.embed_tokens.weight"] is tm["decoder.embed_tokens.weight"]
     for k, v in model.items():
@@ -712,7 +712,7 @@ def test_convert_keeps_numpy_values(torch: ModuleType, tmp_path: Path) -> None:
     assert type(got["scalar"]) is np.float64 and got["scalar"] == 1.5
     assert type(got["count"]) is np.int64 and got["count"] == -3
     assert got["dtype"] == np.dtype("float32")
-    tl = torchless.load(tmp_path / "numpy.safetensors", tensors="torch")
+    tl = torchless.load(tmp_path / "numpy.safetensors", framework="pt")
     assert isinstance(tl["w"], torch.Tensor) and torch.equal(tl["w"], obj["w"])
     assert isinstance(tl["rng"][1], np.ndarray)  # arrays stay arrays
 

@@ -427,7 +427,7 @@ def test_malformed_tree_is_refused(tmp_path: Path, tree: str) -> None:
     "list key", "$ref forward", "unknown tag")])
 def test_malformed_tree_is_refused_with_torch_tensors(tmp_path: Path, tree: str) -> None:
     pytest.importorskip("torch")
-    refused(tmp_path, file_bytes(tree), torchless.FormatError, tensors="torch")
+    refused(tmp_path, file_bytes(tree), torchless.FormatError, framework="pt")
 
 
 def test_lone_surrogate_in_a_string(tmp_path: Path) -> None:
@@ -622,7 +622,7 @@ def test_loading_never_imports_named_modules(tmp_path: Path, mode: str,
         "obj2": {"$obj": {"type": f"{MODULE}.Thing", "state": None}},
         "odict": {"$odict": {"items": [], "attrs": {"_metadata": {"$global": [MODULE, "x"]}}}},
     })
-    got = TL.load(write(tmp_path, file_bytes(tree)), tensors=mode)
+    got = TL.load(write(tmp_path, file_bytes(tree)), framework=mode)
     assert not marker.exists(), marker.read_text()
     assert MODULE not in sys.modules
     assert got["g"] == Global(MODULE, "boom")

@@ -303,19 +303,19 @@ def test_resume_parity(torch: ModuleType, run: Run, tmp_path: Path, how: str) ->
     """(b) convert the .pt / (c) torchless.save from the loop; load with torch tensors;
     resume; every parameter and optimizer tensor is bit-identical to the reference."""
     path = _inert_file(run, tmp_path, how)
-    ck = torchless.load(path, tensors="torch")
+    ck = torchless.load(path, framework="pt")
     assert type(ck) is dict
     _check_plain_parts(torch, run, ck)
     _check_resumed(torch, run, ck)
     # a second load is unaffected by writes into the first one's tensors
-    _check_tensors(torch, run, torchless.load(path, tensors="torch"))
-    _check_tensors(torch, run, torchless.load(path, tensors="torch"))
+    _check_tensors(torch, run, torchless.load(path, framework="pt"))
+    _check_tensors(torch, run, torchless.load(path, framework="pt"))
 
 
 @pytest.mark.parametrize("how", ["convert", "save"])
 def test_numpy_load_matches_torch_load(torch: ModuleType, run: Run, tmp_path: Path,
                                        how: str) -> None:
-    """tensors="numpy" (the default): arrays with torch.load's values, same plain parts."""
+    """framework="np" (the default): arrays with torch.load's values, same plain parts."""
     path = _inert_file(run, tmp_path, how)
     ck = torchless.load(path)
     if how == "convert":  # the whole structure, as torchless reads the .pt itself
@@ -346,8 +346,8 @@ def test_state_dict_metadata_survives(torch: ModuleType, run: Run, tmp_path: Pat
     conv = tmp_path / "converted.safetensors"
     torchless.convert(run.pt, conv)
     loaders: list[Callable[[], Any]] = [
-        lambda: torchless.load(conv, tensors="torch")["model"],
-        lambda: torchless.load(run.direct, tensors="torch")["model"],
+        lambda: torchless.load(conv, framework="pt")["model"],
+        lambda: torchless.load(run.direct, framework="pt")["model"],
         lambda: torchless.load(conv)["model"],
     ]
     for load in loaders:
@@ -359,7 +359,7 @@ def test_state_dict_metadata_survives(torch: ModuleType, run: Run, tmp_path: Pat
 
 def test_parameters_and_torch_values(torch: ModuleType, tmp_path: Path) -> None:
     """Saved whole: nn.Parameter (with its requires_grad), torch dtypes, sizes and devices
-    come back as torch's own types with tensors="torch"."""
+    come back as torch's own types with framework="pt"."""
     g = torch.Generator().manual_seed(3)
     p = torch.nn.Parameter(torch.randn(2, 3, generator=g))
     frozen = torch.nn.Parameter(torch.randn(4, generator=g).to(torch.bfloat16),
@@ -369,7 +369,7 @@ def test_parameters_and_torch_values(torch: ModuleType, tmp_path: Path) -> None:
            "dtype": torch.bfloat16, "size": torch.Size([2, 3]), "device": torch.device("cpu")}
     path = tmp_path / "params.safetensors"
     torchless.save(obj, path)
-    got = torchless.load(path, tensors="torch")
+    got = torchless.load(path, framework="pt")
     assert list(got) == list(obj)
     assert type(got["p"]) is torch.nn.Parameter and got["p"].requires_grad
     assert type(got["frozen"]) is torch.nn.Parameter and not got["frozen"].requires_grad

@@ -91,8 +91,8 @@ class Mismatch(AssertionError):
 class DeepEqual:
     """``x`` (what was saved) against ``y`` (what was loaded), raising ``Mismatch`` with a path.
 
-    ``torch_mode`` says how the file was loaded: with ``tensors="torch"`` torch values come
-    back as themselves; with ``tensors="numpy"`` tensors become arrays, dtypes ``DType``,
+    ``torch_mode`` says how the file was loaded: with ``framework="pt"`` torch values come
+    back as themselves; with ``framework="np"`` tensors become arrays, dtypes ``DType``,
     devices ``str`` and sizes ``tuple``.
     """
 
@@ -679,7 +679,7 @@ def roundtrip(x: Any, *, torch_mode: bool = False, check: bool = True,
         TL.save(x, path)
         if check:
             check_file(path, x)
-        y = TL.load(path, tensors="torch" if torch_mode else "numpy",
+        y = TL.load(path, framework="pt" if torch_mode else "numpy",
                            **load_kw)
         deep_equal(x, y, torch_mode=torch_mode)
         return y

@@ -88,12 +88,18 @@ def test_remote_legacy_and_numpy_values(torch: ModuleType, tmp_path: Path,
             assert np.array_equal(got[k], saved[k].numpy()), (name, k)
 
 
-def test_server_without_range_is_refused(torch: ModuleType, tmp_path: Path) -> None:
+def test_server_without_range_is_downloaded_or_refused(torch: ModuleType,
+                                                       tmp_path: Path) -> None:
+    """Up to Limits.max_download_bytes the one answer's body is the download (one request);
+    above it, refused (test_remote_download.py has the rest)."""
     torch.save({"w": torch.ones(1000)}, tmp_path / "m.pt")
     for server in serve(tmp_path, ranges=False):
-        with pytest.raises(torchless.UnsupportedError, match="ignores Range"):
-            torchless.open(server.url + "m.pt")
+        with torchless.open(server.url + "m.pt") as ckpt:
+            assert ckpt.tensors["w"].numpy().tolist() == [1.0] * 1000
         assert server.requests == 1
+        with pytest.raises(torchless.LimitError, match="ignores Range"):
+            torchless.open(server.url + "m.pt", limits=torchless.Limits(max_download_bytes=100))
+        assert server.requests == 2
 
 
 def test_missing_remote_file(served: RangeServer) -> None:

@@ -49,7 +49,7 @@ def _imports(path: Path, root: Path) -> Iterator[tuple[int, str, bool]]:
 
 
 #: ``torchless/torch.py``'s ``_import_torch``, the library's one ``import torch``: any layer
-#: may call it inside a function (``tensors='torch'``, ``to_torch()`` import torch on
+#: may call it inside a function (``framework='pt'``, ``to_torch()`` import torch on
 #: request). Its module imports only core, errors and model at load.
 TORCH_IMPORTER = "torchless.torch._import_torch"
 

@@ -51,7 +51,7 @@ def test_index_files_open_their_shards(torch: ModuleType, tmp_path: Path) -> Non
         assert ckpt.format == "index" and list(ckpt.tensors) == ["a", "b", "c"]
         for name, t in w.items():
             assert np.array_equal(ckpt.numpy(name), t.numpy()), name
-    got = torchless.load(index, tensors="torch")
+    got = torchless.load(index, framework="pt")
     assert all(torch.equal(got[k], v) for k, v in w.items())
     from safetensors.torch import save_file
 

@@ -1,4 +1,4 @@
-"""Handing tensors to other libraries: Tensor.to_torch(), load(tensors="torch") of torch
+"""Handing tensors to other libraries: Tensor.to_torch(), load(framework="pt") of torch
 checkpoints, and DLPack. The oracle is torch.load of the same file."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_to_torch_matches_torch_load(torch: ModuleType, tg: ModuleType,  # noqa:
             assert got.dtype == t.dtype and got.shape == t.shape, name
             assert tg.contiguous_bytes(got) == tg.contiguous_bytes(t), name
     with tg.quiet():
-        loaded = torchless.load(tmp_path / "v.pt", tensors="torch")
+        loaded = torchless.load(tmp_path / "v.pt", framework="pt")
     assert set(loaded) == set(expected)
     for name, t in expected.items():
         assert tg.contiguous_bytes(loaded[name]) == tg.contiguous_bytes(t), name
@@ -44,12 +44,12 @@ def test_to_torch_parameters_and_writable(torch: ModuleType, tmp_path: Path) -> 
     torch.save({"model": model.state_dict(), "p": torch.nn.Parameter(torch.ones(2)),
                 "frozen": torch.nn.Parameter(torch.zeros(1), requires_grad=False)},
                tmp_path / "m.pt")
-    got = torchless.load(tmp_path / "m.pt", tensors="torch")
+    got = torchless.load(tmp_path / "m.pt", framework="pt")
     assert isinstance(got["p"], torch.nn.Parameter) and got["p"].requires_grad
     assert isinstance(got["frozen"], torch.nn.Parameter) and not got["frozen"].requires_grad
     got["model"]["weight"].add_(1)  # writable, and not the file's bytes
     fresh = torch.nn.Linear(3, 2)
-    fresh.load_state_dict(torchless.load(tmp_path / "m.pt", tensors="torch")["model"])
+    fresh.load_state_dict(torchless.load(tmp_path / "m.pt", framework="pt")["model"])
     assert torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
 
 
@@ -107,7 +107,7 @@ def test_to_torch_without_torch_installed(tmp_path: Path, torch: ModuleType) -> 
                 ckpt.tensors["w"].to_torch()
             except torchless.UnsupportedError as e:
                 print("refused:", e)
-        for call in (lambda: torchless.load({str(tmp_path / "m.pt")!r}, tensors="torch"),):
+        for call in (lambda: torchless.load({str(tmp_path / "m.pt")!r}, framework="pt"),):
             try:
                 call()
             except torchless.UnsupportedError as e:
@@ -118,7 +118,7 @@ def test_to_torch_without_torch_installed(tmp_path: Path, torch: ModuleType) -> 
                          check=True).stdout.splitlines()
     assert len(out) == 3 and all("needs torch, which cannot be imported" in line
                                  for line in out[:2]), out
-    assert "to_torch()" in out[0] and "tensors='torch'" in out[1]
+    assert "to_torch()" in out[0] and "framework='pt'" in out[1]
     assert out[2] == "None"
 
 

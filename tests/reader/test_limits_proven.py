@@ -18,13 +18,14 @@ before anything is inflated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import struct
 import tarfile
 import tracemalloc
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,7 @@ class Case:
     needs: int | None  # bytes the input would take if the limit did not hold (a lower bound)
     control: bool = False  # an eighth of it, limit raised, must trace more than `bound`
     why: str = ""  # what the limit prevents, when that is not memory
+    served: bool = False  # read from a local HTTP server that ignores Range, not the path
 
 
 CASES: dict[str, list[Case]] = {}
@@ -74,7 +76,7 @@ def case(field: str, **kw: object) -> Callable[[Callable[[Path, int], None]],
     return register
 
 
-def read_all(path: Path, limits: Limits) -> None:
+def read_all(path: Path | str, limits: Limits) -> None:
     """What a user does: open, read every tensor, load the whole tree."""
     with torchless.open(path, limits=limits) as ckpt:
         for name in ckpt.tensors:
@@ -324,6 +326,41 @@ def _zip_bomb(path: Path, scale: int) -> None:
     bomb_checkpoint(path, GiB)
 
 
+@case("max_download_bytes", limits=Limits(max_download_bytes=MiB), bound=8 * MiB,
+      needs=64 * MiB, served=True)
+def _whole_body(path: Path, scale: int) -> None:
+    """A file of ``8 * scale`` MiB on a server that ignores Range: refused by its
+    Content-Length before the body is read (the bound is the first import of the standard
+    library's HTTP client, a few MiB)."""
+    sparse(path, b"PK", 8 * scale * MiB, b"")
+
+
+@contextlib.contextmanager
+def _plain_server(root: Path) -> Iterator[str]:
+    """The standard library's file server over ``root`` (no Range support; it streams a
+    file in 64 KiB blocks, so its own memory does not count against the bound)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, *args: object) -> None:  # the client hung up: expected
+            pass
+
+    server = Server(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # ---- the tests -------------------------------------------------------------------------
 
 FIELDS = [f.name for f in dataclasses.fields(Limits)]
@@ -349,7 +386,9 @@ def test_limit_stops_the_input_built_to_exceed_it(field: str, index: int,
         "the bound must be far below what the input needs")
     path = tmp_path / "over.pt"
     c.write(path, 8)
-    peak, err = traced_peak(lambda: read_all(path, c.limits))
+    with _plain_server(tmp_path) if c.served else contextlib.nullcontext("") as url:
+        target = url + "over.pt" if url else path
+        peak, err = traced_peak(lambda: read_all(target, c.limits))
     assert isinstance(err, LimitError), f"expected LimitError({field}), got {err!r}"
     assert err.limit_name == field
     assert f"limit {field}=" in str(err) and err.actual > err.limit

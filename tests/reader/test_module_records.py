@@ -163,7 +163,7 @@ def test_a_module_inside_a_checkpoint(torch: ModuleType, tmp_path: Path) -> None
 def test_convert_keeps_the_attributes(torch: ModuleType, saved: tuple[Path, Any],
                                       tmp_path: Path) -> None:
     """``convert`` stores the record in the inert tree (``load`` of the output gives torch's
-    attributes back) and verifies it; ``tree=False`` (``--weights-only``) writes the
+    attributes back) and verifies it; ``tree=False`` (``--no-tree``) writes the
     ``state_dict()`` tensors alone, as before."""
     path, model = saved
     out = tmp_path / "model.safetensors"

@@ -119,7 +119,7 @@ def test_load_keeps_tensor_attributes(torch: ModuleType, oc: ModuleType,
     assert isinstance(out["t"], TensorArray) and out["t"].foo == 1
     assert out["t"].tolist() == [0.0, 1.0, 2.0] and out["t"].bar.tolist() == [1.0, 1.0]
     assert out["p"].note == "x"
-    back = torchless.load(path, tensors="torch")
+    back = torchless.load(path, framework="pt")
     theirs = _torch_load(torch, path)
     assert back["t"].foo == theirs["t"].foo == 1
     assert torch.equal(back["t"].bar, theirs["t"].bar)
@@ -135,7 +135,7 @@ def test_load_gives_storages_as_torch_does(torch: ModuleType, oc: ModuleType,
     assert ours["typed"].dtype == np.float32 and ours["typed"].tolist() == [0.0, 1.0, 2.0]
     assert ours["untyped"].dtype == np.uint8 and ours["untyped"].tobytes() == bytes(
         theirs["untyped"].tolist())
-    back = torchless.load(path, tensors="torch")
+    back = torchless.load(path, framework="pt")
     for key in ("typed", "untyped"):
         assert type(back[key]) is type(theirs[key]) is torch.storage.TypedStorage
         assert back[key].dtype == theirs[key].dtype and back[key].tolist() == theirs[key].tolist()
@@ -152,7 +152,7 @@ def test_load_of_cycles_gives_the_same_graph(torch: ModuleType, oc: ModuleType,
 
 def test_a_set_of_tensors_loads_as_a_set(torch: ModuleType, tmp_path: Path) -> None:
     """NumPy arrays cannot be set members: the member stays a (detached) torchless Tensor,
-    readable after the file is closed; with tensors='torch' it is a torch tensor."""
+    readable after the file is closed; with framework='pt' it is a torch tensor."""
     path = tmp_path / "set.pt"
     torch.save({"s": {torch.arange(3.0)}, "k": {torch.ones(1): "v"}}, path)
     out = torchless.load(path)
@@ -160,7 +160,7 @@ def test_a_set_of_tensors_loads_as_a_set(torch: ModuleType, tmp_path: Path) -> N
     assert isinstance(member, torchless.Tensor) and member.numpy().tolist() == [0, 1, 2]
     ((key, value),) = out["k"].items()
     assert value == "v" and key.numpy().tolist() == [1.0]
-    back = torchless.load(path, tensors="torch")
+    back = torchless.load(path, framework="pt")
     (member,) = back["s"]
     assert torch.equal(member, torch.arange(3.0))
 

@@ -5,7 +5,7 @@ For each kind, written by torch.save (ZIP and legacy stream), the expectation is
 
 - ``torchless.open`` lists it in ``.unsupported`` by kind and in ``.records`` whole;
 - ``torchless.load`` gives a TensorRecord whose parts equal torch's, and
-  ``tensors="torch"`` a torch tensor equal to torch.load's (same kind and parts);
+  ``framework="pt"`` a torch tensor equal to torch.load's (same kind and parts);
 - the same after a round trip through the inert format (``torchless.save``);
 - ``convert`` refuses it by name, and leaves it out with ``skip_unsupported``.
 """
@@ -123,7 +123,7 @@ def test_kind_is_a_record_equal_to_torch(torch: Any, ko: Any, written: dict[str,
     got = torchless.load(path)
     assert isinstance(got["t"], torchless.TensorRecord)
     _check(ko, got["t"], theirs)
-    as_torch = torchless.load(path, tensors="torch")["t"]
+    as_torch = torchless.load(path, framework="pt")["t"]
     assert isinstance(as_torch, torch.Tensor)
     assert (as_torch.layout, as_torch.dtype, as_torch.device) == (
         theirs.layout, theirs.dtype, theirs.device)
@@ -135,12 +135,12 @@ def test_kind_is_a_record_equal_to_torch(torch: Any, ko: Any, written: dict[str,
     assert isinstance(back["t"], torchless.TensorRecord)
     _check(ko, back["t"], theirs)
     np.testing.assert_array_equal(back["w"], np.ones(2, np.float32))
-    _check(ko, torchless.load(inert, tensors="torch")["t"], theirs)
+    _check(ko, torchless.load(inert, framework="pt")["t"], theirs)
 
     live = tmp_path / "live.safetensors"  # torch's own tensor, saved by torchless
     torchless.save({"t": theirs}, live)
     _check(ko, torchless.load(live)["t"], theirs)
-    _check(ko, torchless.load(live, tensors="torch")["t"], theirs)
+    _check(ko, torchless.load(live, framework="pt")["t"], theirs)
 
 
 def test_records_in_one_file_and_convert_names_them(torch: Any, tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_parameter_of_a_meta_tensor_keeps_requires_grad(torch: Any, ko: Any,
     got = torchless.load(path)
     for name in ("weight", "bias"):
         _check(ko, got[name], theirs[name])
-    as_torch = torchless.load(path, tensors="torch")
+    as_torch = torchless.load(path, framework="pt")
     assert as_torch["weight"].device.type == "meta"
 
 
@@ -179,7 +179,7 @@ def test_parameter_records_stay_parameters(torch: Any, ko: Any, tmp_path: Path) 
             "frozen": torch.nn.Parameter(torch.empty(2, device="meta"), requires_grad=False)}
     torch.save(made, path)
     theirs = _torch_load(torch, path)
-    ours = torchless.load(path, tensors="torch")
+    ours = torchless.load(path, framework="pt")
     for name, t in theirs.items():
         assert isinstance(ours[name], torch.nn.Parameter)
         assert ours[name].requires_grad == t.requires_grad
@@ -233,7 +233,7 @@ def _record(kind: str, **fields: Any) -> torchless.TensorRecord:
                                  "packed_shape", "coo_index"])
 def test_hostile_records_are_refused_before_torch_sees_them(torch: Any, tmp_path: Path,
                                                             bad: str) -> None:
-    """An inert file's record rebuilt with tensors='torch': a view torch would not check
+    """An inert file's record rebuilt with framework='pt': a view torch would not check
     (a nested component past its buffer, jagged offsets past the values) or a size with no
     data behind it (torch would allocate it) is refused."""
     i64 = np.int64
@@ -259,4 +259,4 @@ def test_hostile_records_are_refused_before_torch_sees_them(torch: Any, tmp_path
     torchless.save({"t": records[bad]}, path)
     assert isinstance(torchless.load(path)["t"], torchless.TensorRecord)  # data: harmless
     with pytest.raises(torchless.CheckpointError, match="cannot rebuild"):
-        torchless.load(path, tensors="torch")
+        torchless.load(path, framework="pt")

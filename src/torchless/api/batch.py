@@ -10,10 +10,13 @@ every error a task meets becomes that file's result (``refused`` for files torch
 read, ``failed`` for anything else: a bug in torchless (:class:`InternalError`), an OS error, a
 worker that died).
 
-``convert`` resumes: a file whose output exists and verifies (every tensor and the stored
-object compared) is ``skipped``; an existing output that does not verify is refused unless
-``force=True``, which converts every file again. Results are written as JSON lines
-to ``report`` as they arrive, so an interrupted run leaves a record of what was done.
+``convert`` follows the one existing-output rule (:mod:`torchless.conversion.existing`): a
+file whose output exists is refused unless ``force=True`` (converted again) or
+``skip_existing=True`` (a re-run: an output that verifies against its file, every tensor and
+the stored object compared, is kept and the file ``skipped``; one that does not is refused,
+or replaced with ``force`` too). Results are written as JSON lines to ``report`` as they
+arrive, so an interrupted run leaves a record of what was done, and a re-run with
+``skip_existing=True`` does only what is left.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from torchless.errors import CheckpointError, ConversionError, InternalError
+from torchless.errors import CheckpointError, InternalError
 
 __all__ = ["BatchResult", "batch", "expand"]
 
@@ -46,7 +49,8 @@ CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".pkl", ".pickle"
 class BatchResult:
     """What one task did to one file.
 
-    ``status``: ``done``, ``skipped`` (convert: a verified output already there), ``refused``
+    ``status``: ``done``, ``skipped`` (convert with ``skip_existing``: a verified output
+    already there), ``refused``
     (torchless will not read it: not a checkpoint, hostile, unsupported …) or ``failed``
     (anything else: a bug in torchless, an OS error, a worker that died; never a verdict
     on the file). A result that is not ok has the ``error`` and a ``hint``: what to do.
@@ -124,36 +128,16 @@ _SELECTION = ("include", "exclude", "rename", "strip_prefix", "ema")
 
 
 def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, dict[str, Any]]:
-    from torchless.conversion.api import convert, verify
+    from torchless.conversion.api import convert
     from torchless.conversion.common import OpaqueObjectWarning, default_dst
 
     dst = options.pop("dst", None) or default_dst(path)
-    resume = options.pop("resume", True)
-    if resume and not options.get("force") and os.path.exists(dst):
-        try:
-            report = verify(path, dst, key=options.get("key"),
-                            skip_unsupported=bool(options.get("skip_unsupported")),
-                            limits=options.get("limits"), strict=bool(options.get("strict")),
-                            allow_globals=options.get("allow_globals", ()),
-                            verify_crc=bool(options.get("verify_crc")),
-                            dtype=options.get("dtype"),
-                            dtype_filter=options.get("dtype_filter", ()),
-                            **{k: options[k] for k in _SELECTION if k in options})
-        except InternalError:
-            raise
-        except CheckpointError:
-            report = None
-        if report is not None and report.ok:
-            return "skipped", dst, {"reason": "the output exists and verifies",
-                                    "tensors": len(report.matched)}
-        raise ConversionError("the output file exists and does not match the source (use "
-                              "force=True / --force to replace it)", path=dst,
-                              hint="an earlier run was interrupted, or the output was made "
-                                   "from another source: check it, then convert again with "
-                                   "--force / force=True")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpaqueObjectWarning)
         done = convert(path, dst, **options)
+    if done.existing:
+        return "skipped", dst, {"reason": "the output exists and verifies",
+                                "tensors": done.tensors}
     return "done", done.dst, {"tensors": done.tensors, "bytes": done.bytes,
                               "files": list(done.files), "skipped": list(done.skipped),
                               "opaque": list(done.opaque)}
@@ -204,8 +188,9 @@ def batch(
             ``distributed.Client(...).get_executor(pure=False)``.
         report: a JSON-lines file; one line per result, appended as results arrive.
         on_result: called with each result as it arrives (progress display).
-        **options: passed to the operation (convert: ``key``, ``dedupe``,
-            ``skip_unsupported``, ``tree``, ``verify``, ``resume`` (default True) …; every
+        **options: passed to the operation (convert: :func:`torchless.convert`'s, ``key``,
+            ``dedupe``, ``skip_unsupported``, ``tree``, ``verify``, ``force``,
+            ``skip_existing`` …; ``resume`` is a deprecated name of ``skip_existing``; every
             op: ``strict``, ``allow_globals``, ``limits``; convert and inspect:
             ``verify_crc``).
 
@@ -213,6 +198,12 @@ def batch(
     """
     if op not in _OPS:
         raise ValueError(f"op must be one of {sorted(_OPS)}")
+    if "resume" in options:
+        warnings.warn("batch(resume=...) is deprecated: say skip_existing=... (the same "
+                      "meaning, the name convert takes too)", DeprecationWarning,
+                      stacklevel=2)
+        resume = options.pop("resume")
+        options.setdefault("skip_existing", bool(resume))
     files = expand(paths, units=op != "scan")
     results: list[BatchResult | None] = [None] * len(files)
     # a path that is not UTF-8 holds surrogate escapes: written as \udcXX, which JSON reads

@@ -6,7 +6,6 @@ entry per file, however many; ``--jsonl``: the same entries one per line)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -210,12 +209,19 @@ def _verdict(report: ScanReport) -> dict[str, Any]:
 def _write_html(args: argparse.Namespace, target: Target, limits: Limits | None) -> int:
     """The report page, with the scan verdict and its findings, written whole or not at
     all; for a file torchless refuses (a dangerous one), the page of the scan alone, and
-    exit 1."""
-    import tempfile
-
+    exit 1. -o follows convert's existing-output rule: an existing FILE is replaced only
+    with --force, and never one the page is about."""
     from torchless.cli.html import page
     from torchless.cli.show import human
+    from torchless.conversion.existing import claim
     from torchless.scanner.files import scan
+    from torchless.write import atomic
+
+    dst = args.output
+    sources = [target.path]
+    if os.path.isdir(target.path):
+        sources += [os.path.join(target.path, n) for n in os.listdir(target.path)]
+    claim([dst], sources, force=args.force)
 
     report = scan(target.path, strict=args.strict, limits=limits,
                   allow_globals=args.allow_global)
@@ -234,18 +240,12 @@ def _write_html(args: argparse.Namespace, target: Target, limits: Limits | None)
                                 "kept_inert": flagged}
             entry = again
     text = page(entry, verdict, human)
-    dst = args.output
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dst)), prefix=".torchless-",
-                               suffix=".html")
-    try:
-        # a name may hold a lone surrogate (a pickle's BINUNICODE allows it): escaped
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as out:
-            out.write(text)
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # a name may hold a lone surrogate (a pickle's BINUNICODE allows it): escaped
+    data = text.encode("utf-8", errors="backslashreplace")
+    with atomic.Output(dst, force=args.force) as out:
+        out.write(data)
+        out.finish(len(data))
+        atomic.commit([out], force=args.force)
     refused = entry.get("refused") or entry
     if not entry["ok"] or "refused" in entry:
         print_error(refused["error"], refused["hint"])

@@ -8,7 +8,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_bug, print_error
@@ -31,12 +31,13 @@ class NothingToRead(CheckpointError):
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"key": args.key, "force": args.force, "dedupe": args.dedupe,
+    return {"key": args.key, "force": args.force, "skip_existing": args.skip_existing,
+            "dedupe": args.dedupe,
             "skip_unsupported": args.skip_unsupported, "verify": args.verify,
-            "max_shard_size": args.max_shard_size, "tree": not args.weights_only,
+            "max_shard_size": args.max_shard_size, "tree": args.tree,
             "limits": _limits(args), "strict": args.strict,
             "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
-            "link_files": not args.copy_files, "dtype": args.dtype,
+            "link_files": args.link_files, "dtype": args.dtype,
             "dtype_filter": tuple(args.dtype_filter), "certificate": args.certificate,
             **_selection(args)}
 
@@ -47,7 +48,35 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _limits(args: argparse.Namespace) -> Limits | None:
-    return Limits(**dict(args.limit)) if args.limit else None
+    from torchless.core.limits import allowing_download
+
+    return allowing_download(Limits(**dict(args.limit)) if args.limit else None,
+                             args.download)
+
+
+@contextlib.contextmanager
+def _download_line(quiet: bool) -> Iterator[None]:
+    """A progress line on stderr while a file is downloaded whole (a server that ignores
+    Range), wiped when it is done; on a terminal only, as every progress line."""
+    from torchless.cli.progress import Progress, progress_wanted
+    from torchless.cli.show import human
+    from torchless.io.remote import download_progress
+
+    if not progress_wanted(quiet):
+        yield
+        return
+    bar = Progress(human)
+    bar.count = "downloading (the server ignores Range)"
+
+    def show(done: int, total: int) -> None:
+        bar(done, total or done)
+
+    token = download_progress.set(show)
+    try:
+        yield
+    finally:
+        download_progress.reset(token)
+        bar.close()
 
 
 def _quiet_convert(src: str, dst: str | None, **options: Any) -> ConversionReport:
@@ -135,14 +164,13 @@ def _checkpoint_files(paths: Sequence[str]) -> list[str]:
 
 def _run_batch(args: argparse.Namespace) -> int:
     """Many sources (directories walked), each to its default output; a failure does not
-    stop the others; outputs already there and verified are skipped."""
+    stop the others; with --skip-existing, outputs already there and verified are kept."""
     from torchless.api.batch import BatchResult, batch
     from torchless.cli.progress import Progress, progress_wanted
     from torchless.cli.show import batch_doc, batch_line, human
 
     files = _checkpoint_files(args.src)
     options = _options(args)
-    options["resume"] = not args.force
     bar = Progress(human, unit="files") if progress_wanted(args.quiet or args.json) else None
     done: list[BatchResult] = []
 
@@ -276,6 +304,7 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                      f"with -o (torchless convert {args.src[0]} -o {args.src[1]}); "
                      "several SRC are each converted to their default output")
     from torchless.conversion.common import default_dst
+    from torchless.conversion.existing import same_file
     from torchless.io.remote import is_remote
 
     for i, src in enumerate(args.src):
@@ -283,7 +312,7 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             continue
         dst = args.output if args.output is not None and not os.path.isdir(
             args.output) else default_dst(src)
-        if not _same_file(src, dst):
+        if not same_file(src, dst):
             continue
         if i > 0 and len(args.src) == 2 and args.output is None:
             parser.error(f"{src} is a safetensors file, what convert writes: as SRC it would "
@@ -293,13 +322,16 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"{src} would be its own output: name another with -o")
 
 
-def _same_file(a: str, b: str) -> bool:
-    if os.path.abspath(a) == os.path.abspath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.command == "inspect":
+        return _run_inspect(args, parser)
+    if args.command == "convert":
+        return _run_convert(args)
+    if args.command == "verify":
+        return _run_verify(args)
+    if args.command == "scan":
+        return _run_scan(args)
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,15 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if vars(args).get("dtype_filter") and not args.dtype:
         parser.error("--dtype-filter chooses the names --dtype casts: give --dtype too")
     try:
-        if args.command == "inspect":
-            return _run_inspect(args, parser)
-        if args.command == "convert":
-            return _run_convert(args)
-        if args.command == "verify":
-            return _run_verify(args)
-        elif args.command == "scan":
-            return _run_scan(args)
-        return EXIT_OK
+        with _download_line(bool(args.quiet or vars(args).get("json")
+                                 or vars(args).get("jsonl"))):
+            return _run(args, parser)
     except InternalError as e:
         print_bug(e)
         return EXIT_FAILED

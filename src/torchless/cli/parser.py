@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from torchless._version import __version__
 from torchless.core.limits import Limits
@@ -62,8 +63,8 @@ examples:
   torchless convert ./my-model/                   # pytorch_model*.bin -> model*.safetensors
   torchless convert ./my-model/ --max-shard-size 5GB -o ./out/
   torchless convert a.pt b.pt c.pt -j 3 --json    # each to its default output
-  torchless convert ./runs/ -j 4 --report run.jsonl  # a directory; re-runs skip done files
-  torchless convert ckpt.pt --weights-only          # tensors only, no object tree
+  torchless convert ./runs/ -j 4 --report run.jsonl --skip-existing  # re-runs: only what is left
+  torchless convert ckpt.pt --no-tree               # tensors only, no object tree
   torchless convert https://example.org/model.pt    # streamed by range requests
   torchless convert model.ckpt -o net.safetensors --key state_dict --rename s/^/net./
   torchless convert model.pt -o signed.safetensors --certificate  # + every tensor's digest
@@ -78,6 +79,22 @@ examples:
   torchless verify --certificate signed.safetensors           # the output alone
   torchless verify --certificate signed.safetensors model.pt  # and against its source
 """
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of an option: it still sets ``dest`` to ``const``, and says the new
+    spelling on stderr."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, const: Any, new: str,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, const=const, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        sys.stderr.write(f"torchless: warning: {option_string} is deprecated: say "
+                         f"{self.new} (the same meaning)\n")
+        setattr(namespace, self.dest, self.const)
 
 
 def _limit(text: str) -> tuple[str, int]:
@@ -115,12 +132,18 @@ def _add_dtype(parser: argparse.ArgumentParser, what: str) -> None:
 
 def _add_reading(parser: argparse.ArgumentParser, *, strict: str | None = None) -> None:
     """The options every command that reads a checkpoint shares (one vocabulary with the
-    Python API: strict, allow_globals, verify_crc, limits)."""
+    Python API: strict, allow_globals, verify_crc, allow_full_download, limits)."""
     parser.add_argument("--strict", action="store_true",
                         help=strict or "refuse every global outside the rebuild rules")
     _add_allow_global(parser)
     parser.add_argument("--verify-crc", action="store_true",
                         help="check the CRC-32 of every tensor's archive member as it is read")
+    parser.add_argument("--download", "--allow-full-download", action="store_true",
+                        dest="download",
+                        help="a URL on an HTTP server that ignores Range requests: download "
+                             "the whole file (to an unnamed temporary file) whatever its "
+                             "size; without it, up to 64 MiB (--limit max_download_bytes=N) "
+                             "is downloaded and a larger file refused")
     _add_limit(parser)
 
 
@@ -218,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write a self-contained HTML report (sortable tensor table, "
                           "treemap of bytes by module, dtype totals, scan verdict) to -o FILE")
     ins.add_argument("-o", "--output", metavar="FILE", help="with --html: the page to write")
+    ins.add_argument("--force", action="store_true",
+                     help="with -o: replace an existing FILE (never the checkpoint itself)")
     _add_reading(ins)
     conv = sub.add_parser(
         "convert", help="write a checkpoint's tensors as a safetensors file",
@@ -225,10 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "contiguous and little-endian, written atomically (temporary file, fsync, "
                     "rename). Shared tensors are written once per name unless --dedupe (a "
                     "model directory: tied weights once, unless --no-dedupe). An "
-                    "existing output is refused unless --force (several SRC: one that "
-                    "verifies is skipped); a SRC is never its own output. On a terminal a "
-                    "progress line shows bytes (files, for several SRC), %, rate and time "
-                    "left: -q or TORCHLESS_PROGRESS=0 turns it off.",
+                    "existing output is refused unless --force, or kept with "
+                    "--skip-existing when it verifies against its SRC; a SRC is never its "
+                    "own output. On a terminal a progress line shows bytes (files, for "
+                    "several SRC), %, rate and time left: -q or TORCHLESS_PROGRESS=0 turns it off.",
         epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     conv.add_argument("src", nargs="+",
                       help="checkpoint file, Hugging Face model directory or *.bin.index.json "
@@ -245,7 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with several SRC: append one JSON line per file to FILE")
     conv.add_argument("--key", metavar="K",
                       help="convert only the subtree under this dotted key (e.g. state_dict)")
-    conv.add_argument("--force", action="store_true", help="replace an existing DST")
+    conv.add_argument("--force", action="store_true",
+                      help="replace an existing DST (never SRC itself)")
+    conv.add_argument("--skip-existing", action="store_true",
+                      help="keep an existing DST that verifies against its SRC and write "
+                           "nothing for it (a re-run of several SRC); one that does not "
+                           "verify is refused (replaced with --force)")
     conv.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
                       help="write identical aliases once; record the others in __metadata__ "
                            "(default: on for a model directory or an index, as transformers "
@@ -259,13 +289,21 @@ def build_parser() -> argparse.ArgumentParser:
                            "(path or URL, size, sha256 or ETag), the transforms and every "
                            "tensor's BLAKE2b digests, checked by verify --certificate "
                            "(default: off; hashing reads every byte, docs/certificate.md)")
-    conv.add_argument("--copy-files", action="store_true",
-                      help="model directory to -o DIR: copy its other files (config.json, "
-                           "tokenizer …) instead of hard-linking them")
-    conv.add_argument("--weights-only", action="store_true",
-                      help="write the tensors only, not the rest of the object (epochs, "
-                           "optimizer state, configs …) as an inert tree (implied by the "
-                           "selection options below)")
+    conv.add_argument("--link-files", action=argparse.BooleanOptionalAction, default=True,
+                      help="model directory to -o DIR: hard-link its other files "
+                           "(config.json, tokenizer …) there (default); --no-link-files "
+                           "copies them (link_files=False)")
+    conv.add_argument("--copy-files", action=_Deprecated, dest="link_files", const=False,
+                      new="--no-link-files", help="deprecated spelling of --no-link-files")
+    conv.add_argument("--tree", action=argparse.BooleanOptionalAction, default=True,
+                      help="write the rest of the object (epochs, optimizer state, configs "
+                           "…) as an inert tree beside the tensors (default); --no-tree "
+                           "writes the tensors only (tree=False; implied by the selection "
+                           "options below)")
+    conv.add_argument("--weights-only", action=_Deprecated, dest="tree", const=False,
+                      new="--no-tree", help="deprecated spelling of --no-tree (not torch's "
+                                            "weights_only, which is about what unpickling "
+                                            "may call)")
     _add_selection(conv)
     _add_dtype(conv, "cast floating tensors to this dtype as they are written, bit for bit "
                      "as torch's tensor.to(dtype); integer and bool tensors are kept")

@@ -56,7 +56,7 @@ def report_json(report: ConversionReport) -> dict[str, Any]:
         "src": report.src, "dst": report.dst, "ok": True, "tensors": report.tensors,
         "bytes": report.bytes, "files": list(report.files), "skipped": list(report.skipped),
         "aliases": dict(report.aliases), "opaque": list(report.opaque),
-        "seconds": round(report.seconds, 3)}
+        "seconds": round(report.seconds, 3), "existing": report.existing}
     if report.verified is not None:
         doc["verify"] = verify_json(report.verified)
     return doc
@@ -64,6 +64,10 @@ def report_json(report: ConversionReport) -> dict[str, Any]:
 
 def report_text(report: ConversionReport, out: Any) -> None:
     w = line_writer(out)
+    if report.existing:
+        w(f"{report.dst}: already converted (verified: {report.tensors} tensors identical)"
+          "\n")
+        return
     w(f"{report.dst}: {report.tensors} tensors, {human(report.bytes)} "
       f"in {report.seconds:.2f} s\n")
     if len(report.files) > 1:

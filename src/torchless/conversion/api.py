@@ -32,10 +32,11 @@ from torchless.conversion.common import (
     verify_unpublished,
     write_output,
 )
+from torchless.conversion.existing import claim, skip_verified
 from torchless.conversion.hflayout import is_checkpoint_dir
 from torchless.conversion.select import NamePattern, RenameRule, Selection
 from torchless.core.collector import collector_paused
-from torchless.core.limits import Limits
+from torchless.core.limits import Limits, allowing_download
 from torchless.errors import (
     CheckpointError,
     ConversionError,
@@ -63,6 +64,7 @@ def convert(
     *,
     key: str | None = None,
     force: bool = False,
+    skip_existing: bool = False,
     dedupe: bool | None = None,
     skip_unsupported: bool = False,
     verify: bool = False,
@@ -82,6 +84,7 @@ def convert(
     dtype: str | None = None,
     dtype_filter: Iterable[str] = (),
     certificate: bool = False,
+    allow_full_download: bool = False,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -107,7 +110,12 @@ def convert(
         src: the checkpoint (any layout torchless reads).
         dst: the output; default SRC with its suffix replaced by ``.safetensors``.
         key: convert only the subtree under this dotted key (e.g. ``"state_dict"``).
-        force: replace an existing DST.
+        force: replace an existing DST (never SRC itself: refused, as the same file
+            by another name is; :mod:`torchless.conversion.existing`).
+        skip_existing: an existing DST that verifies against SRC is kept and nothing is
+            written (the report's ``existing`` is true); one that does not verify is
+            refused, or replaced with ``force``. One output file only (not a model
+            directory, an index or ``max_shard_size``).
         dedupe: write identical aliases once, recording the others in ``__metadata__``
             (default: for a model directory or an index file, as transformers and the
             safetensors converter write them; not for one file).
@@ -148,6 +156,8 @@ def convert(
             ``docs/certificate.md``), checked by :func:`verify_certificate`. Off by default:
             hashing reads every byte (a tensor the kernel copies never enters the process
             otherwise) and costs several times a plain conversion's CPU.
+        allow_full_download: as for :func:`torchless.open` (a URL SRC on a server that
+            ignores ``Range``: downloaded whole first, whatever its size).
 
     With any of ``include``, ``exclude``, ``rename``, ``strip_prefix`` or ``ema``, the output
     holds the chosen tensors only (no object tree: it would name tensors the file does not
@@ -166,13 +176,51 @@ def convert(
         if dst is None:
             dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
     spath = os.fspath(src)
+    limits = allowing_download(limits, allow_full_download)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
             collector_paused():
         selection = Selection.of(include, exclude, rename, strip_prefix, ema)
+        cast = _cast(dtype, dtype_filter)
+        if skip_existing:
+            kept = _skip_existing(spath, dst, key, force, skip_unsupported, max_shard_size,
+                                  read, selection, cast)
+            if kept is not None:
+                return kept
         return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
                             progress, max_shard_size, tree, read, link_files, selection,
-                            cast=_cast(dtype, dtype_filter), certificate=certificate)
+                            cast=cast, certificate=certificate)
+
+
+def _skip_existing(spath: str, dst: str | os.PathLike[str] | None, key: str | None,
+                   force: bool, skip_unsupported: bool, max_shard_size: int | str | None,
+                   read: ReadOptions, selection: Selection | None, cast: Cast | None
+                   ) -> ConversionReport | None:
+    """``skip_existing``: the report of a DST kept because it verifies, or None."""
+    if _is_layout(spath) or max_shard_size is not None:
+        raise ConversionError(
+            "skip_existing=True / --skip-existing keeps one output file that verifies; a "
+            "model directory, an index or a sharded output is converted whole", path=spath,
+            hint="convert it again with --force (force=True), or into another directory")
+    dpath = _single_dst(spath, dst)
+    started = time.monotonic()
+    checked = skip_verified(spath, dpath, lambda: _verify(
+        spath, dpath, key, skip_unsupported, read, selection, cast), force=force)
+    if checked is None:
+        return None
+    return ConversionReport(spath, dpath, len(checked.matched), 0, (), MappingProxyType({}),
+                            time.monotonic() - started, checked, (), (), existing=True)
+
+
+def _is_layout(spath: str) -> bool:
+    """A model directory or an index: converted through :mod:`.hf`."""
+    return spath.endswith(".index.json") or (
+        not is_remote(spath) and os.path.isdir(spath) and not is_checkpoint_dir(spath))
+
+
+def _single_dst(spath: str, dst: str | os.PathLike[str] | None) -> str:
+    return os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep)
+                                                              or spath)
 
 
 def _cast(dtype: str | None, dtype_filter: Iterable[str]) -> Cast | None:
@@ -222,8 +270,7 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
                  read: ReadOptions, link_files: bool,
                  selection: Selection | None, *, cast: Cast | None = None,
                  certificate: bool = False) -> ConversionReport:
-    local_dir = not is_remote(spath) and os.path.isdir(spath) and not is_checkpoint_dir(spath)
-    if local_dir:
+    if _is_layout(spath) and not spath.endswith(".index.json"):
         return _convert_dir(spath, None if dst is None else os.fspath(dst), key=key,
                             force=force, dedupe=dedupe, skip_unsupported=skip_unsupported,
                             verify=verify, progress=progress, max_shard_size=max_shard_size,
@@ -238,7 +285,7 @@ def _convert_any(spath: str, dst: str | os.PathLike[str] | None, key: str | None
             skip_unsupported=skip_unsupported, verify=verify,
             progress=progress, max_shard_size=max_shard_size, read=read, selection=selection,
             cast=cast, certificate=certificate)
-    dpath = os.fspath(dst) if dst is not None else default_dst(spath.rstrip("/" + os.sep) or spath)
+    dpath = _single_dst(spath, dst)
     return _convert(spath, dpath, key, force, bool(dedupe), skip_unsupported, verify, progress,
                     tree, read, selection, cast, certificate=certificate)
 
@@ -250,6 +297,7 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
              cast: Cast | None = None, *, certificate: bool = False) -> ConversionReport:
     started = time.monotonic()
     limits = read.limits
+    claim([dpath], [spath], force=force)
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(_atomic.Output(dpath, force=force))
         cert = None
@@ -261,12 +309,6 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
         # selection writes tensors only, as state dicts name them
         with read.open(spath, "record" if tree and selection is None else "state_dict"
                        ) as ckpt:
-            try:
-                if os.path.exists(dpath) and os.path.samefile(spath, dpath):
-                    raise ConversionError("the output path is the source file", path=dpath,
-                                          hint="give another output path with -o / dst")
-            except OSError:
-                pass
             names = plan_names([ckpt], key, selection, spath) if selection else None
             written, metadata, bad, aliases = prepare(ckpt, key, dedupe, skip_unsupported,
                                                       names, cast,
@@ -328,6 +370,7 @@ def verify(
     ema: bool = False,
     dtype: str | Cast | None = None,
     dtype_filter: Iterable[str] = (),
+    allow_full_download: bool = False,
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -346,9 +389,11 @@ def verify(
     ``exclude``, ``rename``, ``strip_prefix`` and ``ema`` as for :func:`convert` (SRC's
     tensors are compared under the names convert gives them). With ``dtype`` (and
     ``dtype_filter``), SRC's tensors are expected cast as ``convert`` casts them, and DST's
-    record of the cast must be the one convert writes."""
+    record of the cast must be the one convert writes. ``allow_full_download`` as for
+    :func:`torchless.open`."""
     spath, dpath = os.fspath(src), os.fspath(dst)
-    read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
+    read = ReadOptions(allowing_download(limits, allow_full_download), strict,
+                       tuple(allow_globals), verify_crc)
     cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype
     return _verify(spath, dpath, key, skip_unsupported, read,
                    Selection.of(include, exclude, rename, strip_prefix, ema), cast)

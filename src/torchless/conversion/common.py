@@ -102,6 +102,9 @@ class ConversionReport:
     files: tuple[str, ...] = ()
     #: class paths of objects kept as inert records in the stored object tree
     opaque: tuple[str, ...] = ()
+    #: ``skip_existing``: DST was there and verifies against SRC (``verified``); it was
+    #: kept as it was and nothing written (``files`` empty)
+    existing: bool = False
 
 
 def default_dst(src: str) -> str:

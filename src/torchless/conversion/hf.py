@@ -71,6 +71,7 @@ from torchless.conversion.common import (
     views_of,
     write_output,
 )
+from torchless.conversion.existing import claim
 from torchless.conversion.hflayout import (
     SHARDS_HINT,
     Layout,
@@ -83,11 +84,7 @@ from torchless.conversion.hflayout import (
     stem,
 )
 from torchless.conversion.select import Selection
-from torchless.errors import (
-    EXISTS_HINT,
-    CheckpointError,
-    ConversionError,
-)
+from torchless.errors import CheckpointError, ConversionError
 from torchless.model.tensor import Tensor
 from torchless.reader import checkpoint as _checkpoint
 from torchless.reader.checkpoint import ReadOptions
@@ -204,18 +201,8 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
     paths = [os.path.join(out_dir, s.name) for s in shards]
     index_path = os.path.join(out_dir, out_index) if out_index is not None else None
     targets = paths + ([index_path] if index_path is not None else [])
-    for target in targets:
-        for source in [*layout.sources, *([layout.index_path] if layout.index_path else [])]:
-            with contextlib.suppress(OSError):
-                if os.path.exists(target) and os.path.samefile(source, target):
-                    raise ConversionError("an output path is a source file", path=target)
-    if not force:
-        existing = [t for t in targets if os.path.lexists(t)]
-        if existing:
-            raise ConversionError(
-                f"{len(existing)} output file(s) exist: {', '.join(existing[:10])} (use "
-                "force=True / --force to replace them)", path=existing[0],
-                hint=EXISTS_HINT)
+    claim(targets, [*layout.sources, *([layout.index_path] if layout.index_path else [])],
+          force=force)
     aliases: dict[str, str] = {}
     for _, _, _, a in parts:
         aliases.update(a)

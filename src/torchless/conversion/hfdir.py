@@ -10,7 +10,7 @@ OUTDIR is a loadable model directory and nothing is skipped without a word:
   ``.ckpt``, ``.tar``, ``.pkl`` or ``.pickle``) is converted to ``<stem>.safetensors`` in
   OUTDIR, with its object tree, as ``convert FILE`` does;
 * every other top-level file is hard-linked into OUTDIR (copied where a link cannot be
-  made, e.g. across filesystems), or copied with ``link_files=False`` / ``--copy-files``
+  made, e.g. across filesystems), or copied with ``link_files=False`` / ``--no-link-files``
   (a hard link is the same file: editing one edits the other). A subdirectory of plain
   files (sentence-transformers' ``1_Pooling/``, a tokenizer folder) is brought the same
   way; hidden entries and subdirectories holding weights or checkpoints (``checkpoint-500/``,
@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 
 from torchless.conversion.common import ConversionReport, default_dst
+from torchless.conversion.existing import claim, same_file
 from torchless.errors import EXISTS_HINT, ConversionError
 from torchless.write import atomic as _atomic
 
@@ -116,15 +117,11 @@ def _plain_files(directory: str) -> list[str] | None:
 
 
 def check_free(p: Plan, force: bool) -> None:
-    """Refuse, before anything is written, outputs that exist (unless ``force``)."""
-    if force:
-        return
-    taken = [dst for src, dst in [*p.checkpoints, *p.files]
-             if os.path.lexists(dst) and not _same(src, dst)]
-    if taken:
-        raise ConversionError(f"{len(taken)} output file(s) exist: {', '.join(taken[:10])} "
-                              "(use force=True / --force to replace them)", path=taken[0],
-                              hint=EXISTS_HINT)
+    """Refuse, before anything is written, outputs that exist (unless ``force``) or that
+    are a source (:func:`~torchless.conversion.existing.claim`); a file to bring that is
+    already the same file as its output (converting in place) is no output."""
+    claim([dst for _, dst in p.checkpoints], [src for src, _ in p.checkpoints], force=force)
+    claim([dst for src, dst in p.files if not same_file(src, dst)], [], force=force)
 
 
 def bring(files: list[tuple[str, str]], *, link: bool,
@@ -137,7 +134,7 @@ def bring(files: list[tuple[str, str]], *, link: bool,
         except OSError as e:
             raise ConversionError(f"cannot create a directory: {e.strerror or e}",
                                   path=os.path.dirname(dst)) from None
-        if _same(src, dst):
+        if same_file(src, dst):
             done.append((src, dst, "linked"))
             continue
         if link and _link(src, dst, force):
@@ -146,13 +143,6 @@ def bring(files: list[tuple[str, str]], *, link: bool,
         _copy(src, dst, force)
         done.append((src, dst, "copied"))
     return done
-
-
-def _same(src: str, dst: str) -> bool:
-    try:
-        return os.path.samefile(src, dst)
-    except OSError:
-        return False
 
 
 def _link(src: str, dst: str, force: bool) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Limits"]
+__all__ = ["Limits", "allowing_download"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -50,6 +50,13 @@ class Limits:
     max_tensor_bytes: int = 256 * GiB
     #: Dimensions of one tensor (torch itself allows 64).
     max_ndim: int = 64
+    #: Bytes downloaded whole from an HTTP server that ignores ``Range`` (it answers with
+    #: the whole body): up to this size the file is fetched into an unnamed temporary file
+    #: and read from there; a larger one is refused before its body is read. 64 MiB is a
+    #: second or two on a common link and holds any small model or a test fixture (and
+    #: ``python -m http.server`` ignores ``Range``). ``allow_full_download=True`` /
+    #: ``--download`` lifts it.
+    max_download_bytes: int = 64 * MiB
     #: Entries in a ZIP or TAR archive.
     max_archive_entries: int = 1_000_000
     #: Bytes a deflated member may inflate to.
@@ -62,3 +69,13 @@ class Limits:
         for name, value in self.__dict__.items():
             if type(value) is not int or value < 0:
                 raise ValueError(f"Limits.{name} must be a non-negative int, got {value!r}")
+
+
+def allowing_download(limits: Limits | None, allow_full_download: bool) -> Limits | None:
+    """``allow_full_download=True``: ``limits`` with no bound on ``max_download_bytes``."""
+    if not allow_full_download:
+        return limits
+    import dataclasses
+
+    return dataclasses.replace(limits if limits is not None else Limits(),
+                               max_download_bytes=(1 << 63) - 1)

@@ -97,7 +97,7 @@ class _Decoder:
         if mode == "torch" and self.torch is None:
             from torchless.torch import _import_torch
 
-            self.torch = _import_torch("tensors='torch'")
+            self.torch = _import_torch("framework='pt'")
 
     def value(self, node: Any, depth: int) -> Any:
         if depth > self.limits.max_depth:

@@ -232,7 +232,7 @@ class Encoder:
                 f"{path or 'the object'}: the object tree would hold more than "
                 f"{MAX_HEADER_BYTES} characters of text, more than a safetensors header "
                 "holds (a file can reference one long string thousands of times)",
-                hint="convert the tensors alone: --weights-only (tree=False)")
+                hint="convert the tensors alone: --no-tree (tree=False)")
 
     def _record(self, obj: Any) -> TensorRecord | None:
         """A record, or the record of a torch tensor that is not one strided array (made
@@ -372,7 +372,7 @@ class Encoder:
                 raise ConversionError(
                     f"{path or 'the object'}: a dict key or set member holds a tensor, which "
                     "the inert format cannot hold there (it reads back as an array, which is "
-                    "not hashable)", hint="convert the tensors alone: --weights-only "
+                    "not hashable)", hint="convert the tensors alone: --no-tree "
                                           "(tree=False)")
             if type(k) is tuple or type(k) is frozenset:
                 stack.extend(k)

@@ -5,5 +5,5 @@ Each runs only inside a program that uses its framework (installed with the extr
 same name, e.g. ``pip install 'torchless[lightning]'``), so it may use torch: never by
 ``import torch`` (the library's rule, which lint and tests/project enforce for all of src/),
 but through the module the framework has already imported, as :func:`torchless.load` with
-``tensors="torch"`` does. Nothing else in torchless imports this package.
+``framework="pt"`` does. Nothing else in torchless imports this package.
 """

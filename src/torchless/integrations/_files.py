@@ -144,11 +144,11 @@ def _restore_into(torch: Any, src: str, dst: str) -> dict[str, str]:
         if source is not None and not inert:
             # weights converted from pytorch_model*.bin: a Trainer saving with
             # save_safetensors=False reads that name, so it is rebuilt beside the link
-            torch.save(_checkpoint.load(path, tensors="torch"), os.path.join(dst, source))
+            torch.save(_checkpoint.load(path, framework="pt"), os.path.join(dst, source))
             done[source] = f"rebuilt from {name}"
             shards[name] = source
         elif source is not None:
-            obj = _checkpoint.load(path, tensors="torch")
+            obj = _checkpoint.load(path, framework="pt")
             if has_opaque(obj):
                 done[source] = "left out (holds inert records of unknown classes)"
                 continue

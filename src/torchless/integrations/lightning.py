@@ -70,7 +70,7 @@ class InertCheckpointIO(CheckpointIO):  # type: ignore[misc]
                         weights_only: bool | None = None) -> dict[str, Any]:
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        checkpoint: dict[str, Any] = _checkpoint.load(path, tensors="torch", types=self.types)
+        checkpoint: dict[str, Any] = _checkpoint.load(path, framework="pt", types=self.types)
         torch = torch_module()
         if isinstance(map_location, (str, torch.device)) and str(map_location) != "cpu":
             return _to(checkpoint, torch.device(map_location), torch)  # type: ignore[no-any-return]

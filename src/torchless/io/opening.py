@@ -31,11 +31,13 @@ def is_file_object(target: Any) -> bool:
     return hasattr(target, "read") and not isinstance(target, (str, bytes, os.PathLike))
 
 
-def open_source(target: Any) -> Source:
+def open_source(target: Any, *, max_download: int | None = None) -> Source:
     """The source of ``target``: a path, a URL (``https://``, any fsspec scheme) or an open
-    binary, seekable file object (read from its start, whatever its position)."""
+    binary, seekable file object (read from its start, whatever its position).
+    ``max_download``: as for :class:`~torchless.io.remote.RemoteSource`."""
     if not is_file_object(target):
-        return RemoteSource(target) if is_remote(target) else Source(os.fspath(target))
+        return RemoteSource(target, max_download=max_download) if is_remote(
+            target) else Source(os.fspath(target))
     if isinstance(target, io.TextIOBase):
         raise UnsupportedError("a text file object: torchless reads bytes",
                                hint="open the file in binary mode: open(path, 'rb')")

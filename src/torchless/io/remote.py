@@ -11,24 +11,47 @@ it. Legacy, TAR and plain-pickle files are walked sequentially by the pickle int
 their whole file is fetched first.
 
 ``http://`` and ``https://`` use the standard library. A server that ignores ``Range`` (it
-answers ``200`` with the whole body) is refused before its body is read. Other schemes
+answers ``200`` with the whole body, as ``python -m http.server`` does) is read from a
+download: a file of at most ``Limits.max_download_bytes`` (64 MiB; any size with
+``allow_full_download=True`` / ``--download``) is streamed from that answer into an unnamed
+temporary file (nothing is left behind, whatever happens), its length checked against the
+``Content-Length``, and only then read; the callback :data:`download_progress` holds, if any,
+is told ``(bytes_done, bytes_total)`` as it arrives. A larger file is refused before its body
+is read. Other schemes
 (``s3://``, ``hf://``, ``gs://`` …) and open file objects go through fsspec, an optional
 dependency (``pip install torchless[remote]``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import mmap
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
-from torchless.errors import CheckpointError, FormatError, TruncatedInputError, UnsupportedError
+from torchless.errors import (
+    CheckpointError,
+    FormatError,
+    LimitError,
+    TruncatedInputError,
+    UnsupportedError,
+)
 from torchless.io.source import Source
 
-__all__ = ["BLOCK_BYTES", "RemoteSource", "is_remote"]
+__all__ = ["BLOCK_BYTES", "NO_DOWNLOAD_LIMIT", "RemoteSource", "download_progress",
+           "is_remote"]
+
+#: ``max_download_bytes`` for ``allow_full_download=True``: any size.
+NO_DOWNLOAD_LIMIT = (1 << 63) - 1
+#: ``download_progress.set(f)``: ``f(bytes_done, bytes_total)`` while a file is downloaded
+#: whole from a server that ignores ``Range`` (``bytes_total`` 0 when the server did not
+#: say); the command line sets its progress line here.
+download_progress: contextvars.ContextVar[Callable[[int, int], None] | None] = \
+    contextvars.ContextVar("torchless_download_progress", default=None)
+_DOWNLOAD_CHUNK = 1 << 20
 
 #: Granularity of fetches into the local map; small reads are rounded up to it.
 BLOCK_BYTES = 64 << 10
@@ -62,22 +85,75 @@ class _Backend(Protocol):
 
 
 class _Http:
-    """Range requests with the standard library."""
+    """Range requests with the standard library; a download of the whole file from a server
+    that ignores them (:attr:`whole`), up to ``max_download`` bytes."""
 
-    def __init__(self, url: str, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, timeout: float = 60.0, *,
+                 max_download: int = NO_DOWNLOAD_LIMIT) -> None:
         self.url = url
         self.timeout = timeout
         self.stats = Stats()
-        with self._get(0, 1) as r:
-            total = _content_range_total(r.headers.get("Content-Range"), url)
+        #: the downloaded file, when the server ignores ``Range``
+        self.whole: IO[bytes] | None = None
+        with self._get(0, 1, whole=True) as r:
             #: what identifies this version of the file (the conversion certificate's)
             self.validators = {k: str(v) for k, v in (
                 ("etag", r.headers.get("ETag")),
                 ("last_modified", r.headers.get("Last-Modified"))) if v}
-            r.read(2)
-        self.size = total
+            if r.status == 206:
+                self.size = _content_range_total(r.headers.get("Content-Range"), url)
+                r.read(2)
+            else:
+                self.whole, self.size = self._download(r, max_download)
 
-    def _get(self, start: int, end: int) -> Any:
+    def _download(self, r: Any, limit: int) -> tuple[IO[bytes], int]:
+        """The body of a ``200`` answer, streamed into an unnamed temporary file: refused
+        before it is read when its ``Content-Length`` is over ``limit``, and as soon as it
+        passes ``limit`` when the server did not say; checked whole before it is used."""
+        import http.client
+        import tempfile
+
+        length = _content_length(r.headers.get("Content-Length"))
+        if length is not None and length > limit:
+            raise _too_big(self.url, r.status, length, limit)
+        f = tempfile.TemporaryFile(prefix="torchless-download-")
+        try:
+            done = 0
+            report = download_progress.get()
+            while True:
+                try:
+                    data = r.read(_DOWNLOAD_CHUNK)
+                except http.client.IncompleteRead as e:  # the body ended early
+                    raise TruncatedInputError(
+                        f"the server sent {done + len(e.partial)} of the {length} bytes its "
+                        "Content-Length says", path=self.url) from None
+                except http.client.HTTPException as e:
+                    raise _not_http(e, self.url) from None
+                except OSError as e:
+                    raise CheckpointError(f"the download failed at byte {done}: {e}",
+                                          path=self.url) from None
+                if not data:
+                    break
+                done += len(data)
+                self.stats.bytes += len(data)
+                if done > limit:
+                    raise _too_big(self.url, r.status, None, limit)
+                if length is not None and done > length:
+                    raise FormatError(f"the server sent more than the {length} bytes its "
+                                      "Content-Length says", path=self.url)
+                f.write(data)
+                if report is not None:
+                    report(done, length or 0)
+            if length is not None and done != length:
+                raise TruncatedInputError(f"the server sent {done} of the {length} bytes "
+                                          "its Content-Length says", path=self.url)
+            f.flush()
+        except BaseException:
+            f.close()
+            raise
+        return f, done
+
+    def _get(self, start: int, end: int, *, whole: bool = False) -> Any:
         import http.client  # loaded for URLs only: local reads start without it
         import urllib.error
         import urllib.request
@@ -100,15 +176,16 @@ class _Http:
                                   hint="check the URL and the network connection") from None
         except http.client.HTTPException as e:  # a header line past 64 KiB, 100 headers …
             raise _not_http(e, self.url) from None
+        if r.status != 206 and whole and r.status == 200:
+            return r  # the first request: a server that ignores Range, read as a download
         if r.status != 206:
             length = r.headers.get("Content-Length")
             r.close()
             raise UnsupportedError(
                 f"the server ignores Range requests (it answered {r.status} with the whole "
-                f"body{f' of {length} bytes' if length else ''}); torchless reads remote files "
-                "by ranges and will not download it whole: download it first", path=self.url,
-                hint="download the file (curl -O, huggingface-cli download …) and read the "
-                     "local copy")
+                f"body{f' of {length} bytes' if length else ''}) after it had answered one",
+                path=self.url, hint="download the file (curl -O, huggingface-cli download …) "
+                                    "and read the local copy")
         got = _content_range_start(r.headers.get("Content-Range"), self.url)
         if got != start:
             r.close()
@@ -146,6 +223,22 @@ class _Http:
                 self.stats.bytes += len(data)
                 pos += len(data)
                 yield data
+
+
+def _content_length(value: str | None) -> int | None:
+    m = re.fullmatch(r"\d{1,19}", (value or "").strip())
+    return int(m.group(0)) if m else None
+
+
+def _too_big(url: str, status: int, length: int | None, limit: int) -> LimitError:
+    size = f"{length:,} bytes" if length is not None else f"more than {limit:,} bytes"
+    return LimitError(
+        "max_download_bytes", limit, length if length is not None else -1,
+        f"the server ignores Range requests (it answered {status} with the whole body, "
+        f"{size}): torchless downloads such a file whole only up to that size", path=url,
+        hint="allow the download with --download (allow_full_download=True), or raise the "
+             "bound with --limit max_download_bytes=N; or download it yourself (curl -O) "
+             "and read the local copy")
 
 
 def _not_http(e: Exception, url: str) -> CheckpointError:
@@ -240,28 +333,41 @@ class RemoteSource(Source):
 
     remote = True
 
-    def __init__(self, target: Any) -> None:
-        self._backend: _Backend = (
-            _Http(target) if isinstance(target, str) and target.lower().startswith(
-                ("http://", "https://")) else _Fsspec(target))
+    def __init__(self, target: Any, *, max_download: int | None = None) -> None:
+        """``max_download``: the largest file downloaded whole from a server that ignores
+        ``Range`` (default ``Limits().max_download_bytes``)."""
+        if max_download is None:
+            from torchless.core.limits import Limits
+
+            max_download = Limits().max_download_bytes
+        http = _Http(target, max_download=max_download) if isinstance(
+            target, str) and target.lower().startswith(("http://", "https://")) else None
+        self._backend: _Backend = http if http is not None else _Fsspec(target)
+        whole = http.whole if http is not None else None
         self.path = target if isinstance(target, str) else _file_name(target)
         self.size = self._backend.size
         self.identity = (-1, id(self))
         self._mmap = None
         self._view = memoryview(b"")
-        self._have = bytearray(-(-self.size // BLOCK_BYTES))
+        # downloaded: every block is here
+        self._have = bytearray((b"\x01" if whole is not None else b"\x00")
+                               * -(-self.size // BLOCK_BYTES))
         if self.size:
             import tempfile
 
-            self._file = tempfile.TemporaryFile(prefix="torchless-remote-")
+            self._file = whole if whole is not None else tempfile.TemporaryFile(
+                prefix="torchless-remote-")
             try:
-                os.ftruncate(self._file.fileno(), self.size)  # sparse: no disk used yet
+                if whole is None:
+                    os.ftruncate(self._file.fileno(), self.size)  # sparse: no disk used yet
                 self._mmap = mmap.mmap(self._file.fileno(), self.size)
             except OSError as e:
                 self._file.close()
                 raise CheckpointError(f"cannot map a local buffer: {e}", path=self.path
                                       ) from None
             self._view = memoryview(self._mmap).toreadonly()
+        elif whole is not None:
+            whole.close()
 
     @property
     def stats(self) -> Stats:

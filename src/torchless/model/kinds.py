@@ -71,7 +71,7 @@ class TensorRecord(UnsupportedTensor):
         return UnsupportedError(
             f"a {self.kind} tensor is not one array", member=name,
             hint="Checkpoint.records[name] holds its component arrays; torchless.load gives "
-                 "the record (tensors='torch': the torch tensor)")
+                 "the record (framework='pt': the torch tensor)")
 
     def components(self) -> Iterator[tuple[str, Any]]:
         """Every component tensor or array, by field name (``metadata.min_seqlen`` for one
@@ -104,5 +104,5 @@ class TensorRecord(UnsupportedTensor):
 def _is_array(value: Any) -> bool:
     if isinstance(value, Tensor) or is_ndarray(value):
         return True
-    torch = sys.modules.get("torch")  # after load(tensors="torch"): torch's own tensors
+    torch = sys.modules.get("torch")  # after load(framework="pt"): torch's own tensors
     return torch is not None and isinstance(value, torch.Tensor)

@@ -247,7 +247,7 @@ class Tensor:
         if npdt is None:
             raise UnsupportedError(
                 f"dtype torch.{self.dtype.name} ({self.dtype.note}) has no NumPy equivalent",
-                hint="read the tensor with torch (tensors='torch', to_torch()) or leave it out "
+                hint="read the tensor with torch (framework='pt', to_torch()) or leave it out "
                      "(convert --skip-unsupported)")
         itemsize = self.dtype.itemsize
         if self.numel == 0:

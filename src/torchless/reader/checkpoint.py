@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 from torchless.containers import registry
 from torchless.containers.base import Container, PartialTree
 from torchless.core.collector import collector_paused
-from torchless.core.limits import Limits
+from torchless.core.limits import Limits, allowing_download
 from torchless.errors import (
     CheckpointError,
     UnsupportedError,
@@ -132,6 +132,7 @@ def open(
     root_name: str = "",
     verify_crc: bool = False,
     modules: ModuleMode = "state_dict",
+    allow_full_download: bool = False,
 ) -> Checkpoint:
     """Open a torch checkpoint without torch and without running pickle code.
 
@@ -152,13 +153,17 @@ def open(
             ``"state_dict"`` (default), its ``state_dict()``, so that ``tensors`` are the
             names ``load_state_dict`` takes; ``"record"``, the :class:`Opaque` record of its
             pickled ``__dict__`` (as :func:`load` gives it).
+        allow_full_download: an HTTP server that ignores ``Range`` sends the whole file:
+            download it (to an unnamed temporary file, then read), whatever its size;
+            without it, up to ``limits.max_download_bytes`` (64 MiB) is downloaded and a
+            larger file refused with a :class:`LimitError`.
 
     Raises:
         CheckpointError: (a subclass of it) for anything wrong with the file.
     """
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
-    lim = limits if limits is not None else Limits()
+    lim = allowing_download(limits, allow_full_download) or Limits()
     spath = path if is_file_object(path) or is_remote(path) else os.fspath(path)
     label = spath if isinstance(spath, str) else "<file object>"
     with error_boundary("reading", label, max_depth=lim.max_depth):
@@ -172,7 +177,7 @@ def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_n
         found = registry.find_directory(path)
         return _read(path, found.name, lambda: found.open(path, limits, verify_crc), None,
                      limits, strict, allow, root_name, modules)
-    source = open_source(path)
+    source = open_source(path, max_download=limits.max_download_bytes)
     try:
         kind = formats.sniff(source)
         if kind is None:
@@ -266,11 +271,31 @@ def describe_era(fmt: str, info: dict[str, Any]) -> str:
     return "ZIP layout written by torch 1.6-2.0 (no byteorder record)" + tail
 
 
+#: ``load(framework=...)``: safetensors' names (and the long ones safe_open takes too)
+_FRAMEWORKS: dict[str, TensorMode] = {"np": "numpy", "numpy": "numpy", "pt": "torch",
+                                      "torch": "torch"}
+
+
+def _tensor_mode(framework: str, tensors: str | None) -> TensorMode | None:
+    """``framework=`` (or the deprecated ``tensors=``) as the decoder's mode; None for a
+    value load does not take (load raises it: its own ValueError, not a bug)."""
+    if tensors is not None:
+        import warnings
+
+        # the caller's line: load's, the bug boundary's wrapper's, then the caller's
+        warnings.warn("load(tensors=...) is deprecated: say framework='np' or framework='pt' "
+                      "(safetensors' words, as safe_open takes them)", DeprecationWarning,
+                      stacklevel=4)
+        return tensors if tensors in ("numpy", "torch") else None  # type: ignore[return-value]
+    return _FRAMEWORKS.get(framework)
+
+
 @reports_bugs("loading")
 def load(
     path: str | os.PathLike[str],
     *,
-    tensors: TensorMode = "numpy",
+    framework: str = "np",
+    tensors: TensorMode | None = None,
     types: TypeRegistry | None = None,
     limits: Limits | None = None,
     strict: bool = False,
@@ -278,16 +303,20 @@ def load(
     verify_crc: bool = False,
     copy: bool = False,
     modules: ModuleMode = "record",
+    allow_full_download: bool = False,
 ) -> Any:
     """The whole saved object: of a torch checkpoint, or of a file :func:`torchless.save`
     or :func:`torchless.convert` wrote (for another safetensors file, its tensors by name).
 
     Args:
-        tensors: ``"numpy"`` (default): tensors become NumPy arrays, read-only views of the
-            file unless ``copy=True``. ``"torch"``: writable torch tensors, and
-            ``torch.nn.Parameter`` where one was saved (with ``requires_grad``); torch dtypes,
-            devices and sizes of inert files become torch objects. torchless never imports
-            torch: the program must have imported it.
+        framework: what tensors become, in safetensors' words (``safe_open(path,
+            framework=...)``): ``"np"`` (default, or ``"numpy"``): NumPy arrays, read-only
+            views of the file unless ``copy=True``. ``"pt"`` (or ``"torch"``): writable
+            torch tensors, and ``torch.nn.Parameter`` where one was saved (with
+            ``requires_grad``); torch dtypes, devices and sizes of inert files become torch
+            objects; torch is imported then (it must be installed), never otherwise.
+        tensors: the deprecated name of ``framework`` (``"numpy"`` or ``"torch"``): it
+            works, with a :class:`DeprecationWarning`.
         types: the registry of the program's own classes for inert files (default: the one
             :func:`torchless.register_type` fills).
         limits: resource bounds, as for :func:`open`.
@@ -295,6 +324,7 @@ def load(
         allow_globals: as for :func:`open`.
         verify_crc: as for :func:`open`.
         copy: writable NumPy copies instead of read-only views of the file.
+        allow_full_download: as for :func:`open`.
         modules: ``"record"`` (default): a module saved whole (``torch.save(model)``) comes
             as the :class:`Opaque` record of its pickled ``__dict__``: ``class_path``, and
             in ``state`` every attribute torch would see (``names``, ``yaml``, ``config``,
@@ -304,17 +334,23 @@ def load(
             safetensors files hold no pickled module: for them it changes nothing.
 
     Sparse, quantized, nested, jagged and meta tensors come as :class:`TensorRecord`
-    objects holding their component arrays (``tensors="torch"``: as torch tensors).
+    objects holding their component arrays (``framework="pt"``: as torch tensors).
 
     Raises :class:`UnsupportedError` if the file holds tensors torchless will not read.
     """
-    if tensors not in ("numpy", "torch"):
-        raise ValueError("tensors must be 'numpy' or 'torch'")
+    mode = _tensor_mode(framework, tensors)
+    if mode is None:
+        raise ValueError(f"framework {tensors or framework!r} is invalid for load: 'np' "
+                         "(NumPy) or 'pt' (torch); safe_open reads a safetensors file for "
+                         "'jax' and 'mlx'")
+    tensors = mode
+    limits = allowing_download(limits, allow_full_download)
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
     spath: Any = path if is_file_object(path) or is_remote(path) else os.fspath(path)
     if not (isinstance(spath, str) and not is_remote(spath) and os.path.isdir(spath)):
-        source = open_source(spath)
+        source = open_source(spath, max_download=limits.max_download_bytes
+                             if limits is not None else None)
         try:
             safetensors = formats.sniff(source) == "safetensors"
         except BaseException:
@@ -330,7 +366,7 @@ def load(
     if tensors == "torch":
         from torchless.torch import _import_torch
 
-        torch = _import_torch("tensors='torch'")
+        torch = _import_torch("framework='pt'")
     lim = limits if limits is not None else Limits()
     ckpt = open(spath, limits=lim, strict=strict, allow_globals=allow_globals,
                 verify_crc=verify_crc, modules=modules)

@@ -46,7 +46,7 @@ from torchless.containers.pt2 import MemberSource
 from torchless.containers.regions import EACH_FILE
 from torchless.core.collector import collector_paused
 from torchless.core.findings import Anomaly, Findings
-from torchless.core.limits import Limits
+from torchless.core.limits import Limits, allowing_download
 from torchless.errors import CheckpointError, InternalError, TruncatedInputError, error_boundary
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
@@ -96,16 +96,17 @@ _COMPRESSED = (b"\x1f\x8b", b"7z\xbc\xaf\x27\x1c", b"BZh", b"\xfd7zXZ\x00", b"\x
 
 def scan(path: str | os.PathLike[str], *, strict: bool = False,
          limits: Limits | None = None, allow_globals: Iterable[str] = (),
-         verify_crc: bool = False) -> ScanReport:
+         verify_crc: bool = False, allow_full_download: bool = False) -> ScanReport:
     """Scan one file or directory (recursively) without running anything it holds.
 
     ``strict`` counts every global outside the rebuild rules as dangerous; ``allow_globals``
     (exact ``module.name`` strings you trust) are not counted as dangerous; ``limits`` as for
     :func:`torchless.open`. The CRC-32 of every archive member that is a pickle, that reads
     as one or that is read whole anyway (up to 64 KiB) is checked; ``verify_crc`` checks
-    tensor data members too (reading every byte of the file)."""
-    return scan_paths([path], strict=strict, limits=limits, allow_globals=allow_globals,
-                      verify_crc=verify_crc)
+    tensor data members too (reading every byte of the file); ``allow_full_download`` as
+    for :func:`torchless.open` (a remote file is scanned whole in any case)."""
+    return scan_paths([path], strict=strict, limits=allowing_download(
+        limits, allow_full_download), allow_globals=allow_globals, verify_crc=verify_crc)
 
 
 def scan_paths(paths: Iterable[str | os.PathLike[str]], *, strict: bool = False,
@@ -195,7 +196,8 @@ def _scan_one(path: str, strict: bool, limits: Limits, allow: frozenset[str], *,
                                            verify_crc=verify_crc))
     try:
         # a remote file is fetched whole: every byte of it is scanned
-        source = RemoteSource(path) if is_remote(path) else Source(path, copy_below=_COPY_BELOW)
+        source = RemoteSource(path, max_download=limits.max_download_bytes) if is_remote(
+            path) else Source(path, copy_below=_COPY_BELOW)
     except CheckpointError as e:
         return FileScan(path, "unreadable", error=e.message, hint=e.hint)
     with source:
