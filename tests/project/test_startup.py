@@ -97,3 +97,31 @@ def test_convert_of_plain_tensors_loads_no_numpy(tmp_path: Path) -> None:
     loaded = _modules("import torchless\ntorchless.convert('array.pt', 'a.safetensors')",
                       tmp_path)
     assert (tmp_path / "a.safetensors").exists() and "numpy" in loaded
+
+
+#: What a scan of one local torch.save file or plain pickle never needs: the values' and the
+#: writers' libraries, the index and inert readers, the directory layouts (DCP, ZeRO, rank
+#: files, Megatron), ctypes (only a writer asks a map's address), time zones and paths (only
+#: a file that names one), and the process pools of ``-j``.
+SCAN_NEVER = (*VALUES, "ctypes", "zoneinfo", "pathlib", "torchless.reader.formats",
+              "torchless.inert.schema", "torchless.write.safetensors",
+              "torchless.containers.dcp", "torchless.containers.dcpmeta",
+              "torchless.containers.zero", "torchless.containers.ranks",
+              "torchless.containers.megatron", "torchless.containers.megatronlegacy",
+              *[m for m in NEVER if m != "torchless.scanner"])
+
+
+def test_scan_of_a_file_loads_no_numpy_nor_directory_layouts(tmp_path: Path) -> None:
+    """``torchless scan FILE`` of a ZIP checkpoint and of a plain pickle (both written by
+    torch, clean): the scanner and the ZIP and pickle readers, nothing of SCAN_NEVER."""
+    torch = require("torch")
+    torch.save({"w": torch.ones(3, 4), "step": 7}, tmp_path / "zip.pt")
+    torch.save({"step": 7, "lr": 0.1}, tmp_path / "plain.pkl",
+               _use_new_zipfile_serialization=False)
+    import pickle
+
+    (tmp_path / "plain.pickle").write_bytes(pickle.dumps({"step": 7, "names": ["a", "b"]}))
+    for name in ("zip.pt", "plain.pkl", "plain.pickle"):
+        loaded = _modules(_CLI.format(args=["scan", str(tmp_path / name)]), tmp_path)
+        assert "torchless.scanner.files" in loaded, name  # the scan ran
+        assert not loaded & set(SCAN_NEVER), (name, sorted(loaded & set(SCAN_NEVER)))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from torchless.core.limits import Limits
+from torchless.pickle.values import Global, new_global
 from torchless.scanner.modelrun import FoundGlobal, new_found
 from torchless.scanner.plain import HEADERS, PlainStreams
 from torchless.scanner.report import Action, GlobalRef, new_action, new_global_ref
@@ -18,11 +19,12 @@ _ACTION = ("call", "torch._utils._rebuild_tensor_v2", "vetted", "a rule", 12, "R
            "(1, 2)", 3, "archive/data.pkl")
 _REF = ("torch", "FloatStorage", 40, "GLOBAL", "rebuilt", None, "")
 _FOUND = ("collections", "OrderedDict", 7, "STACK_GLOBAL", "")
+_GLOBAL = ("collections", "OrderedDict", 7)
 
 
 @pytest.mark.parametrize(("make", "cls", "args"), [
     (new_action, Action, _ACTION), (new_global_ref, GlobalRef, _REF),
-    (new_found, FoundGlobal, _FOUND)])
+    (new_found, FoundGlobal, _FOUND), (new_global, Global, _GLOBAL)])
 def test_maker_builds_the_dataclass_itself(make: Any, cls: type, args: tuple[Any, ...]) -> None:
     made, plain = make(*args), cls(*args)
     assert type(made) is cls
@@ -38,6 +40,11 @@ def test_made_action_counts_like_the_constructed_one() -> None:
     made = new_action(*_ACTION)
     assert made.count == 1
     assert made.counted(4) == Action(*_ACTION, count=4)
+    moved = Action(*_ACTION[:4], 112, _ACTION[5], _ACTION[6], 103, "m", count=4)
+    assert made.counted(4).at(100, "m") == moved
+    assert vars(made.counted(4).at(100, "m")) == vars(moved)
+    no_origin = Action(*_ACTION[:7], None, None)
+    assert no_origin.at(5, "m") == Action(*_ACTION[:4], 17, *_ACTION[5:7], None, "m")
 
 
 # torch.save's legacy header pickles (protocol 2), as pickle writes them

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchless.cli.messages import print_bug, print_error
-from torchless.cli.parser import EXIT_FAILED, EXIT_NOTHING, EXIT_OK, build_parser
+from torchless.cli.parser import COMMANDS, EXIT_FAILED, EXIT_NOTHING, EXIT_OK, build_parser
 from torchless.core.limits import Limits
 from torchless.errors import CheckpointError, InternalError
 
@@ -343,8 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    # the command's own arguments only (the other commands' are not needed to parse it)
+    parser = build_parser(given[0] if given and given[0] in COMMANDS else None)
+    args = parser.parse_args(given)
     if quiet_from_env() and not vars(args).get("json") and not vars(args).get("jsonl"):
         args.quiet = True
     if args.command == "convert":

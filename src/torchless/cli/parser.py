@@ -13,7 +13,7 @@ from torchless._version import __version__
 from torchless.core.limits import Limits
 
 __all__ = ["EXIT_DANGER", "EXIT_FAILED", "EXIT_NOTHING", "EXIT_OK", "EXIT_UNREADABLE",
-           "EXIT_USAGE", "EXIT_CODES", "Parser", "build_parser"]
+           "EXIT_USAGE", "EXIT_CODES", "COMMANDS", "Parser", "build_parser"]
 
 #: Every command: it did what was asked (scan: every file clean).
 EXIT_OK = 0
@@ -191,7 +191,15 @@ def _add_quiet(group: argparse._MutuallyExclusiveGroup, text: str) -> None:
                        help=text + "; TORCHLESS_QUIET=1 in the environment does the same")
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The commands, in the order ``torchless -h`` lists them.
+COMMANDS = ("inspect", "convert", "verify", "scan")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``command`` (one of :data:`COMMANDS`), only that
+    command's arguments are added (every command is listed, with its help): the parser of
+    the command being run, without building the others' arguments."""
+    every = command is None
     p = Parser(
         prog="torchless",
         description="Read PyTorch checkpoints without PyTorch and without running pickle code.",
@@ -216,34 +224,35 @@ def build_parser() -> argparse.ArgumentParser:
                "  torchless inspect ./checkpoints/ -j 4            # one line per file\n"
                "  torchless inspect a.pt b.pt --jsonl              # one JSON line per file\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ins.add_argument("file", nargs="+",
-                     help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …) or URL; several "
-                          "files or directories give one summary line (or JSON line) each")
-    ins.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                     help="with several files: inspect them in N worker processes")
-    out = ins.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true",
-                     help="print one JSON document: {\"files\": [...]}, an entry per file "
-                          "(one for one file)")
-    out.add_argument("--jsonl", action="store_true",
-                     help="print JSON lines: one entry per file, as each is read")
-    _add_quiet(out, "print nothing on success (the exit code says whether every file reads)")
-    ins.add_argument("--all", action="store_true",
-                     help="list every tensor and value (default: the first 100 of each, and "
-                          "a line saying how many more)")
-    ins.add_argument("--tree", action="store_true",
-                     help="print the saved object as an indented tree with tensor shapes")
-    ins.add_argument("--filter", metavar="GLOB",
-                     help="only the tensors whose flat name matches GLOB (e.g. "
-                          "'model.layers.*.weight'); with --tree, the branches that lead to "
-                          "them")
-    ins.add_argument("--html", action="store_true",
-                     help="write a self-contained HTML report (sortable tensor table, "
-                          "treemap of bytes by module, dtype totals, scan verdict) to -o FILE")
-    ins.add_argument("-o", "--output", metavar="FILE", help="with --html: the page to write")
-    ins.add_argument("--force", action="store_true",
-                     help="with -o: replace an existing FILE (never the checkpoint itself)")
-    _add_reading(ins)
+    if every or command == "inspect":
+        ins.add_argument("file", nargs="+",
+                         help="checkpoint file (.pt, .pth, .bin, .ckpt, .tar …) or URL; several "
+                              "files or directories give one summary line (or JSON line) each")
+        ins.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                         help="with several files: inspect them in N worker processes")
+        out = ins.add_mutually_exclusive_group()
+        out.add_argument("--json", action="store_true",
+                         help="print one JSON document: {\"files\": [...]}, an entry per file "
+                              "(one for one file)")
+        out.add_argument("--jsonl", action="store_true",
+                         help="print JSON lines: one entry per file, as each is read")
+        _add_quiet(out, "print nothing on success (the exit code says whether every file reads)")
+        ins.add_argument("--all", action="store_true",
+                         help="list every tensor and value (default: the first 100 of each, and "
+                              "a line saying how many more)")
+        ins.add_argument("--tree", action="store_true",
+                         help="print the saved object as an indented tree with tensor shapes")
+        ins.add_argument("--filter", metavar="GLOB",
+                         help="only the tensors whose flat name matches GLOB (e.g. "
+                              "'model.layers.*.weight'); with --tree, the branches that lead to "
+                              "them")
+        ins.add_argument("--html", action="store_true",
+                         help="write a self-contained HTML report (sortable tensor table, "
+                              "treemap of bytes by module, dtype totals, scan verdict) to -o FILE")
+        ins.add_argument("-o", "--output", metavar="FILE", help="with --html: the page to write")
+        ins.add_argument("--force", action="store_true",
+                         help="with -o: replace an existing FILE (never the checkpoint itself)")
+        _add_reading(ins)
     conv = sub.add_parser(
         "convert", help="write a checkpoint's tensors as a safetensors file",
         description="Convert a torch checkpoint to safetensors: exact bytes, every tensor "
@@ -255,62 +264,63 @@ def build_parser() -> argparse.ArgumentParser:
                     "own output. On a terminal a progress line shows bytes (files, for "
                     "several SRC), %, rate and time left: -q or TORCHLESS_PROGRESS=0 turns it off.",
         epilog=_CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    conv.add_argument("src", nargs="+",
-                      help="checkpoint file, Hugging Face model directory or *.bin.index.json "
-                           "(several: each to its default output)")
-    conv.add_argument("-o", "--output", metavar="DST",
-                      help="output file, or output directory for a model directory (default: "
-                           "SRC with the suffix .safetensors / SRC's directory); one SRC only")
-    conv.add_argument("--max-shard-size", metavar="SIZE",
-                      help="split the output into shards of at most SIZE tensor bytes "
-                           "(5GB = 5*10^9, 500MB, 1GiB = 2^30, or bytes) with an index")
-    conv.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                      help="convert several SRC in N worker processes (default 1)")
-    conv.add_argument("--report", metavar="FILE",
-                      help="with several SRC: append one JSON line per file to FILE")
-    conv.add_argument("--key", metavar="K",
-                      help="convert only the subtree under this dotted key (e.g. state_dict)")
-    conv.add_argument("--force", action="store_true",
-                      help="replace an existing DST (never SRC itself)")
-    conv.add_argument("--skip-existing", action="store_true",
-                      help="keep an existing DST that verifies against its SRC and write "
-                           "nothing for it (a re-run of several SRC); one that does not "
-                           "verify is refused (replaced with --force)")
-    conv.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
-                      help="write identical aliases once; record the others in __metadata__ "
-                           "(default: on for a model directory or an index, as transformers "
-                           "writes them; --no-dedupe writes every name)")
-    conv.add_argument("--skip-unsupported", action="store_true",
-                      help="leave out tensors safetensors cannot hold (complex128 …)")
-    conv.add_argument("--verify", action="store_true",
-                      help="re-read both files afterwards and compare every tensor")
-    conv.add_argument("--certificate", action=argparse.BooleanOptionalAction, default=False,
-                      help="record a certificate in each output's __metadata__: the source "
-                           "(path or URL, size, sha256 or ETag), the transforms and every "
-                           "tensor's BLAKE2b digests, checked by verify --certificate "
-                           "(default: off; hashing reads every byte, docs/certificate.md)")
-    conv.add_argument("--link-files", action=argparse.BooleanOptionalAction, default=True,
-                      help="model directory to -o DIR: hard-link its other files "
-                           "(config.json, tokenizer …) there (default); --no-link-files "
-                           "copies them (link_files=False)")
-    conv.add_argument("--copy-files", action=_Deprecated, dest="link_files", const=False,
-                      new="--no-link-files", help="deprecated spelling of --no-link-files")
-    conv.add_argument("--tree", action=argparse.BooleanOptionalAction, default=True,
-                      help="write the rest of the object (epochs, optimizer state, configs "
-                           "…) as an inert tree beside the tensors (default); --no-tree "
-                           "writes the tensors only (tree=False; implied by the selection "
-                           "options below)")
-    conv.add_argument("--weights-only", action=_Deprecated, dest="tree", const=False,
-                      new="--no-tree", help="deprecated spelling of --no-tree (not torch's "
-                                            "weights_only, which is about what unpickling "
-                                            "may call)")
-    _add_selection(conv)
-    _add_dtype(conv, "cast floating tensors to this dtype as they are written, bit for bit "
-                     "as torch's tensor.to(dtype); integer and bool tensors are kept")
-    _add_reading(conv)
-    out = conv.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print a JSON summary")
-    _add_quiet(out, "print no progress and no summary (errors still go to stderr)")
+    if every or command == "convert":
+        conv.add_argument("src", nargs="+",
+                          help="checkpoint file, Hugging Face model directory or *.bin.index.json "
+                               "(several: each to its default output)")
+        conv.add_argument("-o", "--output", metavar="DST",
+                          help="output file, or output directory for a model directory (default: "
+                               "SRC with the suffix .safetensors / SRC's directory); one SRC only")
+        conv.add_argument("--max-shard-size", metavar="SIZE",
+                          help="split the output into shards of at most SIZE tensor bytes "
+                               "(5GB = 5*10^9, 500MB, 1GiB = 2^30, or bytes) with an index")
+        conv.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                          help="convert several SRC in N worker processes (default 1)")
+        conv.add_argument("--report", metavar="FILE",
+                          help="with several SRC: append one JSON line per file to FILE")
+        conv.add_argument("--key", metavar="K",
+                          help="convert only the subtree under this dotted key (e.g. state_dict)")
+        conv.add_argument("--force", action="store_true",
+                          help="replace an existing DST (never SRC itself)")
+        conv.add_argument("--skip-existing", action="store_true",
+                          help="keep an existing DST that verifies against its SRC and write "
+                               "nothing for it (a re-run of several SRC); one that does not "
+                               "verify is refused (replaced with --force)")
+        conv.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
+                          help="write identical aliases once; record the others in __metadata__ "
+                               "(default: on for a model directory or an index, as transformers "
+                               "writes them; --no-dedupe writes every name)")
+        conv.add_argument("--skip-unsupported", action="store_true",
+                          help="leave out tensors safetensors cannot hold (complex128 …)")
+        conv.add_argument("--verify", action="store_true",
+                          help="re-read both files afterwards and compare every tensor")
+        conv.add_argument("--certificate", action=argparse.BooleanOptionalAction, default=False,
+                          help="record a certificate in each output's __metadata__: the source "
+                               "(path or URL, size, sha256 or ETag), the transforms and every "
+                               "tensor's BLAKE2b digests, checked by verify --certificate "
+                               "(default: off; hashing reads every byte, docs/certificate.md)")
+        conv.add_argument("--link-files", action=argparse.BooleanOptionalAction, default=True,
+                          help="model directory to -o DIR: hard-link its other files "
+                               "(config.json, tokenizer …) there (default); --no-link-files "
+                               "copies them (link_files=False)")
+        conv.add_argument("--copy-files", action=_Deprecated, dest="link_files", const=False,
+                          new="--no-link-files", help="deprecated spelling of --no-link-files")
+        conv.add_argument("--tree", action=argparse.BooleanOptionalAction, default=True,
+                          help="write the rest of the object (epochs, optimizer state, configs "
+                               "…) as an inert tree beside the tensors (default); --no-tree "
+                               "writes the tensors only (tree=False; implied by the selection "
+                               "options below)")
+        conv.add_argument("--weights-only", action=_Deprecated, dest="tree", const=False,
+                          new="--no-tree", help="deprecated spelling of --no-tree (not torch's "
+                                                "weights_only, which is about what unpickling "
+                                                "may call)")
+        _add_selection(conv)
+        _add_dtype(conv, "cast floating tensors to this dtype as they are written, bit for bit "
+                         "as torch's tensor.to(dtype); integer and bool tensors are kept")
+        _add_reading(conv)
+        out = conv.add_mutually_exclusive_group()
+        out.add_argument("--json", action="store_true", help="print a JSON summary")
+        _add_quiet(out, "print no progress and no summary (errors still go to stderr)")
     ver = sub.add_parser(
         "verify", help="compare a checkpoint with a safetensors file",
         description="Compare every tensor of a torch checkpoint with a safetensors file by "
@@ -318,26 +328,27 @@ def build_parser() -> argparse.ArgumentParser:
                     "model directory or a *.bin.index.json, DST a directory or a "
                     "*.safetensors.index.json with its shards.",
         epilog=_VERIFY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json "
-                                 "(with --certificate: the output, OUT)")
-    ver.add_argument("dst", nargs="?",
-                     help="safetensors file, directory or *.safetensors.index.json (with "
-                          "--certificate: the source, SRC, optional)")
-    ver.add_argument("--certificate", action="store_true",
-                     help="verify --certificate OUT [SRC]: check OUT against the certificate "
-                          "convert --certificate wrote in it (every tensor's digest); with "
-                          "SRC, re-derive every digest from the source as well")
-    ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
-    ver.add_argument("--skip-unsupported", action="store_true",
-                     help="tensors safetensors cannot hold count as skipped, not missing (as "
-                          "convert --skip-unsupported leaves them out)")
-    _add_dtype(ver, "expect SRC's floating tensors cast to this dtype (as convert --dtype "
-                    "casts them)")
-    _add_selection(ver)
-    _add_reading(ver)
-    out = ver.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print a JSON report")
-    _add_quiet(out, "print nothing: the exit code says it (0 exact match, 1 not)")
+    if every or command == "verify":
+        ver.add_argument("src", help="torch checkpoint, model directory or *.bin.index.json "
+                                     "(with --certificate: the output, OUT)")
+        ver.add_argument("dst", nargs="?",
+                         help="safetensors file, directory or *.safetensors.index.json (with "
+                              "--certificate: the source, SRC, optional)")
+        ver.add_argument("--certificate", action="store_true",
+                         help="verify --certificate OUT [SRC]: check OUT against the certificate "
+                              "convert --certificate wrote in it (every tensor's digest); with "
+                              "SRC, re-derive every digest from the source as well")
+        ver.add_argument("--key", metavar="K", help="compare only the subtree under this key")
+        ver.add_argument("--skip-unsupported", action="store_true",
+                         help="tensors safetensors cannot hold count as skipped, not missing (as "
+                              "convert --skip-unsupported leaves them out)")
+        _add_dtype(ver, "expect SRC's floating tensors cast to this dtype (as convert --dtype "
+                        "casts them)")
+        _add_selection(ver)
+        _add_reading(ver)
+        out = ver.add_mutually_exclusive_group()
+        out.add_argument("--json", action="store_true", help="print a JSON report")
+        _add_quiet(out, "print nothing: the exit code says it (0 exact match, 1 not)")
     sc = sub.add_parser(
         "scan", help="list what torch.load would do with files, without running anything",
         description="Scan checkpoints (files or directories, recursively; layout found from "
@@ -351,13 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
                "  torchless scan model.ckpt --strict   # unvetted actions count as dangerous\n"
                "  torchless scan ./hub-cache/ -j 4     # in 4 worker processes\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
-    out = sc.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print a JSON report")
-    _add_quiet(out, "print nothing: the exit code says it (0 clean, 1 dangerous …)")
-    _add_reading(sc, strict="count every action that is not vetted as dangerous")
-    sc.add_argument("-v", "--verbose", action="store_true",
-                    help="list every action (not only those not vetted) and skipped files")
-    sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                    help="scan files in N worker processes (default 1)")
+    if every or command == "scan":
+        sc.add_argument("paths", nargs="+", metavar="PATH", help="file or directory")
+        out = sc.add_mutually_exclusive_group()
+        out.add_argument("--json", action="store_true", help="print a JSON report")
+        _add_quiet(out, "print nothing: the exit code says it (0 clean, 1 dangerous …)")
+        _add_reading(sc, strict="count every action that is not vetted as dangerous")
+        sc.add_argument("-v", "--verbose", action="store_true",
+                        help="list every action (not only those not vetted) and skipped files")
+        sc.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="scan files in N worker processes (default 1)")
     return p

@@ -9,8 +9,8 @@ from torchless.io.source import Source
 
 __all__ = ["LEGACY_MAGIC", "ZIP_EOCD_SIG", "ZIP_EOCD_SIZE", "ZIP_MAX_COMMENT", "has_zip_tail",
            "head_of", "is_legacy", "is_pickle", "is_tar", "is_zip", "refuse_other_formats",
-           "refuse_unrecognised", "tar_checksum", "tar_number", "tar_polyglot",
-           "zip_end_records"]
+           "refuse_unrecognised", "starts_as_json_object", "tar_checksum", "tar_number",
+           "tar_polyglot", "zip_end_records"]
 
 #: The magic number torch's legacy stream starts with (as a pickled int).
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -41,6 +41,12 @@ def looks_like_safetensors(head: bytes, size: int) -> bool:
         return False
     n = int.from_bytes(head[:8], "little")
     return 2 <= n <= size - 8 and head[8:9] == b"{"
+
+
+def starts_as_json_object(head: bytes) -> bool:
+    """Whether a file's first bytes start as a JSON object does (whitespace, then ``{``):
+    what an index file (``*.index.json``) must start with."""
+    return head.lstrip()[:1] == b"{"
 
 
 def _looks_like_text(head: bytes) -> str | None:

@@ -11,13 +11,14 @@ only the bytes asked for.
 
 from __future__ import annotations
 
-import ctypes
 import errno
+import functools
 import mmap
 import os
 import stat
 from collections.abc import Callable, Iterator
 from types import TracebackType
+from typing import Any
 
 from torchless.errors import CheckpointError, FormatError, MissingFileError, TruncatedInputError
 
@@ -230,20 +231,29 @@ class Source:
         self.close()
 
 
-class _PyBuffer(ctypes.Structure):
-    """CPython's ``Py_buffer`` (the buffer protocol's view of an object's memory)."""
+@functools.cache
+def _py_buffer() -> Any:
+    """CPython's ``Py_buffer`` (the buffer protocol's view of an object's memory) as a ctypes
+    structure, and ctypes itself, imported when first needed (a writer copying tensor bytes
+    from the map): a scan or an inspect never imports ctypes."""
+    import ctypes
 
-    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
-                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
-                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
-                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+    class PyBuffer(ctypes.Structure):
+        _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                    ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                    ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                    ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                    ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                    ("internal", ctypes.c_void_p)]
+
+    return PyBuffer, ctypes
 
 
 def _address(view: memoryview) -> int:
     """The address of a (read-only) view's first byte, asked through the buffer protocol:
     ctypes' own ``from_buffer`` wants a writable buffer, and a map of a checkpoint is not."""
-    info = _PyBuffer()
+    py_buffer, ctypes = _py_buffer()
+    info = py_buffer()
     api = ctypes.pythonapi
     if api.PyObject_GetBuffer(ctypes.py_object(view), ctypes.byref(info), 0) != 0:
         raise ValueError("no buffer")  # pragma: no cover - a memoryview always has one

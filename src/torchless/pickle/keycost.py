@@ -50,24 +50,17 @@ class KeyCost:
             return entry[1]
         return 1 + len(value)
 
-    def record(self, value: tuple[Any, ...] | frozenset[Any], offset: int | None) -> None:
-        """Note a new tuple or frozenset that holds another one; refuse it past the limit."""
-        total = 1
-        nested = False
-        sizes = self.sizes
-        for item in value:
-            if isinstance(item, (tuple, frozenset)):
-                nested = True
-                entry = sizes.get(id(item))
-                total += entry[1] if entry is not None and entry[0] is item else 1 + len(item)
-            else:
-                total += 1
+    def keep(self, value: tuple[Any, ...] | frozenset[Any], total: int,
+             offset: int | None) -> None:
+        """Note a new tuple or frozenset that holds another one, whose expanded size is
+        ``total`` (1, plus 1 for each item that is no tuple or frozenset, plus each one's
+        :meth:`size`: the interpreter adds it up in the pass that also checks nesting
+        depth); refuse it past the limit."""
         if total > self.limit:
             raise LimitError("max_container_len", self.limit, total,
                              "values inside nested tuples (the same tuple reached through "
                              "many paths)", offset=offset)
-        if nested:
-            sizes[id(value)] = (value, total)
+        self.sizes[id(value)] = (value, total)
 
     def measure(self, key: Any) -> int:
         """How many values hashing ``key`` visits (1 for anything but a tuple, whose hash is

@@ -57,7 +57,7 @@ from torchless.pickle.arguments import (
 from torchless.pickle.keycost import KeyCost
 from torchless.pickle.opcodes import HIGHEST_PROTOCOL, OPCODES, by_code
 from torchless.pickle.tensorargs import tensor_args
-from torchless.pickle.values import Global, Opaque
+from torchless.pickle.values import Global, Opaque, new_global
 
 __all__ = ["INLINE", "Machine", "Resolver", "run_pickle"]
 
@@ -113,7 +113,7 @@ class Resolver:
             self.keycost.charge(keys, offset)
 
     def find_global(self, module: str, name: str, offset: int) -> Any:
-        return Global(module, name, offset)
+        return new_global(module, name, offset)
 
     def unresolved_global(self, module: Any, name: Any, offset: int) -> Any:
         """STACK_GLOBAL whose operands are not two strs: the unpicklers refuse it (the
@@ -763,22 +763,29 @@ class Machine:
         return entry[1] if entry is not None and entry[0] is value else 1
 
     def _immutable(self, value: tuple[Any, ...] | frozenset[Any]) -> Any:
-        """Record the nesting depth of a new tuple/frozenset; refuse if too deep."""
+        """Record the nesting depth of a new tuple/frozenset and, when it holds another one,
+        its expanded size (:class:`~.keycost.KeyCost`); refuse if too deep or too large.
+        One pass over the items does both."""
         depth = 0
+        extra = 0  # the expanded size beyond 1 + len(value): nested tuples' own items
         depths = self.depths
+        sizes = self.keycost.sizes
         for item in value:
             if isinstance(item, (tuple, frozenset)):  # self._depth(item), inlined
-                entry = depths.get(id(item))
+                key = id(item)
+                entry = depths.get(key)
                 d = entry[1] if entry is not None and entry[0] is item else 1
                 if d > depth:
                     depth = d
+                entry = sizes.get(key)  # self.keycost.size(item), inlined
+                extra += entry[1] - 1 if entry is not None and entry[0] is item else len(item)
         depth += 1
         if depth > self.limits.max_depth:
             raise LimitError("max_depth", self.limits.max_depth, depth, "nested tuples",
                              offset=self.op_start)
         if depth > 1:
-            self.depths[id(value)] = (value, depth)
-            self.keycost.record(value, self.op_start)
+            depths[id(value)] = (value, depth)
+            self.keycost.keep(value, 1 + len(value) + extra, self.op_start)
         return value
 
     def _made(self, value: Any) -> Any:

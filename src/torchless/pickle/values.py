@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from torchless.errors import UnsupportedError
 
-__all__ = ["Global", "Opaque"]
+__all__ = ["Global", "Opaque", "new_global"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,21 @@ class Global:
             hint="register the type so inert files rebuild it (torchless.register_type; "
                  "torchless.integrations.configs.register_omegaconf() for OmegaConf "
                  "configs), or read the value's fields as data")
+
+
+_new = object.__new__
+
+
+def new_global(module: str, name: str, offset: int = -1) -> Global:
+    """``Global(module, name, offset)`` without the frozen dataclass's ``__init__`` (which
+    sets each field through ``object.__setattr__``): the interpreter makes one for every
+    name a pickle gives; the objects are the same (tests/scanner/test_scan_records.py)."""
+    g = _new(Global)
+    d = g.__dict__
+    d["module"] = module
+    d["name"] = name
+    d["offset"] = offset
+    return g
 
 
 class _NotSet:

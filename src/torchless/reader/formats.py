@@ -21,7 +21,7 @@ from torchless.core import jsondepth
 from torchless.core.limits import Limits
 from torchless.errors import FormatError, LimitError, UnsafePathError, UnsupportedError
 from torchless.inert import schema as _schema
-from torchless.io.detect import looks_like_safetensors
+from torchless.io.detect import looks_like_safetensors, starts_as_json_object
 from torchless.io.source import Source
 from torchless.model.graph import finish, flatten
 from torchless.model.tensor import Storage, Tensor
@@ -41,7 +41,7 @@ def sniff(source: Source) -> str | None:
     head = bytes(source.read(0, min(size, 512), "file header")) if size else b""
     if looks_like_safetensors(head + b" ", size):
         return "safetensors"
-    if head.lstrip()[:1] == b"{" and size <= MAX_INDEX_BYTES and \
+    if starts_as_json_object(head) and size <= MAX_INDEX_BYTES and \
             b'"weight_map"' in source.read(0, size, "index"):
         return "index"
     return None

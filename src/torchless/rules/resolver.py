@@ -30,7 +30,7 @@ from torchless.errors import (
     type_phrase,
 )
 from torchless.pickle.known import Known, Pending
-from torchless.pickle.values import Global, Opaque
+from torchless.pickle.values import Global, Opaque, new_global
 from torchless.rules.allowlist import FORWARDS, import_verdict
 from torchless.rules.arrays import NumpyRules
 from torchless.rules.findclass import EXTENSION, Failure, Import, StorageName, find_class
@@ -177,7 +177,7 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
                                     hint=_refusal_hint(f"{module}.{name}", reason))
         self.globals.append(GlobalRecord(module, name, offset,
                                          "opaque" if value is None else "rebuilt"))
-        return Global(module, name, offset) if value is None else value
+        return new_global(module, name, offset) if value is None else value
 
     def known(self, module: str, name: str, offset: int = -1, proto: int = 2) -> bool:
         """Whether a rebuild rule knows ``module.name`` (as the file spells it, read by

@@ -10,10 +10,8 @@ import argparse
 import collections
 import datetime
 import os
-import pathlib
 import re
 import types
-import zoneinfo
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +33,20 @@ _DATETIME_CLASSES: dict[str, Callable[..., Any]] = {
     "datetime": datetime.datetime, "date": datetime.date, "time": datetime.time,
     "timedelta": datetime.timedelta, "timezone": datetime.timezone,
 }
-_PATH_CLASSES: dict[str, Callable[..., Any]] = {
-    "Path": pathlib.PurePosixPath, "PosixPath": pathlib.PurePosixPath,
-    "PurePath": pathlib.PurePosixPath, "PurePosixPath": pathlib.PurePosixPath,
-    "WindowsPath": pathlib.PureWindowsPath, "PureWindowsPath": pathlib.PureWindowsPath,
-}
-if os.name == "posix":
-    _PATH_CLASSES["Path"] = _PATH_CLASSES["PosixPath"] = pathlib.PosixPath
+
+
+def _path_class(name: str) -> Callable[..., Any]:
+    """The pathlib class a pickled ``pathlib.NAME`` is rebuilt as (pure paths, except a
+    POSIX ``Path`` here). pathlib is imported when a file names one: a scan or an open of a
+    file with no path never needs it."""
+    import pathlib
+
+    if os.name == "posix" and name in ("Path", "PosixPath"):
+        return pathlib.PosixPath
+    return {"Path": pathlib.PurePosixPath, "PosixPath": pathlib.PurePosixPath,
+            "PurePath": pathlib.PurePosixPath, "PurePosixPath": pathlib.PurePosixPath,
+            "WindowsPath": pathlib.PureWindowsPath,
+            "PureWindowsPath": pathlib.PureWindowsPath}[name]
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -55,6 +60,8 @@ def system_zone(key: str) -> datetime.tzinfo | None:
     which a name from a file must never choose)."""
     if len(key) > 255 or not _ZONE_KEY.match(key):
         return None
+    import zoneinfo  # here: a scan or an open of a file with no zone never needs it
+
     for root in zoneinfo.TZPATH:
         if os.path.isfile(os.path.join(root, key)):
             try:
@@ -236,7 +243,7 @@ class StdlibRules(Resolver):
     def _r_path(self, f: Known, a: tuple[Any, ...]) -> Any:
         if not all(type(x) is str for x in a):
             raise PickleError(f"pathlib.{f.name} takes str parts")
-        return _PATH_CLASSES[f.name](*a)
+        return _path_class(f.name)(*a)
 
     def _r_getattr(self, f: Known, a: tuple[Any, ...]) -> Any:
         """``getattr(Class, "Inner")``: how protocols < 4 name a nested class or a class's

@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchless.containers import registry
 from torchless.containers.base import ARCHIVE_OF_FILES
@@ -48,6 +47,7 @@ from torchless.core.collector import collector_paused
 from torchless.core.findings import Anomaly, Findings
 from torchless.core.limits import Limits, allowing_download
 from torchless.errors import CheckpointError, InternalError, TruncatedInputError, error_boundary
+from torchless.io.detect import starts_as_json_object
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.io.source import Source
 from torchless.rules.resolver import TorchResolver
@@ -74,6 +74,9 @@ from torchless.scanner.report import (
     new_global_ref,
 )
 from torchless.scanner.sink import RegionScan
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 __all__ = ["Anomaly", "FileScan", "FileStatus", "GlobalRef", "ScanReport", "Verdict",
            "format_table", "index_scan", "index_shards", "scan", "scan_paths"]
@@ -393,14 +396,25 @@ class _File(RegionScan):
 
 # ---- Hugging Face index files (model.safetensors.index.json, pytorch_model.bin.index.json)
 
+def _may_be_index(path: str) -> bool:
+    """False for a file whose first bytes rule out an index (what :func:`torchless.reader.
+    formats.sniff` checks first), read without mapping the file; True when it may be one or
+    cannot be read (the index reader then says why)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return True
+    return starts_as_json_object(head)
+
+
 def _index_map(path: str, limits: Limits) -> dict[str, str] | None:
     """An index file's weight_map (its shard names checked to be plain file names), None
     for a file that is no index; the index's own errors are raised."""
-    from torchless.io.source import Source
-    from torchless.reader import formats
-
-    if is_remote(path):
+    if is_remote(path) or not _may_be_index(path):
         return None
+    from torchless.reader import formats  # here: the index reader only for what may be one
+
     with Source(path) as source:
         if formats.sniff(source) != "index":
             return None

@@ -31,7 +31,7 @@ from typing import Any
 
 from torchless.core import dtypes as _dtypes
 from torchless.pickle.opcodes import by_code
-from torchless.pickle.values import Global
+from torchless.pickle.values import Global, new_global
 from torchless.rules.allowlist import (
     FORWARDS,
     SPECS,
@@ -236,7 +236,7 @@ class Model(DuckCalls):
                 IMPORTS[key] = known
         module, name, path, severity, reason = known
         self.log.add("import", path, severity, reason, offset, offset)
-        return Global(module, name, offset)
+        return new_global(module, name, offset)
 
     # ---- calls -------------------------------------------------------------------------
 
