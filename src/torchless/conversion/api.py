@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from torchless.containers.base import PartialTree
+from torchless.containers.zero import check_tag, tag_directory
 from torchless.conversion import hflayout as _hflayout
 from torchless.conversion.common import (
     ConversionReport,
@@ -78,6 +79,7 @@ def convert(
     ema: bool = False,
     dtype: str | None = None,
     dtype_filter: Iterable[str] = (),
+    tag: str | None = None,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -137,6 +139,8 @@ def convert(
             integer and bool tensors are left as they are. ``__metadata__`` records the cast
             (``torchless.cast``).
         dtype_filter: globs on the flat (output) names: cast only the tensors they match.
+        tag: of a DeepSpeed run directory, the save to convert (as for
+            :func:`torchless.open`; default: the one its ``latest`` file names).
 
     With any of ``include``, ``exclude``, ``rename``, ``strip_prefix`` or ``ema``, the output
     holds the chosen tensors only (no object tree: it would name tensors the file does not
@@ -154,10 +158,13 @@ def convert(
                                   "object use torchless.open and save its tensors")
         if dst is None:
             dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
+    check_tag(tag)
     spath = os.fspath(src)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
             collector_paused():
+        if tag is not None:
+            spath = tag_directory(spath, tag)
         selection = Selection.of(include, exclude, rename, strip_prefix, ema)
         return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
                             progress, max_shard_size, tree, read, link_files, selection,
@@ -299,6 +306,7 @@ def verify(
     ema: bool = False,
     dtype: str | Cast | None = None,
     dtype_filter: Iterable[str] = (),
+    tag: str | None = None,
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -317,8 +325,13 @@ def verify(
     ``exclude``, ``rename``, ``strip_prefix`` and ``ema`` as for :func:`convert` (SRC's
     tensors are compared under the names convert gives them). With ``dtype`` (and
     ``dtype_filter``), SRC's tensors are expected cast as ``convert`` casts them, and DST's
-    record of the cast must be the one convert writes."""
+    record of the cast must be the one convert writes. ``tag``: of a DeepSpeed run
+    directory SRC, the save to compare (as for :func:`torchless.open`)."""
+    check_tag(tag)
     spath, dpath = os.fspath(src), os.fspath(dst)
+    if tag is not None:
+        with error_boundary("verifying", spath):
+            spath = tag_directory(spath, tag)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype
     return _verify(spath, dpath, key, skip_unsupported, read,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 from torchless.containers import registry
 from torchless.containers.base import Container, PartialTree
+from torchless.containers.zero import check_tag, tag_directory
 from torchless.core.collector import collector_paused
 from torchless.core.limits import Limits
 from torchless.errors import (
@@ -132,6 +133,7 @@ def open(
     root_name: str = "",
     verify_crc: bool = False,
     modules: ModuleMode = "state_dict",
+    tag: str | None = None,
 ) -> Checkpoint:
     """Open a torch checkpoint without torch and without running pickle code.
 
@@ -152,16 +154,22 @@ def open(
             ``"state_dict"`` (default), its ``state_dict()``, so that ``tensors`` are the
             names ``load_state_dict`` takes; ``"record"``, the :class:`Opaque` record of its
             pickled ``__dict__`` (as :func:`load` gives it).
+        tag: of a DeepSpeed run directory, the save to read (``"global_step1"``:
+            zero_to_fp32's ``-t``); by default the one its ``latest`` file names. An unknown
+            tag is refused (:class:`MissingFileError`), the tags present listed.
 
     Raises:
         CheckpointError: (a subclass of it) for anything wrong with the file.
     """
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
+    check_tag(tag)
     lim = limits if limits is not None else Limits()
     spath = path if is_file_object(path) or is_remote(path) else os.fspath(path)
     label = spath if isinstance(spath, str) else "<file object>"
     with error_boundary("reading", label, max_depth=lim.max_depth):
+        if tag is not None:
+            spath = tag_directory(spath, tag)
         return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc,
                      modules)
 
@@ -278,6 +286,7 @@ def load(
     verify_crc: bool = False,
     copy: bool = False,
     modules: ModuleMode = "record",
+    tag: str | None = None,
 ) -> Any:
     """The whole saved object: of a torch checkpoint, or of a file :func:`torchless.save`
     or :func:`torchless.convert` wrote (for another safetensors file, its tensors by name).
@@ -302,6 +311,7 @@ def load(
             records), nothing called. ``"state_dict"``: its ``state_dict()`` instead (a dict
             of arrays by name), as :func:`open` keeps it in ``Checkpoint.tree``. Inert and
             safetensors files hold no pickled module: for them it changes nothing.
+        tag: as for :func:`open` (the save of a DeepSpeed run directory).
 
     Sparse, quantized, nested, jagged and meta tensors come as :class:`TensorRecord`
     objects holding their component arrays (``tensors="torch"``: as torch tensors).
@@ -312,7 +322,11 @@ def load(
         raise ValueError("tensors must be 'numpy' or 'torch'")
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
+    check_tag(tag)
     spath: Any = path if is_file_object(path) or is_remote(path) else os.fspath(path)
+    if tag is not None:
+        with error_boundary("reading", spath if isinstance(spath, str) else "<file object>"):
+            spath = tag_directory(spath, tag)
     if not (isinstance(spath, str) and not is_remote(spath) and os.path.isdir(spath)):
         source = open_source(spath)
         try:
