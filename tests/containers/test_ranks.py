@@ -108,7 +108,7 @@ def test_global_size_is_limited(rank_cases: Path) -> None:  # noqa: F811
         torchless.open(rank_cases / "verl", limits=torchless.Limits(max_tensor_bytes=100))
 
 
-@pytest.mark.parametrize("case", ["verl", "fsdp1"])
+@pytest.mark.parametrize("case", ["verl", "fsdp1", "placements"])
 def test_rank_files_scan_clean(rank_cases: Path, case: str) -> None:  # noqa: F811
     """The torch.distributed records a DTensor or ShardedTensor pickles (spec, mesh,
     placements, shard metadata) are vetted plain data: every rank file scans clean."""
@@ -212,3 +212,30 @@ def test_world_size_must_match_the_files(rank_cases: Path, tmp_path: Path,  # no
                        match="mesh of 2 ranks .* holds 3 rank files" if case == "verl" else
                        "the same piece"):
         torchless.load(run)
+
+
+def test_strided_shard_assembled_partial_refused(rank_cases: Path, tmp_path: Path,  # noqa: F811
+                                                 torch: Any,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``_StridedShard`` DTensors (FSDP2 + TP's placement) put together as torch's
+    ``full_tensor()``; a ``Partial`` one refused by name, saying it needs a reduction."""
+    from safetensors.torch import load_file
+
+    ref = load_file(str(rank_cases / "placements.ref.safetensors"))
+    run = rank_cases / "placements"
+    with torchless.open(run) as ckpt:
+        assert ckpt.info["distributed_tensors"] == len(ref) == 4
+        for name, want in ref.items():
+            got = ckpt.tensors[name]
+            assert got.shape == tuple(want.shape), name
+            assert got.numpy().tobytes() == _bytes(want, torch), name
+        why = ckpt.unsupported["partial"]
+        assert "Partial(sum)" in why and "reduction" in why, why
+        with pytest.raises(UnsupportedError, match="Partial"):
+            ckpt.numpy("partial")
+    out = tmp_path / "model.safetensors"
+    assert main(["convert", str(run), "-o", str(out)]) == 1
+    assert "partial" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(run), "-o", str(out), "--skip-unsupported", "-q"]) == 0
+    got = load_file(str(out))
+    assert set(got) == set(ref) and all(torch.equal(got[k], v) for k, v in ref.items())
