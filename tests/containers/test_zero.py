@@ -117,6 +117,7 @@ def test_tag_picks_a_save(zero4_cases: Path, tmp_path: Path,
     assert old != new  # a step apart
     with torchless.open(run, tag="global_step1") as ckpt:
         assert ckpt.info["tag"] == "global_step1"
+        assert ckpt.info["tags"] == ["global_step1", "global_step2"]
         ref = _reference(zero4_cases / "z2.global_step1.ref.safetensors")
         assert all(ckpt.tensors[k].numpy().tobytes() == v.tobytes() for k, v in ref.items())
     assert torchless.load(run, tag="global_step1")["global_steps"] == 1

@@ -344,6 +344,8 @@ class ZeroDirectory:
     def describe(self, resolver: TorchResolver) -> dict[str, Any]:
         return {"zero_stage": self.stage, "world_size": self.world_size,
                 "tag": os.path.basename(self.tag_dir),
+                # every save of the run (what tag= / --tag pick from)
+                "tags": tags(os.path.dirname(self.tag_dir) or "."),
                 "model_files": self.model_files, "optim_files": self.optim_files}
 
     def module_hook(self) -> ModuleHook:
