@@ -35,6 +35,10 @@ torch's own assembly of the full tensors (``DTensor.full_tensor()``,
                        ``latest_checkpointed_iteration.txt`` and
                        ``iter_0000010/mp_rank_0T/model_optim_rng.pt``
     OUT/fsdp1.ref.safetensors the full tensors (``ShardedTensor.gather``)
+    OUT/placements/    ``rank{R}.pt``: DTensors distributed with ``_StridedShard`` (uneven
+                       sizes, dims 0 and 1, split factors 2 and 3), one ``Shard(0)`` and one
+                       ``Partial()`` (``DTensor.from_local``), saved per rank
+    OUT/placements.ref.safetensors  their ``full_tensor()`` (but the Partial one)
 """
 
 from __future__ import annotations
@@ -238,6 +242,31 @@ def _fsdp1(rank: int, out: str) -> None:
         save_file({k: v.contiguous() for k, v in full.items()}, f"{out}/fsdp1.ref.safetensors")
 
 
+def _placements(rank: int, out: str, mesh: Any) -> None:
+    from safetensors.torch import save_file
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    g = torch.Generator().manual_seed(5)
+    cases = {"strided0": (torch.randn(7, 3, generator=g), _StridedShard(0, split_factor=2)),
+             "strided1": (torch.randn(2, 11, generator=g), _StridedShard(1, split_factor=3)),
+             "strided_even": (torch.randn(8, 2, generator=g), _StridedShard(0, split_factor=2)),
+             "shard": (torch.randn(5, 2, generator=g), Shard(0))}
+    sd: dict[str, Any] = {}
+    full = {}
+    for name, (whole, placement) in cases.items():
+        d = distribute_tensor(whole, mesh, [placement], src_data_rank=None)
+        sd[name] = d
+        full[name] = d.full_tensor()
+        assert torch.equal(full[name], whole), name
+    sd["partial"] = DTensor.from_local(torch.full((2, 3), float(rank + 1)), mesh, [Partial()])
+    os.makedirs(f"{out}/placements", exist_ok=True)
+    torch.save(sd, f"{out}/placements/rank{rank}.pt")
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in full.items()},
+                  f"{out}/placements.ref.safetensors")
+
+
 def _megatron_legacy(out: str) -> None:
     """Megatron-LM's ``--ckpt-format torch`` save with TP=2 (no processes needed: each
     rank's file is a plain torch.save): ``get_checkpoint_name``'s
@@ -274,6 +303,7 @@ def _worker(rank: int, out: str, port: str) -> None:
             _megatron(rank, out, mesh)
             _verl(rank, out, mesh)
             _fsdp1(rank, out)
+            _placements(rank, out, mesh)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -179,6 +179,10 @@ def test_deepspeed_files() -> None:
                       "zero")
     assert zero == [("deepspeed", "DeepSpeed ZeRO checkpoint: stage=3, world_size=4, "
                                   "tag='global_step10'")]
+    # a run of several saves names them (what --tag picks from)
+    zero = structures({"w": 0}, "", {"zero_stage": 2, "world_size": 2, "tag": "global_step2",
+                                     "tags": ["global_step1", "global_step2"]}, "zero")
+    assert zero[0][1].endswith("tag='global_step2', saves='global_step1 global_step2'")
 
 
 def test_megatron_rank_file() -> None:

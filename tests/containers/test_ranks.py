@@ -108,7 +108,7 @@ def test_global_size_is_limited(rank_cases: Path) -> None:  # noqa: F811
         torchless.open(rank_cases / "verl", limits=torchless.Limits(max_tensor_bytes=100))
 
 
-@pytest.mark.parametrize("case", ["verl", "fsdp1"])
+@pytest.mark.parametrize("case", ["verl", "fsdp1", "placements"])
 def test_rank_files_scan_clean(rank_cases: Path, case: str) -> None:  # noqa: F811
     """The torch.distributed records a DTensor or ShardedTensor pickles (spec, mesh,
     placements, shard metadata) are vetted plain data: every rank file scans clean."""
@@ -116,3 +116,126 @@ def test_rank_files_scan_clean(rank_cases: Path, case: str) -> None:  # noqa: F8
     counts = report.counts()
     assert counts["clean"] == len(report.files) >= 2, counts
     assert report.ok and report.exit_code == 0
+
+
+def _renamed(src: Path, dst: Path, pattern: str) -> Path:
+    """The rank files of ``src`` (verl's naming) copied as ``pattern.format(R=rank)``."""
+    dst.mkdir()
+    for f in src.glob("model_world_size_2_rank_*.pt"):
+        rank = int(f.stem.rsplit("_", 1)[1])
+        shutil.copy(f, dst / pattern.format(R=rank))
+    return dst
+
+
+@pytest.mark.parametrize("pattern", ["rank{R}.pt", "model_rank{R}.pt", "shard_{R}.pt",
+                                     "sharded_rank_{R}.pth", "state-0{R}.bin"])
+@pytest.mark.parametrize("case", ["fsdp1", "verl"])
+def test_rank_files_found_by_content_under_any_naming(rank_cases: Path,  # noqa: F811
+                                                      tmp_path: Path, torch: Any,
+                                                      pattern: str, case: str) -> None:
+    """FSDP1's SHARDED_STATE_DICT (ShardedTensors) and FSDP2's DTensors saved per rank with
+    torch.save under other names: the files whose names differ only in their last number,
+    0 .. W-1, each naming DTensor or ShardedTensor, are one checkpoint."""
+    from safetensors.torch import load_file
+
+    run = _renamed(rank_cases / case, tmp_path / "run", pattern)
+    (run / "notes.txt").write_text("a file that is no rank file\n")
+    ref = load_file(str(rank_cases / f"{case}.ref.safetensors"))
+    with torchless.open(run) as ckpt:
+        assert ckpt.format == "ranks" and ckpt.info["naming"] == "by content"
+        assert ckpt.info["world_size"] == 2
+        assert set(ckpt.tensors) == set(ref)
+        for name, want in ref.items():
+            assert ckpt.tensors[name].numpy().tobytes() == _bytes(want, torch), name
+    out = tmp_path / "model.safetensors"
+    assert main(["convert", str(run), "-o", str(out), "--verify", "-q"]) == 0
+    got = load_file(str(out))
+    assert all(torch.equal(got[k], v) for k, v in ref.items()) and set(got) == set(ref)
+
+
+def test_two_groups_of_rank_files(rank_cases: Path, tmp_path: Path,  # noqa: F811
+                                  torch: Any) -> None:
+    """model_rank{R}.pt beside optim_rank{R}.pt: the tree holds each group under its
+    pattern, the tensors are the model's."""
+    from safetensors.torch import load_file
+
+    run = _renamed(rank_cases / "verl", tmp_path / "run", "model_rank{R}.pt")
+    for f in (rank_cases / "verl").glob("optim_world_size_2_rank_*.pt"):
+        shutil.copy(f, run / f"optim_rank{f.stem.rsplit('_', 1)[1]}.pt")
+    ref = load_file(str(rank_cases / "verl.ref.safetensors"))
+    with torchless.open(run) as ckpt:
+        assert set(ckpt.tree) == {"model_rank{R}.pt", "optim_rank{R}.pt"}
+        assert set(ckpt.tensors) == set(ref)
+    moments = load_file(str(rank_cases / "verl.optim.ref.safetensors"))
+    state = torchless.load(run)["optim_rank{R}.pt"]["state"]
+    for key, want in moments.items():
+        index, name = key.split(".")
+        assert state[int(index)][name].tobytes() == _bytes(want, torch), key
+
+
+def test_what_is_no_directory_of_rank_files(rank_cases: Path, tmp_path: Path,  # noqa: F811
+                                            torch: Any) -> None:
+    # plain state dicts numbered 0, 1 (epochs): no distributed tensor in them
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for i in range(2):
+        torch.save({"w": torch.zeros(3)}, plain / f"epoch{i}.pt")
+    with pytest.raises(torchless.NotACheckpointError):
+        torchless.open(plain)
+    # a rank missing (0 and 2), and a rank named twice (1 and 01)
+    for names in (("rank0.pt", "rank2.pt"), ("rank0.pt", "rank1.pt", "rank01.pt")):
+        run = tmp_path / f"run{len(names)}"
+        run.mkdir()
+        files = sorted((rank_cases / "fsdp1").glob("*.pt"))
+        for i, name in enumerate(names):
+            shutil.copy(files[min(i, 1)], run / name)
+        with pytest.raises(torchless.NotACheckpointError):
+            torchless.open(run)
+    # the model's rank 1 gone beside a complete optimizer group: not the optimizer alone
+    run = _renamed(rank_cases / "verl", tmp_path / "optim", "model_rank{R}.pt")
+    for f in (rank_cases / "verl").glob("optim_world_size_2_rank_*.pt"):
+        shutil.copy(f, run / f"optim_rank{f.stem.rsplit('_', 1)[1]}.pt")
+    (run / "model_rank1.pt").unlink()
+    with pytest.raises(torchless.NotACheckpointError):
+        torchless.open(run)
+
+
+@pytest.mark.parametrize("case", ["fsdp1", "verl"])
+def test_world_size_must_match_the_files(rank_cases: Path, tmp_path: Path,  # noqa: F811
+                                         case: str) -> None:
+    """Three files of pieces saved by two ranks: refused, the mesh (DTensor) or the rank a
+    shard lies on (ShardedTensor) against the number of files."""
+    run = _renamed(rank_cases / case, tmp_path / "run", "rank{R}.pt")
+    # a third file holding rank 1's pieces
+    shutil.copy(run / "rank1.pt", run / "rank2.pt")
+    with pytest.raises(torchless.FormatError,
+                       match="mesh of 2 ranks .* holds 3 rank files" if case == "verl" else
+                       "the same piece"):
+        torchless.load(run)
+
+
+def test_strided_shard_assembled_partial_refused(rank_cases: Path, tmp_path: Path,  # noqa: F811
+                                                 torch: Any,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``_StridedShard`` DTensors (FSDP2 + TP's placement) put together as torch's
+    ``full_tensor()``; a ``Partial`` one refused by name, saying it needs a reduction."""
+    from safetensors.torch import load_file
+
+    ref = load_file(str(rank_cases / "placements.ref.safetensors"))
+    run = rank_cases / "placements"
+    with torchless.open(run) as ckpt:
+        assert ckpt.info["distributed_tensors"] == len(ref) == 4
+        for name, want in ref.items():
+            got = ckpt.tensors[name]
+            assert got.shape == tuple(want.shape), name
+            assert got.numpy().tobytes() == _bytes(want, torch), name
+        why = ckpt.unsupported["partial"]
+        assert "Partial(sum)" in why and "reduction" in why, why
+        with pytest.raises(UnsupportedError, match="Partial"):
+            ckpt.numpy("partial")
+    out = tmp_path / "model.safetensors"
+    assert main(["convert", str(run), "-o", str(out)]) == 1
+    assert "partial" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(run), "-o", str(out), "--skip-unsupported", "-q"]) == 0
+    got = load_file(str(out))
+    assert set(got) == set(ref) and all(torch.equal(got[k], v) for k, v in ref.items())

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from torchless.core import dtypes
-from torchless.model.dtensor import REPLICATE, DTensorShard, local_box
+from torchless.model.dtensor import REPLICATE, DTensorShard, local_box, local_runs
 from torchless.model.tensor import Storage, Tensor, UnsupportedTensor
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.dtensor import dtensor_piece
@@ -32,6 +32,44 @@ def test_local_box_is_torchs(torch: Any) -> None:
                     ours = local_box(shape, placements, mesh, coord)
                     assert ours == (tuple(offsets), tuple(sizes)), (shape, mesh,
                                                                      placements, coord)
+                    checked += 1
+    assert checked > 1000
+
+
+def test_strided_shard_is_torchs(torch: Any) -> None:
+    """``_StridedShard`` (and ``Shard``) pieces: the elements each rank holds, in order, as
+    torch's own ``_split_tensor`` cuts a tensor of its indices (what ``distribute_tensor``
+    scatters), and the box ``_compute_local_shape_and_global_offset`` reports."""
+    import numpy as np
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    checked = 0
+    for shape in [(7,), (9,), (2,), (0,), (8, 3), (5, 6), (3, 10)]:
+        for mesh in [(2,), (3,), (4,), (2, 2), (2, 3)]:
+            choices: list[Any] = [REPLICATE, *range(len(shape)),
+                                  *((d, f) for d in range(len(shape)) for f in (2, 3))]
+            for placements in itertools.product(choices, repeat=len(mesh)):
+                theirs_p = [Replicate() if p == REPLICATE else Shard(p) if isinstance(p, int)
+                            else _StridedShard(p[0], split_factor=p[1]) for p in placements]
+                whole = torch.arange(math.prod(shape)).reshape(shape)
+                for coord in itertools.product(*(range(n) for n in mesh)):
+                    local = whole
+                    for n, c, p in zip(mesh, coord, theirs_p, strict=True):
+                        if not isinstance(p, Replicate):
+                            local = p._split_tensor(local, n, with_padding=False)[0][c]
+                    runs = local_runs(shape, placements, mesh, coord)
+                    index = [np.concatenate([np.arange(a, a + k) for a, k in r] or
+                                            [np.zeros(0, dtype=np.int64)]) for r in runs]
+                    ours = whole.numpy()[np.ix_(*index)]
+                    key = (shape, mesh, placements, coord)
+                    assert ours.shape == tuple(local.shape), key
+                    assert (ours == local.numpy()).all(), key
+                    sizes, offsets = _compute_local_shape_and_global_offset(
+                        shape, mesh, list(coord), theirs_p)
+                    assert local_box(shape, placements, mesh, coord) == (
+                        tuple(offsets), tuple(sizes)), key
                     checked += 1
     assert checked > 1000
 

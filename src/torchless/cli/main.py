@@ -39,6 +39,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "allow_globals": tuple(args.allow_global), "verify_crc": args.verify_crc,
             "link_files": args.link_files, "dtype": args.dtype,
             "dtype_filter": tuple(args.dtype_filter), "certificate": args.certificate,
+            "tag": args.tag,
             **_selection(args)}
 
 
@@ -96,7 +97,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     from torchless.cli.progress import Progress, progress_wanted
     from torchless.cli.show import human, report_json, report_text
 
-    if _is_batch(args.src):
+    if args.tag is None and _is_batch(args.src):
         return _run_batch(args)
     bar = Progress(human) if progress_wanted(args.quiet or args.json) else None
     try:
@@ -205,6 +206,12 @@ def _run_batch(args: argparse.Namespace) -> int:
 def _run_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from torchless.cli.inspecting import run_inspect, targets
 
+    if args.tag is not None:
+        from torchless.containers.zero import tag_directory
+        from torchless.errors import error_boundary
+
+        with error_boundary("inspecting", args.file[0]):
+            args.file = [tag_directory(args.file[0], args.tag)]
     found, one = targets(args.file, _checkpoint_files)
     if (args.html or args.tree) and not one:
         parser.error("--html and --tree take one checkpoint: a file, a DCP directory or a "
@@ -225,7 +232,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         report = verify(args.src, args.dst, key=args.key, limits=_limits(args),
                         skip_unsupported=args.skip_unsupported, strict=args.strict,
                         allow_globals=args.allow_global, verify_crc=args.verify_crc,
-                        dtype=args.dtype, dtype_filter=args.dtype_filter,
+                        dtype=args.dtype, dtype_filter=args.dtype_filter, tag=args.tag,
                         **_selection(args))
     if args.json:
         json.dump(verify_json(report), sys.stdout, indent=1)
@@ -292,7 +299,7 @@ def _check_convert(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     """What convert refuses before reading anything: options that do not go together, and
     a source that would be its own output (never converted over, nor verified against,
     itself)."""
-    batch = _is_batch(args.src)
+    batch = args.tag is None and _is_batch(args.src)
     if batch and args.output is not None:
         parser.error("-o/--output takes a single SRC; several SRC (or a directory of "
                      "checkpoints) go to their default outputs")
@@ -353,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_convert(parser, args)
     if args.command == "verify":
         _check_verify(parser, args)
+    if vars(args).get("tag") is not None and len(args.src if args.command == "convert"
+                                                else vars(args).get("file") or [None]) != 1:
+        parser.error("--tag picks a save of one DeepSpeed run directory: name one")
     if args.command == "inspect":
         if args.html and not args.output:
             parser.error("--html writes a page: name it with -o FILE")

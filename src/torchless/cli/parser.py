@@ -186,6 +186,12 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
                              "--key; a weight with no EMA twin is refused")
 
 
+def _add_tag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-t", "--tag", metavar="TAG",
+                        help="of a DeepSpeed run directory: the save to read (global_stepN, "
+                             "as zero_to_fp32's -t; default: the one its latest file names)")
+
+
 def _add_quiet(group: argparse._MutuallyExclusiveGroup, text: str) -> None:
     group.add_argument("-q", "--quiet", action="store_true",
                        help=text + "; TORCHLESS_QUIET=1 in the environment does the same")
@@ -252,6 +258,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         ins.add_argument("-o", "--output", metavar="FILE", help="with --html: the page to write")
         ins.add_argument("--force", action="store_true",
                          help="with -o: replace an existing FILE (never the checkpoint itself)")
+        _add_tag(ins)
         _add_reading(ins)
     conv = sub.add_parser(
         "convert", help="write a checkpoint's tensors as a safetensors file",
@@ -317,6 +324,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_selection(conv)
         _add_dtype(conv, "cast floating tensors to this dtype as they are written, bit for bit "
                          "as torch's tensor.to(dtype); integer and bool tensors are kept")
+        _add_tag(conv)
         _add_reading(conv)
         out = conv.add_mutually_exclusive_group()
         out.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -345,6 +353,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_dtype(ver, "expect SRC's floating tensors cast to this dtype (as convert --dtype "
                         "casts them)")
         _add_selection(ver)
+        _add_tag(ver)
         _add_reading(ver)
         out = ver.add_mutually_exclusive_group()
         out.add_argument("--json", action="store_true", help="print a JSON report")

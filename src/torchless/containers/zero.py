@@ -42,14 +42,23 @@ from torchless.containers.dcpmeta import Chunk, TensorMeta
 from torchless.containers.rankfiles import RankFiles
 from torchless.core import dtypes as _dtypes
 from torchless.core.limits import Limits
-from torchless.errors import CheckpointError, FormatError, NotACheckpointError, StorageError
+from torchless.errors import (
+    CheckpointError,
+    FormatError,
+    MissingFileError,
+    NotACheckpointError,
+    StorageError,
+    UnsupportedError,
+)
+from torchless.io.remote import is_remote
 from torchless.io.source import Source
 from torchless.model.graph import ModuleHook, module_state_dict
 from torchless.model.tensor import Storage, Tensor
 from torchless.pickle.values import Opaque
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["ZeroDirectory", "is_zero_dir", "refuse_rank_file"]
+__all__ = ["ZeroDirectory", "check_tag", "is_zero_dir", "refuse_rank_file", "tag_directory",
+           "tags"]
 
 _MODEL = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt\Z")
 _OPTIM = re.compile(r"(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt\Z")
@@ -81,7 +90,7 @@ def _files(path: str, pattern: re.Pattern[str]) -> list[str]:
 
 def _tag_dir(path: str) -> str | None:
     """The directory holding the rank files: ``path`` itself, or the one ``latest`` names."""
-    if _files(path, _OPTIM) and _files(path, _MODEL):
+    if _holds_ranks(path):
         return path
     latest = os.path.join(path, "latest")
     if not os.path.isfile(latest):
@@ -94,7 +103,55 @@ def _tag_dir(path: str) -> str | None:
     if not _TAG.match(tag) or tag in (".", ".."):
         return None
     inner = os.path.join(path, tag)
-    return inner if _files(inner, _OPTIM) and _files(inner, _MODEL) else None
+    return inner if _holds_ranks(inner) else None
+
+
+def _holds_ranks(path: str) -> bool:
+    return bool(_files(path, _OPTIM) and _files(path, _MODEL))
+
+
+def tags(path: str) -> list[str]:
+    """The tags of a DeepSpeed run directory: its subdirectories holding model-states and
+    optimizer-partition files (``global_step1``, ``global_step2`` …), in natural order."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    return sorted((n for n in names if _TAG.match(n) and n not in (".", "..")
+                   and _holds_ranks(os.path.join(path, n))), key=_natural)
+
+
+def check_tag(tag: Any) -> None:
+    """``tag=`` of the entry points: None or a str (a programming error otherwise)."""
+    if tag is not None and not isinstance(tag, str):
+        raise TypeError(f"tag is a str (a directory name such as 'global_step2'), not "
+                        f"{type(tag).__name__}")
+
+
+def tag_directory(path: Any, tag: str) -> str:
+    """The directory of one save of a DeepSpeed run directory, by its tag (zero_to_fp32's
+    ``-t``; without a tag, the ``latest`` file names it). An unknown tag is refused, the
+    tags present listed; ``path`` must be the local run directory, not a tag directory."""
+    if not isinstance(path, str) or is_remote(path):
+        raise UnsupportedError("a tag picks a save of a local DeepSpeed run directory",
+                               path=path if isinstance(path, str) else None)
+    if not os.path.isdir(path):
+        raise NotACheckpointError("a tag names a save in a DeepSpeed run directory; this "
+                                  "is no directory", path=path)
+    present = tags(path)
+    if tag in present:
+        return os.path.join(path, tag)
+    if _holds_ranks(path):
+        raise NotACheckpointError(
+            f"this is the save {os.path.basename(os.path.normpath(path))!r} of a DeepSpeed "
+            f"run, not the run directory whose tags {tag!r} would pick from", path=path,
+            hint=f"open {path} without a tag, or pass its parent directory with the tag")
+    if not present:
+        raise NotACheckpointError(f"no DeepSpeed ZeRO saves (global_step*/ directories of "
+                                  f"rank files) to pick the tag {tag!r} from", path=path)
+    raise MissingFileError(
+        f"no save tagged {tag!r}; the tags present: {', '.join(present)}", path=path,
+        hint="pick one of the tags present (without a tag, the one the latest file names)")
 
 
 def is_zero_dir(path: str) -> bool:
@@ -287,6 +344,8 @@ class ZeroDirectory:
     def describe(self, resolver: TorchResolver) -> dict[str, Any]:
         return {"zero_stage": self.stage, "world_size": self.world_size,
                 "tag": os.path.basename(self.tag_dir),
+                # every save of the run (what tag= / --tag pick from)
+                "tags": tags(os.path.dirname(self.tag_dir) or "."),
                 "model_files": self.model_files, "optim_files": self.optim_files}
 
     def module_hook(self) -> ModuleHook:

@@ -85,6 +85,7 @@ def convert(
     dtype_filter: Iterable[str] = (),
     certificate: bool = False,
     allow_full_download: bool = False,
+    tag: str | None = None,
 ) -> ConversionReport:
     """Convert a torch checkpoint to a safetensors file, exactly and atomically.
 
@@ -158,6 +159,8 @@ def convert(
             otherwise) and costs several times a plain conversion's CPU.
         allow_full_download: as for :func:`torchless.open` (a URL SRC on a server that
             ignores ``Range``: downloaded whole first, whatever its size).
+        tag: of a DeepSpeed run directory, the save to convert (as for
+            :func:`torchless.open`; default: the one its ``latest`` file names).
 
     With any of ``include``, ``exclude``, ``rename``, ``strip_prefix`` or ``ema``, the output
     holds the chosen tensors only (no object tree: it would name tensors the file does not
@@ -175,11 +178,17 @@ def convert(
                                   "object use torchless.open and save its tensors")
         if dst is None:
             dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
+    if tag is not None:  # a DeepSpeed run directory: its reader only then
+        from torchless.containers.zero import check_tag, tag_directory
+
+        check_tag(tag)
     spath = os.fspath(src)
     limits = allowing_download(limits, allow_full_download)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
             collector_paused():
+        if tag is not None:
+            spath = tag_directory(spath, tag)
         selection = Selection.of(include, exclude, rename, strip_prefix, ema)
         cast = _cast(dtype, dtype_filter)
         if skip_existing:
@@ -371,6 +380,7 @@ def verify(
     dtype: str | Cast | None = None,
     dtype_filter: Iterable[str] = (),
     allow_full_download: bool = False,
+    tag: str | None = None,
 ) -> VerifyReport:
     """Compare every tensor of the torch checkpoint SRC with the safetensors file DST.
 
@@ -390,8 +400,16 @@ def verify(
     tensors are compared under the names convert gives them). With ``dtype`` (and
     ``dtype_filter``), SRC's tensors are expected cast as ``convert`` casts them, and DST's
     record of the cast must be the one convert writes. ``allow_full_download`` as for
-    :func:`torchless.open`."""
+    :func:`torchless.open`. ``tag``: of a DeepSpeed run directory SRC, the save to compare
+    (as for :func:`torchless.open`)."""
+    if tag is not None:  # a DeepSpeed run directory: its reader only then
+        from torchless.containers.zero import check_tag, tag_directory
+
+        check_tag(tag)
     spath, dpath = os.fspath(src), os.fspath(dst)
+    if tag is not None:
+        with error_boundary("verifying", spath):
+            spath = tag_directory(spath, tag)
     read = ReadOptions(allowing_download(limits, allow_full_download), strict,
                        tuple(allow_globals), verify_crc)
     cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype

@@ -5,44 +5,117 @@ or of a ``ShardedTensor`` (FSDP1's ``SHARDED_STATE_DICT``): local shards with th
 
 Alone it is not the tensor (it stands as an unsupported tensor, saying so); a directory of
 every rank's file puts the pieces together (:mod:`torchless.containers.ranks`). Where a piece
-lies is computed as torch does (``torch/distributed/tensor/_utils.py``
-``compute_local_shape_and_global_offset`` with ``Shard._local_shard_size_and_offset``): for
-each mesh dimension in order, a ``Shard(d)`` placement cuts the current extent of dimension
-``d`` in ``ceil(size / n)`` pieces, the last ones shorter or empty; ``Replicate`` keeps it
-whole (the piece of coordinate 0 on that mesh dimension is the one used).
+lies is computed as torch splits a tensor for ``distribute_tensor``
+(``torch/distributed/tensor/placement_types.py``, ``Shard._split_tensor`` and
+``_StridedShard._split_tensor``; ``_utils.py`` ``_compute_local_shape_and_global_offset``
+walks them the same way): for each mesh dimension in order, with ``n`` ranks on it and the
+rank at coordinate ``c``, the elements the piece holds so far along the sharded dimension
+``d`` (in order, global indices) are cut as ``torch.chunk`` cuts:
+
+* ``Shard(d)``: in chunks of ``ceil(size / n)`` elements; the rank keeps chunk ``c`` (the
+  last chunks shorter or empty);
+* ``_StridedShard(d, split_factor=f)`` (FSDP2 with tensor parallelism: the right-to-left
+  sharding written left to right): first in ``f`` chunks, then each of those in ``n``
+  chunks; the rank keeps chunk ``c`` of every one of the ``f``, end to end;
+* ``Replicate()`` keeps them all (the piece of coordinate 0 on that mesh dimension is the
+  one used).
+
+So a piece holds, along each dimension, runs of consecutive global indices: one run for
+``Shard`` alone, several after ``_StridedShard``. It is placed as the boxes of every
+combination of its runs, each a view of the local tensor. ``Partial`` placements (a value
+each rank holds a part of, to be summed or otherwise reduced across ranks) are no
+placement of elements: such a DTensor is refused (:mod:`torchless.rules.dtensor`).
 """
 
 from __future__ import annotations
 
+import itertools
+
 from torchless.model.tensor import Tensor, UnsupportedTensor
 
-__all__ = ["REPLICATE", "Box", "DTensorShard", "DistributedPiece", "ShardedTensorPiece",
-           "local_box"]
+__all__ = ["REPLICATE", "Box", "DTensorShard", "DistributedPiece", "Placement", "Run",
+           "ShardedTensorPiece", "local_box", "local_runs"]
 
 #: The placement ``Replicate()`` (a ``Shard(d)`` placement is the int ``d``).
 REPLICATE = -1
 
+#: A placement on one mesh dimension: ``Shard(d)`` is ``d``, ``Replicate()``
+#: :data:`REPLICATE`, ``_StridedShard(d, split_factor=f)`` the pair ``(d, f)``.
+Placement = int | tuple[int, int]
+#: Consecutive global indices along one dimension: (first, count).
+Run = tuple[int, int]
 
-def local_box(shape: tuple[int, ...], placements: tuple[int, ...], mesh: tuple[int, ...],
-              coordinate: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(offsets, sizes) of the piece the rank at ``coordinate`` holds."""
-    sizes, offsets = list(shape), [0] * len(shape)
-    for n, c, d in zip(mesh, coordinate, placements, strict=True):
-        if d == REPLICATE:
-            continue
-        cur = sizes[d]
-        full = -(-cur // n) if n else 0
-        start = full * c
-        if cur % n == 0:
-            size, start = cur // n, (cur // n) * c
-        elif cur < start:
-            size, start = 0, cur
+
+def _positions(runs: list[Run], a: int, b: int) -> list[Run]:
+    """The runs of the elements at positions ``a:b`` of ``runs`` taken end to end."""
+    out: list[Run] = []
+    pos = 0
+    for start, count in runs:
+        lo, hi = max(a, pos), min(b, pos + count)
+        if lo < hi:
+            out.append((start + lo - pos, hi - lo))
+        pos += count
+    return out
+
+
+def _merged(runs: list[Run]) -> list[Run]:
+    out: list[Run] = []
+    for start, count in runs:
+        if out and out[-1][0] + out[-1][1] == start:
+            out[-1] = (out[-1][0], out[-1][1] + count)
         else:
-            size = min(cur, start + full) - start
-        sizes[d] = size
-        # an empty piece starts at the end of the dimension, as torch places it
-        offsets[d] = shape[d] if size == 0 else offsets[d] + start
-    return tuple(offsets), tuple(sizes)
+            out.append((start, count))
+    return out
+
+
+def local_runs(shape: tuple[int, ...], placements: tuple[Placement, ...],
+               mesh: tuple[int, ...], coordinate: tuple[int, ...]) -> list[list[Run]]:
+    """For each dimension, the runs of global indices the piece of the rank at
+    ``coordinate`` holds along it, in the local tensor's order (the module's rule)."""
+    runs = [[(0, n)] if n else [] for n in shape]
+    for n, c, p in zip(mesh, coordinate, placements, strict=True):
+        if p == REPLICATE:
+            continue
+        d, split = (p, 1) if isinstance(p, int) else p
+        cur = sum(count for _, count in runs[d])
+        outer = -(-cur // split)
+        kept: list[Run] = []
+        for j in range(split):
+            lo, hi = j * outer, min(cur, (j + 1) * outer)
+            inner = -(-(hi - lo) // n) if hi > lo else 0
+            a, b = lo + c * inner, min(hi, lo + (c + 1) * inner)
+            if a < b:
+                kept += _positions(runs[d], a, b)
+        runs[d] = _merged(kept)
+    return runs
+
+
+def local_box(shape: tuple[int, ...], placements: tuple[Placement, ...],
+              mesh: tuple[int, ...], coordinate: tuple[int, ...]
+              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offsets, sizes) of the piece the rank at ``coordinate`` holds, as torch's
+    ``_compute_local_shape_and_global_offset`` gives them: the local sizes, and along each
+    dimension the first global index held (the dimension's size when none is)."""
+    runs = local_runs(shape, placements, mesh, coordinate)
+    return (tuple(r[0][0] if r else n for r, n in zip(runs, shape, strict=True)),
+            tuple(sum(count for _, count in r) for r in runs))
+
+
+def _boxes(local: Tensor, runs: list[list[Run]]) -> list[Box]:
+    """The piece's boxes of the global tensor: every combination of its runs, each a view of
+    the local tensor (one box, the local tensor itself, when every dimension is one run)."""
+    if all(len(r) == 1 for r in runs) or not runs:
+        return [(tuple(r[0][0] for r in runs), tuple(r[0][1] for r in runs), local)]
+    boxes: list[Box] = []
+    along = [[(start, count, sum(c for _, c in r[:i])) for i, (start, count) in enumerate(r)]
+             for r in runs]
+    for combo in itertools.product(*along):
+        offset = local.storage_offset + sum(at * st for (_, _, at), st
+                                            in zip(combo, local.stride, strict=True))
+        sizes = tuple(count for _, count, _ in combo)
+        view = Tensor(local.storage, local.dtype, sizes, local.stride, offset)
+        boxes.append((tuple(start for start, _, _ in combo), sizes, view))
+    return boxes
 
 
 #: One box of a distributed tensor a rank holds: (offsets, sizes, the values).
@@ -72,19 +145,23 @@ class DTensorShard(DistributedPiece):
 
     __slots__ = ("coordinate", "local", "mesh", "placements")
 
-    def __init__(self, local: Tensor, shape: tuple[int, ...], placements: tuple[int, ...],
-                 mesh: tuple[int, ...], coordinate: tuple[int, ...]) -> None:
-        shown = ", ".join("Replicate()" if d == REPLICATE else f"Shard({d})"
-                          for d in placements)
+    def __init__(self, local: Tensor, shape: tuple[int, ...],
+                 placements: tuple[Placement, ...], mesh: tuple[int, ...],
+                 coordinate: tuple[int, ...]) -> None:
+        shown = ", ".join("Replicate()" if p == REPLICATE else f"Shard({p})"
+                          if isinstance(p, int) else f"_StridedShard({p[0]}, split_factor="
+                          f"{p[1]})" for p in placements)
         self.local = local
         self.placements = placements
         self.mesh = mesh
         self.coordinate = coordinate
-        offsets, sizes = self.box(shape)
+        runs = local_runs(shape, placements, mesh, coordinate)
+        held = tuple(sum(count for _, count in r) for r in runs)
+        boxes = _boxes(local, runs) if self.primary and held == local.shape else []
         super().__init__(f"DTensor piece ([{shown}] of {list(shape)} on a {list(mesh)} "
                          f"mesh, coordinate {list(coordinate)}: one rank's part; open the "
                          "directory of every rank's file to read the whole)", shape,
-                         [(offsets, sizes, local)] if self.primary else [], coordinate)
+                         boxes, coordinate)
 
     @property
     def primary(self) -> bool:

@@ -133,6 +133,7 @@ def open(
     verify_crc: bool = False,
     modules: ModuleMode = "state_dict",
     allow_full_download: bool = False,
+    tag: str | None = None,
 ) -> Checkpoint:
     """Open a torch checkpoint without torch and without running pickle code.
 
@@ -157,16 +158,25 @@ def open(
             download it (to an unnamed temporary file, then read), whatever its size;
             without it, up to ``limits.max_download_bytes`` (64 MiB) is downloaded and a
             larger file refused with a :class:`LimitError`.
+        tag: of a DeepSpeed run directory, the save to read (``"global_step1"``:
+            zero_to_fp32's ``-t``); by default the one its ``latest`` file names. An unknown
+            tag is refused (:class:`MissingFileError`), the tags present listed.
 
     Raises:
         CheckpointError: (a subclass of it) for anything wrong with the file.
     """
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
+    if tag is not None:  # a DeepSpeed run directory: its reader only then
+        from torchless.containers.zero import check_tag, tag_directory
+
+        check_tag(tag)
     lim = allowing_download(limits, allow_full_download) or Limits()
     spath = path if is_file_object(path) or is_remote(path) else os.fspath(path)
     label = spath if isinstance(spath, str) else "<file object>"
     with error_boundary("reading", label, max_depth=lim.max_depth):
+        if tag is not None:
+            spath = tag_directory(spath, tag)
         return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc,
                      modules)
 
@@ -304,6 +314,7 @@ def load(
     copy: bool = False,
     modules: ModuleMode = "record",
     allow_full_download: bool = False,
+    tag: str | None = None,
 ) -> Any:
     """The whole saved object: of a torch checkpoint, or of a file :func:`torchless.save`
     or :func:`torchless.convert` wrote (for another safetensors file, its tensors by name).
@@ -332,6 +343,7 @@ def load(
             records), nothing called. ``"state_dict"``: its ``state_dict()`` instead (a dict
             of arrays by name), as :func:`open` keeps it in ``Checkpoint.tree``. Inert and
             safetensors files hold no pickled module: for them it changes nothing.
+        tag: as for :func:`open` (the save of a DeepSpeed run directory).
 
     Sparse, quantized, nested, jagged and meta tensors come as :class:`TensorRecord`
     objects holding their component arrays (``framework="pt"``: as torch tensors).
@@ -347,7 +359,14 @@ def load(
     limits = allowing_download(limits, allow_full_download)
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
+    if tag is not None:  # a DeepSpeed run directory: its reader only then
+        from torchless.containers.zero import check_tag, tag_directory
+
+        check_tag(tag)
     spath: Any = path if is_file_object(path) or is_remote(path) else os.fspath(path)
+    if tag is not None:
+        with error_boundary("reading", spath if isinstance(spath, str) else "<file object>"):
+            spath = tag_directory(spath, tag)
     if not (isinstance(spath, str) and not is_remote(spath) and os.path.isdir(spath)):
         source = open_source(spath, max_download=limits.max_download_bytes
                              if limits is not None else None)

@@ -9,8 +9,11 @@ a ``DTensorSpec`` record (``torch/distributed/tensor/_dtensor_spec.py``); torch'
                             (torch >= 2.9; before: mesh, a tensor of the mesh's ranks),
                             _coordinate_on_dim: (c0, c1, ...), ...}
 
-Every field is checked; anything else (``Partial``, ``_StridedShard``, a record of another
-shape) leaves the tensor unsupported with the reason, never guessed.
+Placements are ``Shard(dim)``, ``Replicate()`` and ``_StridedShard(dim, split_factor)``
+(FSDP2 with tensor parallelism; placed as :mod:`torchless.model.dtensor` says). Every field
+is checked; anything else leaves the tensor unsupported with the reason, never guessed:
+``Partial`` above all, whose ranks each hold a part of the value (the tensor is their sum,
+or their max …: a reduction across ranks, not a placement of elements).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 from typing import Any
 
 from torchless.core import dtypes as _dtypes
-from torchless.model.dtensor import REPLICATE, Box, DTensorShard, ShardedTensorPiece
+from torchless.model.dtensor import REPLICATE, Box, DTensorShard, Placement, ShardedTensorPiece
 from torchless.model.tensor import Tensor, UnsupportedTensor
 from torchless.pickle.values import Global, Opaque
 
@@ -65,18 +68,33 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _placement(value: Any, ndim: int) -> int:
+def _placement(value: Any, ndim: int) -> Placement:
     if not (isinstance(value, Opaque) and isinstance(value.callable, Global)
             and value.callable.module in _PLACEMENTS):
         raise _Bad("a placement is not a torch placement record")
     name = value.callable.name
+    state = _attributes(value.state)
     if name == "Replicate":
         return REPLICATE
-    if name == "Shard" and isinstance(value.state, dict):
-        dim = value.state.get("dim")
+    if name == "Partial":
+        op = state.get("reduce_op") if isinstance(state, dict) else None
+        shown = f"Partial({op})" if isinstance(op, str) and op.isidentifier() else "Partial"
+        raise _Bad(f"its placement {shown} is a partial value on each rank: the tensor is "
+                   f"their {op if shown != 'Partial' else 'reduction'} across ranks, a "
+                   "reduction torchless does not do (redistribute it to Replicate() or "
+                   "Shard() in torch before saving)")
+    if name in ("Shard", "_StridedShard") and isinstance(state, dict):
+        dim = state.get("dim")
         if type(dim) is int and -ndim <= dim < ndim:
-            return dim % ndim
-    raise _Bad(f"its placement {name} is not Shard(dim) or Replicate()")
+            if name == "Shard":
+                return dim % ndim
+            split = state.get("split_factor")
+            if type(split) is int and split >= 1:
+                return (dim % ndim, split)
+            raise _Bad(f"its placement _StridedShard has split_factor {split!r:.40}, not "
+                       "a positive int")
+    raise _Bad(f"its placement {name} is not Shard(dim), _StridedShard(dim, "
+               "split_factor) or Replicate()")
 
 
 def _mesh(state: dict[str, Any]) -> tuple[int, ...]:

@@ -21,8 +21,12 @@ def summary(seen: Seen) -> list[Found]:
     out: list[Found] = []
     info, top = seen.info, seen.top
     if seen.format == "zero":
+        saves = info.get("tags")
         keep = {"stage": info.get("zero_stage"), "world_size": info.get("world_size"),
-                "tag": info.get("tag"), **progress_of(top)}
+                "tag": info.get("tag"),
+                # the other saves of the run, which --tag reads
+                "saves": " ".join(saves) if isinstance(saves, list) and len(saves) > 1
+                else None, **progress_of(top)}
         out.append(("deepspeed", "DeepSpeed ZeRO checkpoint: " + pairs(
             {k: v for k, v in keep.items() if v is not None})))
     if "ds_version" not in top and "ds_config" not in top:
