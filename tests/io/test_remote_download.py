@@ -156,3 +156,25 @@ def test_short_and_unsaid_bodies(torch: ModuleType, tmp_path: Path) -> None:
         with pytest.raises(torchless.LimitError, match="more than 1,000 bytes"):
             torchless.open(url + "unsaid", limits=torchless.Limits(max_download_bytes=1000))
         assert _fds() == before
+
+
+def test_cli_download_line_on_a_terminal(torch: ModuleType, tmp_path: Path, plain: str,
+                                         capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the command draws the download (bytes of the Content-Length) and wipes
+    the line; in a pipe (the other tests) nothing is drawn."""
+    import torchless.cli.progress as progress
+
+    _checkpoint(torch, tmp_path / "m.pt")
+    size = (tmp_path / "m.pt").stat().st_size
+    monkeypatch.setattr(progress, "progress_wanted", lambda quiet, stream=None: not quiet)
+    monkeypatch.setattr(progress, "_FIRST_DRAW", 0.0)
+    assert main(["inspect", plain + "m.pt"]) == 0
+    err = capsys.readouterr().err
+    assert "downloading (the server ignores Range)" in err and "100.0%" in err
+    assert err.rstrip(" ").endswith("\r")  # wiped
+    from torchless.cli.show import human
+
+    assert f"{human(size)} / {human(size)}" in err
+    assert main(["inspect", plain + "m.pt", "-q"]) == 0
+    assert capsys.readouterr().err == ""

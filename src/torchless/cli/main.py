@@ -60,17 +60,20 @@ def _download_line(quiet: bool) -> Iterator[None]:
     """A progress line on stderr while a file is downloaded whole (a server that ignores
     Range), wiped when it is done; on a terminal only, as every progress line."""
     from torchless.cli.progress import Progress, progress_wanted
-    from torchless.cli.show import human
-    from torchless.io.remote import download_progress
 
     if not progress_wanted(quiet):
         yield
         return
+    from torchless.cli.show import human
+    from torchless.io.remote import download_progress
+
     bar = Progress(human)
     bar.count = "downloading (the server ignores Range)"
 
     def show(done: int, total: int) -> None:
         bar(done, total or done)
+        if total and done >= total:
+            bar.close()  # wiped before the command draws its own line
 
     token = download_progress.set(show)
     try:
