@@ -143,6 +143,8 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, di
             raise
         except CheckpointError:
             report = None
+        if report is not None and report.ok and options.get("certificate"):
+            _check_certified(dst)
         if report is not None and report.ok:
             return "skipped", dst, {"reason": "the output exists and verifies",
                                     "tensors": len(report.matched)}
@@ -157,6 +159,22 @@ def _convert(path: str, options: dict[str, Any]) -> tuple[Status, str | None, di
     return "done", done.dst, {"tensors": done.tensors, "bytes": done.bytes,
                               "files": list(done.files), "skipped": list(done.skipped),
                               "opaque": list(done.opaque)}
+
+
+def _check_certified(dst: str) -> None:
+    """An output asked for with a certificate holds a valid one, or is refused."""
+    from torchless.conversion.api import verify_certificate
+
+    try:
+        certified = verify_certificate(dst).ok
+    except InternalError:
+        raise
+    except CheckpointError:
+        certified = False
+    if not certified:
+        raise ConversionError("the output file exists and verifies, but holds no valid "
+                              "certificate", path=dst,
+                              hint="convert it again with --force / force=True to write one")
 
 
 def _scan(path: str, options: dict[str, Any]) -> tuple[Status, str | None, dict[str, Any]]:
