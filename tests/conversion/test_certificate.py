@@ -342,3 +342,16 @@ def test_a_malformed_certificate_is_refused_by_our_errors(torch: Any, tmp_path: 
         torchless.verify_certificate(out, src)
     assert not isinstance(e.value, torchless.InternalError), e.value
     assert main(["verify", "--certificate", str(out), str(src), "-q"]) == 1
+
+
+def test_skip_existing_keeps_only_certified_outputs(torch: Any, tmp_path: Path) -> None:
+    for name in ("a.pt", "b.pt"):
+        torch.save({"w": torch.arange(5.0)}, tmp_path / name)
+    a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    torchless.convert(a)  # no certificate
+    assert main(["convert", a, b, "--certificate", "--skip-existing", "-q"]) == 1
+    # a: verifies but holds no certificate, refused; b: converted
+    assert torchless.verify_certificate(tmp_path / "b.safetensors").ok
+    assert main(["convert", a, b, "--certificate", "--force", "-q"]) == 0
+    assert main(["convert", a, b, "--certificate", "--skip-existing", "-q"]) == 0  # certified
+    assert torchless.verify_certificate(tmp_path / "a.safetensors", a).ok

@@ -192,7 +192,7 @@ def test_targets_and_refusals() -> None:
         _cast.target_dtype("int8")
     with pytest.raises(ConversionError, match="needs dtype"):
         _cast.Cast.of(None, ["*"])
-    f8 = _memory_tensor(np.zeros(4, np.uint8), "float8_e4m3fn", (4,), (1,))
+    f8 = _memory_tensor(np.zeros(4, np.uint8), "float8_e8m0fnu", (4,), (1,))
     i64 = _memory_tensor(np.arange(2), "int64", (2,), (1,))
     c = _cast.Cast.of("fp16")
     assert c is not None

@@ -40,6 +40,7 @@ from torchless.core.limits import Limits, allowing_download
 from torchless.errors import (
     CheckpointError,
     ConversionError,
+    InternalError,
     error_boundary,
     reports_bugs,
 )
@@ -193,7 +194,7 @@ def convert(
         cast = _cast(dtype, dtype_filter)
         if skip_existing:
             kept = _skip_existing(spath, dst, key, force, skip_unsupported, max_shard_size,
-                                  read, selection, cast)
+                                  read, selection, cast, certificate)
             if kept is not None:
                 return kept
         return _convert_any(spath, dst, key, force, dedupe, skip_unsupported, verify,
@@ -203,9 +204,10 @@ def convert(
 
 def _skip_existing(spath: str, dst: str | os.PathLike[str] | None, key: str | None,
                    force: bool, skip_unsupported: bool, max_shard_size: int | str | None,
-                   read: ReadOptions, selection: Selection | None, cast: Cast | None
-                   ) -> ConversionReport | None:
-    """``skip_existing``: the report of a DST kept because it verifies, or None."""
+                   read: ReadOptions, selection: Selection | None, cast: Cast | None,
+                   certificate: bool) -> ConversionReport | None:
+    """``skip_existing``: the report of a DST kept because it verifies (and, asked for
+    with ``certificate``, holds a valid certificate), or None."""
     if _is_layout(spath) or max_shard_size is not None:
         raise ConversionError(
             "skip_existing=True / --skip-existing keeps one output file that verifies; a "
@@ -217,8 +219,23 @@ def _skip_existing(spath: str, dst: str | os.PathLike[str] | None, key: str | No
         spath, dpath, key, skip_unsupported, read, selection, cast), force=force)
     if checked is None:
         return None
+    if certificate and not _certified(dpath):
+        if force:
+            return None
+        raise ConversionError("the output file exists and verifies, but holds no valid "
+                              "certificate", path=dpath,
+                              hint="convert it again with --force / force=True to write one")
     return ConversionReport(spath, dpath, len(checked.matched), 0, (), MappingProxyType({}),
                             time.monotonic() - started, checked, (), (), existing=True)
+
+
+def _certified(dpath: str) -> bool:
+    try:
+        return verify_certificate(dpath).ok
+    except InternalError:
+        raise
+    except CheckpointError:
+        return False
 
 
 def _is_layout(spath: str) -> bool:

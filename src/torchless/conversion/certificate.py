@@ -47,7 +47,7 @@ from torchless._version import __version__
 from torchless.core import jsondepth as _json
 from torchless.core.limits import Limits
 from torchless.errors import ConversionError, FormatError
-from torchless.io.remote import is_remote
+from torchless.io.remote import RemoteSource, is_remote
 from torchless.write.digest import ALGORITHM, HEX_DIGITS, PLACEHOLDER, Digests
 
 if TYPE_CHECKING:
@@ -140,8 +140,9 @@ def _file_record(path: str, hashes: _Hashes) -> dict[str, Any]:
 def _source_record(path: str, source: Any, hashes: _Hashes) -> dict[str, Any]:
     """The ``sources`` entry of one source (``source``: its open :class:`Source`, if any)."""
     if is_remote(path):
-        return {"url": path, "size": int(getattr(source, "size", -1)),
-                **getattr(source, "validators", {})}
+        if not isinstance(source, RemoteSource):  # pragma: no cover - a bug of ours
+            raise ConversionError("a URL read without a remote source", path=path)
+        return {"url": path, "size": source.size, **source.validators}
     if os.path.isdir(path):
         files = []
         for root, dirs, names in os.walk(path):

@@ -45,7 +45,7 @@ from torchless.conversion.select import Selection
 from torchless.core.limits import Limits
 from torchless.errors import ConversionError
 from torchless.inert import schema as _inert
-from torchless.io.remote import is_remote
+from torchless.io.remote import RemoteSource, is_remote
 from torchless.model.chunks import chunks
 from torchless.model.tensor import Tensor
 from torchless.reader import checkpoint as _checkpoint
@@ -205,10 +205,11 @@ def _shard_source(shards: list[_Shard], k: int, i: int) -> dict[str, Any]:
 
 def _version_differs(source: Any, rec: dict[str, Any]) -> str | None:
     """Why a remote source, as its server gives it now, is not the recorded one."""
-    size = getattr(source, "size", None)
-    if size != rec.get("size"):
-        return f"size {size} != {rec.get('size')} recorded"
-    now = getattr(source, "validators", {})
+    if not isinstance(source, RemoteSource):  # pragma: no cover - a bug of ours
+        return "not read as a remote file"
+    if source.size != rec.get("size"):
+        return f"size {source.size} != {rec.get('size')} recorded"
+    now = source.validators
     for name in ("etag", "last_modified"):
         if rec.get(name) is not None and now.get(name) is not None and now[name] != rec[name]:
             return f"the server's {name} is {now[name]!r}, {rec[name]!r} recorded"

@@ -78,6 +78,7 @@ class Stats:
 class _Backend(Protocol):
     size: int
     stats: Stats
+    validators: dict[str, str]
 
     def fetch(self, start: int, end: int) -> bytes: ...
 
@@ -377,7 +378,7 @@ class RemoteSource(Source):
     def validators(self) -> dict[str, str]:
         """What the server says identifies this version of the file: ``etag`` and
         ``last_modified`` (HTTP), or what an fsspec file system's ``info`` gives."""
-        return dict(getattr(self._backend, "validators", {}))
+        return dict(self._backend.validators)
 
     def _ensure(self, offset: int, n: int) -> None:
         """Fetch the missing blocks of ``[offset, offset + n)``, a run per request."""
