@@ -303,9 +303,13 @@ ANY_ARGS: dict[str, str] = {
         "softplus", "relu6", "glu", "log_sigmoid", "softshrink", "linear")},
     **{f"torch.{n}": _PURE for n in (
         "sigmoid", "tanh", "relu", "exp", "log", "sin", "cos", "abs", "sqrt", "rsqrt",
-        "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign")},
+        "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign",
+        "zeros_like", "ones_like")},
+    # protocol 2 pickles torch.zeros_like as getattr(torch._C._VariableFunctionsClass, name)
+    # (normflows' MaskedAffineFlow keeps it as an attribute)
     **{f"torch._C._VariableFunctionsClass.{n}": _PURE for n in (
-        "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax")},
+        "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax",
+        "zeros_like", "ones_like")},
     **{f"torch.{n}Tensor": "a legacy tensor type (the TAR layout's tensors pickle names it): "
        "calling it makes a tensor from sizes or data" for n in (
         "Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",
