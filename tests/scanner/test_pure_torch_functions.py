@@ -28,3 +28,24 @@ def test_like_functions_scan_clean(torch: ModuleType, tmp_path: Path, name: str,
                                     for g in scan.globals]
     with torchless.open(path) as ckpt:
         assert list(ckpt.tensors) == ["w"]
+
+
+def test_inspect_empty_is_a_vetted_sentinel(torch: ModuleType, tmp_path: Path) -> None:
+    """torch_geometric's Inspector keeps ``inspect.Parameter.empty`` (the class
+    ``inspect._empty``) in every whole-model save; ``inspect`` is a denied family, but this
+    sentinel (a class whose body is a docstring) is data: read as an inert reference, and an
+    instance of it as an inert record; the file scans clean."""
+    import inspect
+
+    path = tmp_path / "empty.pt"
+    torch.save({"default": inspect.Parameter.empty, "made": inspect.Parameter.empty(),
+                "w": torch.ones(2)}, path)
+    (scan,) = torchless.scan(path).files
+    assert scan.status == "clean", [(g.module, g.name, g.verdict, g.reason)
+                                    for g in scan.globals]
+    obj = torchless.load(path)
+    assert isinstance(obj["default"], torchless.Global)
+    assert obj["default"].path == "inspect._empty"
+    assert isinstance(obj["made"], torchless.Opaque)
+    assert obj["made"].class_path == "inspect._empty"
+    assert list(obj) == ["default", "made", "w"]

@@ -106,6 +106,10 @@ CALLS: dict[str, str] = {
         "Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")},
     "argparse.Namespace": "an attribute bag", "types.SimpleNamespace": "an attribute bag",
     "uuid.UUID": "a 128-bit value; __setstate__ sets its int",
+    # torch_geometric's Inspector keeps inspect.Parameter.empty as the "no default" of the
+    # signatures it records (every torch.save of a PyG model holds it)
+    "inspect._empty": "the empty class inspect marks \"no default, no annotation\" with "
+                      "(Parameter.empty): a sentinel, its body is a docstring",
     "uuid.SafeUUID": _ENUM,
     "re._compile": "compiles a regular expression (nothing is matched at load)",
     "re.compile": "compiles a regular expression (nothing is matched at load)",
