@@ -18,14 +18,13 @@ import torchless
 
 @pytest.mark.parametrize("name", ["zeros_like", "ones_like"])
 @pytest.mark.parametrize("protocol", [2, 4])
-def test_like_functions_scan_clean(torch: ModuleType, tmp_path: Path, name: str,
-                                   protocol: int) -> None:
+def test_like_functions_scan_clean(
+    torch: ModuleType, tmp_path: Path, name: str, protocol: int
+) -> None:
     path = tmp_path / f"{name}.pt"
-    torch.save({"fill": getattr(torch, name), "w": torch.ones(2)}, path,
-               pickle_protocol=protocol)
+    torch.save({"fill": getattr(torch, name), "w": torch.ones(2)}, path, pickle_protocol=protocol)
     (scan,) = torchless.scan(path).files
-    assert scan.status == "clean", [(g.module, g.name, g.verdict, g.reason)
-                                    for g in scan.globals]
+    assert scan.status == "clean", [(g.module, g.name, g.verdict, g.reason) for g in scan.globals]
     with torchless.open(path) as ckpt:
         assert list(ckpt.tensors) == ["w"]
 
@@ -38,11 +37,12 @@ def test_inspect_empty_is_a_vetted_sentinel(torch: ModuleType, tmp_path: Path) -
     import inspect
 
     path = tmp_path / "empty.pt"
-    torch.save({"default": inspect.Parameter.empty, "made": inspect.Parameter.empty(),
-                "w": torch.ones(2)}, path)
+    torch.save(
+        {"default": inspect.Parameter.empty, "made": inspect.Parameter.empty(), "w": torch.ones(2)},
+        path,
+    )
     (scan,) = torchless.scan(path).files
-    assert scan.status == "clean", [(g.module, g.name, g.verdict, g.reason)
-                                    for g in scan.globals]
+    assert scan.status == "clean", [(g.module, g.name, g.verdict, g.reason) for g in scan.globals]
     obj = torchless.load(path)
     assert isinstance(obj["default"], torchless.Global)
     assert obj["default"].path == "inspect._empty"
