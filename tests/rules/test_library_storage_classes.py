@@ -17,18 +17,20 @@ import torchless
 from torchless.core import dtypes
 
 # GLOBAL torch_geometric.data.storage GlobalStorage; NEWOBJ(); BUILD {"a": 1}
-_PICKLE = (b"\x80\x02ctorch_geometric.data.storage\nGlobalStorage\n)\x81"
-           b"}X\x01\x00\x00\x00aK\x01sb.")
+_PICKLE = b"\x80\x02ctorch_geometric.data.storage\nGlobalStorage\n)\x81}X\x01\x00\x00\x00aK\x01sb."
 
 
-@pytest.mark.parametrize(("module", "name", "expected"), [
-    ("torch", "FloatStorage", True),
-    ("torch.cuda", "HalfStorage", True),
-    ("torch", "EvilStorage", True),
-    ("torch_geometric.data.storage", "GlobalStorage", False),
-    ("torchvision.x", "BaseStorage", False),
-    ("torch", "storage.Storage", False),
-])
+@pytest.mark.parametrize(
+    ("module", "name", "expected"),
+    [
+        ("torch", "FloatStorage", True),
+        ("torch.cuda", "HalfStorage", True),
+        ("torch", "EvilStorage", True),
+        ("torch_geometric.data.storage", "GlobalStorage", False),
+        ("torchvision.x", "BaseStorage", False),
+        ("torch", "storage.Storage", False),
+    ],
+)
 def test_names_storage_type(module: str, name: str, expected: bool) -> None:
     assert dtypes.names_storage_type(module, name) is expected
 
@@ -46,7 +48,8 @@ def test_library_storage_class_is_an_inert_record(tmp_path: Path) -> None:
 
 def test_unknown_storage_name_in_torch_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "evil.pkl"
-    path.write_bytes(_PICKLE.replace(b"torch_geometric.data.storage\nGlobalStorage",
-                                     b"torch\nEvilStorage"))
+    path.write_bytes(
+        _PICKLE.replace(b"torch_geometric.data.storage\nGlobalStorage", b"torch\nEvilStorage")
+    )
     with pytest.raises(torchless.UnsafeGlobalError, match="no such storage type"):
         torchless.load(path)
