@@ -344,6 +344,30 @@ def test_compare_readers(torch: ModuleType) -> None:
     assert len(re.findall(r"^  torchless refuses ", out, re.M)) == tl_no + s_no
 
 
+# ---- corpus/generate.py + corpus/measure.py ---------------------------------------------
+
+
+def test_corpus_generate_and_measure(torch: ModuleType, tmp_path: Path) -> None:
+    """The corpus commands on the two generators that need torch alone (the others need the
+    corpus venv's libraries): the manifest, the table's rows and columns, the --json keys."""
+    out = tmp_path / "corpus"
+    gen = _run("corpus/generate.py", str(out), "--seeds", "1",
+               "--only", "torch (plain save paths),torch.distributed.checkpoint")
+    assert re.search(r"^(\d+) files from 2 libraries -> ", gen, re.M), gen
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert {e["kind"] for e in manifest["files"].values()} == {"file", "dcp"}
+    results = tmp_path / "results.json"
+    table = _run("corpus/measure.py", str(out), "--json", str(results))
+    assert "| library | version | files | tensors | open exact | load tree |" in table
+    rows = re.findall(r"^\| (torch \(plain save paths\)|torch\.distributed\.checkpoint|"
+                      r"\*\*all 2\*\*) \|", table, re.M)
+    assert len(rows) == 3, table
+    assert "acceptance (open >= 99 %, load >= 95 %, 0 dangerous): met" in table
+    data = json.loads(results.read_text())
+    assert data["summary"]["files"] == len(manifest["files"]) == len(data["files"])
+    assert set(data["files"][0]) >= {"file", "library", "open", "load", "scan", "weights_only"}
+
+
 # ---- remote_batch.py --------------------------------------------------------------------
 
 

@@ -144,4 +144,5 @@ def names_storage_type(module: str, name: str) -> bool:
     """Whether a global claims to be a torch storage type (``torch.FloatStorage``,
     ``torch.cuda.HalfStorage``): the reader rebuilds the known ones and refuses the others,
     and the scanner judges them by the same test."""
-    return module.startswith("torch") and name.endswith("Storage") and "." not in name
+    return (module == "torch" or module.startswith("torch.")) and name.endswith("Storage") \
+        and "." not in name

@@ -106,6 +106,10 @@ CALLS: dict[str, str] = {
         "Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")},
     "argparse.Namespace": "an attribute bag", "types.SimpleNamespace": "an attribute bag",
     "uuid.UUID": "a 128-bit value; __setstate__ sets its int",
+    # torch_geometric's Inspector keeps inspect.Parameter.empty as the "no default" of the
+    # signatures it records (every torch.save of a PyG model holds it)
+    "inspect._empty": "the empty class inspect marks \"no default, no annotation\" with "
+                      "(Parameter.empty): a sentinel, its body is a docstring",
     "uuid.SafeUUID": _ENUM,
     "re._compile": "compiles a regular expression (nothing is matched at load)",
     "re.compile": "compiles a regular expression (nothing is matched at load)",
@@ -305,9 +309,13 @@ ANY_ARGS: dict[str, str] = {
         "softplus", "relu6", "glu", "log_sigmoid", "softshrink", "linear")},
     **{f"torch.{n}": _PURE for n in (
         "sigmoid", "tanh", "relu", "exp", "log", "sin", "cos", "abs", "sqrt", "rsqrt",
-        "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign")},
+        "erf", "softmax", "log_softmax", "selu", "celu", "square", "neg", "sign",
+        "zeros_like", "ones_like")},
+    # protocol 2 pickles torch.zeros_like as getattr(torch._C._VariableFunctionsClass, name)
+    # (normflows' MaskedAffineFlow keeps it as an attribute)
     **{f"torch._C._VariableFunctionsClass.{n}": _PURE for n in (
-        "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax")},
+        "sigmoid", "tanh", "relu", "exp", "log", "sqrt", "softmax", "log_softmax",
+        "zeros_like", "ones_like")},
     **{f"torch.{n}Tensor": "a legacy tensor type (the TAR layout's tensors pickle names it): "
        "calling it makes a tensor from sizes or data" for n in (
         "Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",

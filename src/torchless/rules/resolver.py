@@ -94,6 +94,7 @@ _RULES: dict[tuple[str, str], str] = {
     ("functools", "partial"): "opaque",  # configs hold partial(Optimizer, lr=…); never called
     ("types", "SimpleNamespace"): "simple_namespace",
     ("uuid", "UUID"): "opaque",
+    ("inspect", "_empty"): "opaque",  # inspect.Parameter.empty, a sentinel class
     ("re", "_compile"): "opaque",
     ("torch.serialization", "_get_layout"): "layout",
     # a Generator saved whole: its state (a ByteTensor, seed, offset) is set by BUILD
