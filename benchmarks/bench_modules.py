@@ -6,7 +6,7 @@ Usage::
 
     python benchmarks/bench_modules.py                 # ~1,000 modules, 7 repetitions
     python benchmarks/bench_modules.py --reps 11 --scale 2
-    python benchmarks/bench_modules.py --quick         # one repetition
+    python benchmarks/bench_modules.py --quick         # a small model, one repetition
     python benchmarks/bench_modules.py --json
 
 It builds, from ``torch.nn`` classes only (so that ``torch.load`` needs no import of ours), a
@@ -47,7 +47,7 @@ READERS = ("torch", "torchless-open", "torchless-load")
 
 
 def build(scale: int = 1) -> Any:
-    """The model (``scale`` multiplies its depth); torch is imported by the caller."""
+    """The model (``scale`` multiplies its depth; 0: two blocks and layers, for --quick)."""
     import torch
     from torch import nn
 
@@ -59,7 +59,7 @@ def build(scale: int = 1) -> Any:
                              nn.BatchNorm2d(c), nn.SiLU())
 
     c, d = 8, 16
-    stages, blocks, layers = 4, 12 * scale, 12 * scale
+    stages, blocks, layers = 4, 12 * scale or 2, 12 * scale or 2
     backbone = nn.Sequential(*[nn.Sequential(*[block(c) for _ in range(blocks)])
                                for _ in range(stages)])
     encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 2, 32, batch_first=True),
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="multiplies the model's depth (1: about 1,000 modules)")
     ap.add_argument("--dir", help="where to write the files (default: a temporary directory)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    ap.add_argument("--quick", action="store_true", help="one repetition")
+    ap.add_argument("--quick", action="store_true", help="a small model, one repetition")
     args = ap.parse_args(argv)
     try:
         import torch  # noqa: F401 - imported before the forks
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     import torchless  # noqa: F401 - imported before the forks
 
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        results = run(args.scale, 1 if args.quick else args.reps, d)
+        results = run(0 if args.quick else args.scale, 1 if args.quick else args.reps, d)
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 

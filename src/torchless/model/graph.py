@@ -76,7 +76,8 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
     if not isinstance(state, dict):
         conv = quantized_conv(obj)
         return None if conv is None else ModuleDict(conv)
-    params, buffers, modules = (state.get(k) for k in ("_parameters", "_buffers", "_modules"))
+    params, buffers, modules = state.get("_parameters"), state.get("_buffers"), \
+        state.get("_modules")
     if not (isinstance(params, dict) and isinstance(buffers, dict) and isinstance(modules, dict)):
         return None
     non_persistent = state.get("_non_persistent_buffers_set") or ()

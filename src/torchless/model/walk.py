@@ -66,7 +66,9 @@ MODULE_DICTS = ("_parameters", "_buffers", "_modules")
 def is_module_state(state: Any) -> bool:
     """Whether a record's state is an ``nn.Module``'s pickled ``__dict__``: a dict whose
     ``_parameters``, ``_buffers`` and ``_modules`` are dicts."""
-    return type(state) is dict and all(isinstance(state.get(k), dict) for k in MODULE_DICTS)
+    return (type(state) is dict and isinstance(state.get("_parameters"), dict)
+            and isinstance(state.get("_buffers"), dict)
+            and isinstance(state.get("_modules"), dict))  # MODULE_DICTS, unrolled
 
 
 #: Plain containers: nodes while they hold anything.
