@@ -250,6 +250,28 @@ def test_convert(torch: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     assert len(re.findall(r": (?:yes|NO)(?:, |$)", startup[6])) == 2, startup
 
 
+def test_bench_modules(torch: ModuleType) -> None:
+    """bench_modules.py --json: a row per file and reader with its first and warm times;
+    then the table, each row's ratio to torch's (torch's own 1.00x)."""
+    r = json.loads(_run("bench_modules.py", "--quick", "--json"))
+    assert r["modules"] > 100 and r["tensors"] > 100 and r["reps"] == 1
+    readers = ("torch", "torchless-open", "torchless-load")
+    assert [(row["file"], row["reader"]) for row in r["rows"]] == [
+        (f, reader) for f in ("whole module", "state dict") for reader in readers]
+    assert all(_positive(row[k]) for row in r["rows"]
+               for k in ("first_cpu", "first_seconds", "warm_cpu", "warm_seconds", "bytes"))
+    lines = _run("bench_modules.py", "--quick").splitlines()
+    assert re.match(r"[\d,]+ modules, [\d,]+ tensors; medians of 1 interleaved runs", lines[0])
+    rows = [line.split(" | ") for line in lines[4:]]
+    assert [(c[0].lstrip("| "), c[1]) for c in rows] == [
+        (f, reader) for f in ("whole module", "state dict") for reader in readers]
+    for cols in rows:
+        assert all(re.fullmatch(rf"{NUMBER} s", c) for c in cols[2:6]), cols
+        assert all(re.fullmatch(rf"{NUMBER}x", c.rstrip(" |")) for c in cols[6:8]), cols
+        if cols[1] == "torch":
+            assert cols[6] == "1.00x" and cols[7].rstrip(" |") == "1.00x", cols
+
+
 def test_cast_convert(torch: ModuleType) -> None:
     """cast_convert.py --json: every method's medians, the ratios and the targets of issue
     28; then the table, for two of the methods."""

@@ -76,7 +76,8 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
     if not isinstance(state, dict):
         conv = quantized_conv(obj)
         return None if conv is None else ModuleDict(conv)
-    params, buffers, modules = (state.get(k) for k in ("_parameters", "_buffers", "_modules"))
+    params, buffers, modules = state.get("_parameters"), state.get("_buffers"), \
+        state.get("_modules")
     if not (isinstance(params, dict) and isinstance(buffers, dict) and isinstance(modules, dict)):
         return None
     non_persistent = state.get("_non_persistent_buffers_set") or ()
@@ -120,7 +121,15 @@ def finish(
     as_leaf: dict[int, Any] = {}
     back: list[tuple[Any, Any]] = []
 
+    plain = _PLAIN if leaf is None else frozenset(
+        t for t in _PLAIN if not issubclass(t, leaf_types))
+
     def new(v: Any) -> Any:
+        kind = type(v)
+        if kind in plain:  # most values: nothing to finish
+            return v
+        if kind is Tensor and not v.attrs:  # the commonest leaf: no node, no storage
+            return leaf(v) if leaf is not None and isinstance(v, leaf_types) else v
         if is_node(v):
             v = done.get(id(v), v)
         elif type(v) is Known:  # a rule's name kept as a value (a class by reference)
@@ -147,6 +156,11 @@ def finish(
         if target is not child:
             _rebuild(done.get(id(parent), parent), new, None)
     return new(root)
+
+
+#: Exact types of values :func:`finish` keeps as they are (never a node or a storage; a
+#: leaf only if the caller's ``leaf_types`` say so).
+_PLAIN = frozenset({str, int, float, bool, bytes, complex, type(None), Global})
 
 
 def _plain(g: Known) -> Global:

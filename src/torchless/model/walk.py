@@ -44,7 +44,7 @@ from torchless.core.limits import Limits
 from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
 from torchless.model.tensor import Tensor, UnsupportedTensor
-from torchless.pickle.known import Pending
+from torchless.pickle.known import Known, Pending
 from torchless.pickle.values import NOTSET, Global, Opaque
 
 __all__ = ["LEAVES", "MODULE_DICTS", "NODES", "arg_names", "children", "depth_first",
@@ -66,20 +66,32 @@ MODULE_DICTS = ("_parameters", "_buffers", "_modules")
 def is_module_state(state: Any) -> bool:
     """Whether a record's state is an ``nn.Module``'s pickled ``__dict__``: a dict whose
     ``_parameters``, ``_buffers`` and ``_modules`` are dicts."""
-    return type(state) is dict and all(isinstance(state.get(k), dict) for k in MODULE_DICTS)
+    return (type(state) is dict and isinstance(state.get("_parameters"), dict)
+            and isinstance(state.get("_buffers"), dict)
+            and isinstance(state.get("_modules"), dict))  # MODULE_DICTS, unrolled
 
 
-_EXACT_NODES = frozenset({dict, list, tuple, set, frozenset, Opaque, collections.OrderedDict})
+#: Plain containers: nodes while they hold anything.
+_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
+#: Exact types that are never nodes (most values of a loaded tree): decided at once.
+_NEVER_NODES = frozenset({str, int, float, bool, bytes, complex, type(None), Global, Known})
 
 
 def is_node(obj: Any) -> bool:
-    """Whether ``obj`` holds other values: containers, records, a tensor with Python
-    attributes, an object ndarray."""
+    """Whether ``obj`` holds other values: containers and records that hold any, a tensor
+    with Python attributes, an object ndarray. An empty container holds none: it has no
+    :func:`children` and walks pass it as a value (a module's dozen empty hook dicts)."""
     kind = type(obj)
-    if kind in _EXACT_NODES:
+    if kind in _CONTAINERS:
+        return len(obj) > 0
+    if kind is Opaque:
         return True
     if kind is Tensor:
         return bool(obj.attrs)
+    if kind in _NEVER_NODES:
+        return False
+    if kind is collections.OrderedDict:  # an empty one may still hold attributes
+        return len(obj) > 0 or len(vars(obj)) > 0
     if is_ndarray(obj):
         return obj.dtype.hasobject and obj.dtype.fields is None
     return isinstance(obj, NODES)
@@ -282,7 +294,9 @@ def depth_first(root: Any, limits: Limits, post: Callable[[Any], None],
     while stack:
         node, it = stack[-1]
         for pos, (_, child) in it:
-            if not is_node(child):
+            kind = type(child)
+            if kind in _NEVER_NODES or (kind is Tensor and not child.attrs) \
+                    or not is_node(child):
                 continue
             seen = state.get(id(child))
             if seen is None:

@@ -85,6 +85,11 @@ _utf8_text = utf8_text
 
 
 _IMMUTABLE = (tuple, frozenset)
+#: What REDUCE refuses to call (the C unpickler raises for them).
+_NOT_CALLABLE = (str, bytes, int, float, list, dict, tuple, type(None))
+#: The values the constant opcodes push, by opcode byte: EMPTY_TUPLE, NONE, NEWTRUE, NEWFALSE.
+_CONSTANTS: list[Any] = [None] * 256
+_CONSTANTS[0x29], _CONSTANTS[0x4E], _CONSTANTS[0x88], _CONSTANTS[0x89] = (), None, True, False
 
 
 class _Mark:
@@ -332,6 +337,7 @@ class Machine:
         counting = max_ops < end - start
         shallow = max_depth >= 1  # a tuple of no tuples is within the depth limit
         fast = self.fast_tensors
+        callers: set[type] = set()  # types REDUCE found callable (none of _NOT_CALLABLE)
         guard = -1
         op = pos
         while True:
@@ -357,7 +363,22 @@ class Machine:
                         guard = max_end + 1
             code = data[pos]
             op = pos
-            if code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
+            if code == 0x68 or code == 0x6A:  # BINGET, LONG_BINGET
+                if code == 0x68:
+                    pos += 2
+                    if pos > limit:
+                        self._overrun_at(op, 1)
+                    index = data[op + 1]
+                else:
+                    pos += 5
+                    if pos > limit:
+                        self._overrun_at(op, 4)
+                    index = from_bytes(data[op + 1:pos], "little")
+                value = dense[index] if index < len(dense) else self._at(op)._memo_get(index)
+                if len(stack) >= room:
+                    self._at(op)._stack_full()
+                stack.append(value)
+            elif code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
                 if code == 0x72:
                     pos += 5
                     if pos > limit:
@@ -377,21 +398,35 @@ class Machine:
                 else:
                     self.op_start = op
                     self._memo_put(index, stack[-1])
-            elif code == 0x68 or code == 0x6A:  # BINGET, LONG_BINGET
-                if code == 0x68:
-                    pos += 2
-                    if pos > limit:
-                        self._overrun_at(op, 1)
-                    index = data[op + 1]
-                else:
-                    pos += 5
-                    if pos > limit:
-                        self._overrun_at(op, 4)
-                    index = from_bytes(data[op + 1:pos], "little")
-                value = dense[index] if index < len(dense) else self._at(op)._memo_get(index)
+            elif code == 0x52:  # REDUCE
+                if len(stack) < 2:
+                    raise PickleError("stack underflow", offset=op)
+                args = stack.pop()
+                func = stack.pop()
+                if not isinstance(args, tuple):
+                    raise PickleError("REDUCE arguments are not a tuple", offset=op)
+                if type(func) not in callers:  # once per type: isinstance asks the type
+                    if isinstance(func, _NOT_CALLABLE):
+                        raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
+                                          offset=op)
+                    callers.add(type(func))
+                self.op_start = op  # for what run() makes of an error the resolver raises
+                value = resolver.call(func, args, op)
+                if isinstance(value, (tuple, frozenset)):
+                    value = immutable(value)
+                stack.append(value)
+                pos += 1
+            elif code == 0x29 or code == 0x4E or code == 0x88 or code == 0x89:
+                # EMPTY_TUPLE NONE NEWTRUE NEWFALSE
                 if len(stack) >= room:
                     self._at(op)._stack_full()
-                stack.append(value)
+                stack.append(_CONSTANTS[code])
+                pos += 1
+            elif code == 0x7D or code == 0x5D:  # EMPTY_DICT, EMPTY_LIST
+                if len(stack) >= room:
+                    self._at(op)._stack_full()
+                stack.append({} if code == 0x7D else [])
+                pos += 1
             elif code == 0x4B or code == 0x4D or code == 0x4A:  # BININT1, BININT2, BININT
                 if code == 0x4B:
                     pos += 2
@@ -426,6 +461,36 @@ class Machine:
                 self.room = room
                 self.stack = stack = []
                 pos += 1
+            elif 0x85 <= code <= 0x87:  # TUPLE1, TUPLE2, TUPLE3
+                k = code - 0x84
+                if len(stack) < k:
+                    raise PickleError("stack underflow", offset=op)
+                value = tuple(stack[-k:])
+                for item in value if shallow else (0,):
+                    if not shallow or isinstance(item, _IMMUTABLE):
+                        self.op_start = op
+                        value = immutable(value)
+                        break
+                del stack[-k:]
+                stack.append(value)
+                pos += 1
+            elif code == 0x74:  # TUPLE
+                if not metastack:
+                    raise PickleError("no MARK on the stack", offset=op)
+                items = stack
+                self.stack = stack = metastack.pop()
+                room += len(stack)
+                self.room = room
+                value = tuple(items)
+                for item in value if shallow else (0,):
+                    if not shallow or isinstance(item, _IMMUTABLE):
+                        self.op_start = op
+                        value = immutable(value)
+                        break
+                if len(stack) >= room:
+                    self._at(op)._stack_full()
+                stack.append(value)
+                pos += 1
             elif code == 0x58 or code == 0x8C:  # BINUNICODE, SHORT_BINUNICODE
                 if code == 0x58:
                     pos += 5
@@ -451,65 +516,11 @@ class Machine:
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append(text)
-            elif code == 0x74:  # TUPLE
-                if not metastack:
-                    raise PickleError("no MARK on the stack", offset=op)
-                items = stack
-                self.stack = stack = metastack.pop()
-                room += len(stack)
-                self.room = room
-                value = tuple(items)
-                for item in value if shallow else (0,):
-                    if not shallow or isinstance(item, _IMMUTABLE):
-                        self.op_start = op
-                        value = immutable(value)
-                        break
-                if len(stack) >= room:
-                    self._at(op)._stack_full()
-                stack.append(value)
-                pos += 1
-            elif 0x85 <= code <= 0x87:  # TUPLE1, TUPLE2, TUPLE3
-                k = code - 0x84
-                if len(stack) < k:
-                    raise PickleError("stack underflow", offset=op)
-                value = tuple(stack[-k:])
-                for item in value if shallow else (0,):
-                    if not shallow or isinstance(item, _IMMUTABLE):
-                        self.op_start = op
-                        value = immutable(value)
-                        break
-                del stack[-k:]
-                stack.append(value)
-                pos += 1
-            elif code == 0x52:  # REDUCE
-                if len(stack) < 2:
-                    raise PickleError("stack underflow", offset=op)
-                args = stack.pop()
-                func = stack.pop()
-                if not isinstance(args, tuple):
-                    raise PickleError("REDUCE arguments are not a tuple", offset=op)
-                if isinstance(func, (str, bytes, int, float, list, dict, tuple, type(None))):
-                    raise PickleError(f"REDUCE of a non-callable {type(func).__name__}",
-                                      offset=op)
-                self.op_start = op  # for what run() makes of an error the resolver raises
-                value = resolver.call(func, args, op)
-                if isinstance(value, (tuple, frozenset)):
-                    value = immutable(value)
-                stack.append(value)
-                pos += 1
             elif code == 0x51:  # BINPERSID
                 if not stack:
                     raise PickleError("stack underflow", offset=op)
                 self.op_start = op
                 stack[-1] = resolver.persistent_load(stack[-1], op)
-                pos += 1
-            elif code == 0x89 or code == 0x88 or code == 0x4E or code == 0x29 \
-                    or code == 0x7D or code == 0x5D:  # NEWFALSE NEWTRUE NONE () {} []
-                if len(stack) >= room:
-                    self._at(op)._stack_full()
-                stack.append(False if code == 0x89 else True if code == 0x88 else None
-                             if code == 0x4E else () if code == 0x29 else {} if code == 0x7D
-                             else [])
                 pos += 1
             elif code == 0x94:  # MEMOIZE (protocol 4 and 5 memoise with it)
                 if not stack:

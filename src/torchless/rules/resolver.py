@@ -140,8 +140,8 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
         self.globals: list[GlobalRecord] = []
         self._rule_methods: dict[str, Callable[[Known, Any], Any]] = {}
         #: id -> the rule callables (kept alive: ids stay theirs) whose calls are never
-        #: refused (:meth:`_vet_call`)
-        self._unforwarding: dict[int, Known] = {}
+        #: refused (:meth:`_vet_call`), each with its rule's method
+        self._unforwarding: dict[int, tuple[Known, Callable[[Known, Any], Any]]] = {}
         #: (module, name) as mapped -> the refusal reason (None: it may stand); judging
         #: scans the whole name, and a file can name one long name again in a few bytes
         self._verdicts: dict[tuple[str, str], str | None] = {}
@@ -231,10 +231,14 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
     # ---- calls ----------------------------------------------------------------------
 
     def call(self, func: Any, args: Any, offset: int) -> Any:
-        if self._unforwarding.get(id(func)) is not func:
+        vetted = self._unforwarding.get(id(func))
+        if vetted is None or vetted[0] is not func:
             self._vet_call(func, args, offset)
+            vetted = None
         if isinstance(func, Known):
             try:
+                if vetted is not None:  # a rule's callable met before: its method is kept
+                    return vetted[1](func, args)
                 rule = self._rule_methods.get(func.rule)
                 if rule is None:
                     rule = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
@@ -268,8 +272,12 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
                                     offset=offset, hint=METHOD_CALL_HINT)
         if type(func) is Known and func.path not in FORWARDS:
             # call_refusal passes a rule's callable that forwards nothing, whatever the
-            # arguments: each such object is vetted once, not at each of its calls
-            self._unforwarding[id(func)] = func
+            # arguments: each such object is vetted once, not at each of its calls, and its
+            # rule's method looked up once
+            rule = self._rule_methods.get(func.rule)
+            if rule is None:
+                rule = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
+            self._unforwarding[id(func)] = (func, rule)
 
     def _call_partial(self, p: Opaque, args: tuple[Any, ...], offset: int) -> Any:
         """``functools.partial(cls.__new__, cls, *a, **kw)()``: how protocols < 4 pickle an

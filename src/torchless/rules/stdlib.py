@@ -106,9 +106,16 @@ def method_name(func: Opaque) -> str:
         else "?"
 
 
+_DATA_TYPES = (*_SCALAR_TYPES, bytes, bytearray, list, tuple, dict, set, frozenset)
+#: What a builtin rule takes as an argument: data, tensors, records, names.
+_ARGUMENT_TYPES = (*_DATA_TYPES, Tensor, Opaque, Global)
+_CONTAINER_CTORS: dict[str, Any] = {"set": set, "frozenset": frozenset, "list": list,
+                                    "tuple": tuple, "dict": dict}
+_CONTAINER_ARGS = (list, tuple, set, frozenset, dict)
+
+
 def _is_data(value: Any) -> bool:
-    return isinstance(value, (*_SCALAR_TYPES, bytes, bytearray, list, tuple, dict, set,
-                              frozenset))
+    return isinstance(value, _DATA_TYPES)
 
 
 
@@ -157,13 +164,13 @@ class StdlibRules(Resolver):
 
     def _r_builtin(self, f: Known, a: tuple[Any, ...]) -> Any:
         name = f.name
-        if not all(_is_data(x) or isinstance(x, (Tensor, Opaque, Global)) for x in a):
-            raise PickleError(f"builtins.{name} called with non-data arguments")
-        if name in ("set", "frozenset", "list", "tuple", "dict"):
-            if len(a) > 1 or (a and not isinstance(a[0], (list, tuple, set, frozenset, dict))):
+        for x in a:
+            if not isinstance(x, _ARGUMENT_TYPES):
+                raise PickleError(f"builtins.{name} called with non-data arguments")
+        ctor: Any = _CONTAINER_CTORS.get(name)
+        if ctor is not None:
+            if len(a) > 1 or (a and not isinstance(a[0], _CONTAINER_ARGS)):
                 raise PickleError(f"builtins.{name} takes one container")
-            ctor: Any = {"set": set, "frozenset": frozenset, "list": list, "tuple": tuple,
-                         "dict": dict}[name]
             if a and name in ("set", "frozenset"):
                 self.charge_keys(a[0])
             elif a and name == "dict" and isinstance(a[0], (list, tuple)):
