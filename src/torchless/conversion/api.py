@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from torchless.containers.base import PartialTree
 from torchless.conversion import hflayout as _hflayout
-from torchless.conversion.certificate import METADATA_KEY as CERT_KEY
 from torchless.conversion.certificate import Certificate, transforms_of
 from torchless.conversion.common import (
     ConversionReport,
@@ -349,12 +348,8 @@ def _convert(spath: str, dpath: str, key: str | None, force: bool, dedupe: bool,
             if cert is not None:
                 cert.add_source(spath, ckpt._source)
                 flat = source_names(ckpt, key, names)
-                origin = {n: (spath, flat.get(n)) for n in written}
-                metadata[CERT_KEY] = cert.text(origin, final=False)
-
-                def final() -> bytes:
-                    assert cert is not None
-                    return plan(written, {**metadata, CERT_KEY: cert.text(origin, True)})[0]
+                final = cert.stamp(written, metadata,
+                                   {n: (spath, flat.get(n)) for n in written})
             try:
                 header, planned = plan(written, metadata)
             except CheckpointError as e:

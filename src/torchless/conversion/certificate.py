@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +49,13 @@ from torchless.core.limits import Limits
 from torchless.errors import ConversionError, FormatError
 from torchless.io.remote import RemoteSource, is_remote
 from torchless.write.digest import ALGORITHM, HEX_DIGITS, PLACEHOLDER, Digests
+from torchless.write.safetensors import plan
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from torchless.conversion.select import Selection
+    from torchless.model.tensor import Tensor
     from torchless.write.cast import Cast
 
 __all__ = ["METADATA_KEY", "SCHEMA", "Certificate", "parse", "transforms_of"]
@@ -217,6 +219,18 @@ class Certificate:
                "sources": [_resolved(self.sources[i], final) for i in used],
                "transforms": self.transforms, "tensors": records}
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+    def stamp(self, tensors: Mapping[str, Tensor], metadata: dict[str, str],
+              origin: Mapping[str, tuple[str | None, str | None]]) -> Callable[[], bytes]:
+        """Put one output's certificate in its ``metadata`` (placeholders: :meth:`text`);
+        the function that gives that output's header again, digests filled in, once its
+        data is written and hashed (``write_into``'s ``final_header``)."""
+        metadata[METADATA_KEY] = self.text(origin, final=False)
+
+        def final() -> bytes:
+            return plan(tensors, {**metadata, METADATA_KEY: self.text(origin, True)})[0]
+
+        return final
 
     def close(self) -> None:
         self._hashes.close()

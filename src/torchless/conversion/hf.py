@@ -53,7 +53,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from torchless.conversion import hftied as _hftied
-from torchless.conversion.certificate import METADATA_KEY as CERT_KEY
 from torchless.conversion.certificate import Certificate, transforms_of
 from torchless.conversion.common import (
     ConversionReport,
@@ -222,8 +221,7 @@ def _write_all(spath: str, layout: Layout, ckpts: list[_checkpoint.Checkpoint],
         tensors = {n: t for n, (_, t) in shard.tensors.items()}
         finals.append(None)
         if cert is not None and origins is not None:
-            metadata[CERT_KEY] = cert.text(origins[k], final=False)
-            finals[-1] = _final_header(cert, origins[k], tensors, metadata)
+            finals[-1] = cert.stamp(tensors, metadata, origins[k])
         try:
             planned_all.append(plan(tensors, metadata))
         except CheckpointError as e:
@@ -303,15 +301,6 @@ def _write_shard(shard: _Shard, out: _atomic.Output, header: bytes, planned: lis
     return write_output(ckpts[main], out, header, planned, progress=progress,
                         before=before, total=total, tensors_before=counts[0],
                         tensors_total=counts[1], digests=digests, final_header=final_header)
-
-
-def _final_header(cert: Certificate, origin: dict[str, tuple[str, str | None]],
-                  tensors: dict[str, Tensor], metadata: dict[str, str]
-                  ) -> Callable[[], bytes]:
-    """The shard's header with its certificate's digests, once its data is written."""
-    def final() -> bytes:
-        return plan(tensors, {**metadata, CERT_KEY: cert.text(origin, True)})[0]
-    return final
 
 
 def _index_output(stack: contextlib.ExitStack, path: str, data: bytes,
