@@ -315,7 +315,9 @@ def main(out: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    mp.spawn(_worker, args=(out, port), nprocs=WORLD, join=True)
+    # the ranks forked from this process, which imported torch once for both
+    mp.start_processes(_worker, args=(out, port), nprocs=WORLD, join=True,
+                       start_method="fork")
     _megatron_legacy(out)
     # a run's directory: the tracker file naming the torch_dist save
     shutil.copytree(f"{out}/megatron", f"{out}/megatron_run/iter_0000010")
