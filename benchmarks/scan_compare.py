@@ -11,6 +11,7 @@ Usage::
     python benchmarks/scan_compare.py VENV --labelled-only   # the labelled set alone
     python benchmarks/scan_compare.py VENV --throughput      # files/s on fixtures + corpus
     python benchmarks/scan_compare.py VENV --throughput --whole-process  # and whole processes
+    python benchmarks/scan_compare.py VENV --throughput --whole-process --rounds 11
     python benchmarks/scan_compare.py "$VIRTUAL_ENV" --quick   # a few files: a smoke run
 
 The files and what each must get (the labels come from the hostile manifest, the corpus
@@ -34,11 +35,11 @@ fickling is run as its own API says: ``scan_zip_archive`` for a ZIP (the members
 not ``is_safe`` (severity above LIKELY_SAFE).
 
 ``--throughput`` times each tool over the repo's fixtures and corpus and the shared fixtures
-(the real checkpoints, 5 interleaved rounds, median), in files per second of wall time and
-of the scanning thread's CPU time, each tool (torchless too) in a fresh process per round.
-With ``--whole-process`` it then times whole processes on the same files, interpreter start
-and imports included: ``python -m torchless scan FILES...`` (the command a user runs, its
-report printed to /dev/null) against one picklescan process that imports
+(the real checkpoints, 5 interleaved rounds or ``--rounds N``, median), in files per second
+of wall time and of the scanning thread's CPU time, each tool (torchless too) in a fresh
+process per round. With ``--whole-process`` it then times whole processes on the same
+files, interpreter start and imports included: ``python -m torchless scan FILES...`` (the
+command a user runs, its report printed to /dev/null) against one picklescan process that imports
 ``picklescan.scanner`` and calls ``scan_file_path`` on each file (its command line takes one
 path), median of the same number of interleaved rounds, wall time and the child's CPU time.
 Every process of either table runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE``
@@ -399,6 +400,9 @@ def main() -> int:
     ap.add_argument("--whole-process", action="store_true",
                     help="with --throughput: also time whole processes (interpreter start and "
                          "imports included) of torchless and picklescan on the same files")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="with --throughput: interleaved rounds of each table (default 5; "
+                         "more on a busy machine)")
     ap.add_argument("--quick", action="store_true",
                     help=f"a smoke run in seconds: only the hostile cases whose id contains "
                          f"{QUICK_ONLY!r}, at most {QUICK_LIMIT} files of each kind per set "
@@ -406,7 +410,7 @@ def main() -> int:
     args = ap.parse_args()
     venv_python(args.venv)  # a wrong VENV fails before the scans, not after
     if args.throughput:
-        return throughput(args.venv, whole=args.whole_process)
+        return throughput(args.venv, rounds=args.rounds, whole=args.whole_process)
     with tempfile.TemporaryDirectory() as tmp:
         files = scan_set(Path(tmp) / "labelled")
         if not args.labelled_only:

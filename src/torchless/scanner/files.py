@@ -401,10 +401,15 @@ def _may_be_index(path: str) -> bool:
     formats.sniff` checks first), read without mapping the file; True when it may be one or
     cannot be read (the index reader then says why)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(512)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     except OSError:
         return True
+    try:
+        head = os.read(fd, 512)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
     return starts_as_json_object(head)
 
 

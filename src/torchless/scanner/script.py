@@ -214,6 +214,10 @@ def _attr(meaning: Meaning, name: str) -> Meaning:
 _GLOBALS: dict[str, Meaning] = {"torch": ("ns", "aten"), "ops": ("ops",),
                                 "__torch__": ("pkg", "")}
 _GLOBALS.update({name: ("builtin", name) for name in VETTED_BUILTINS | set(_BARE_DANGEROUS)})
+#: The global names whose references :meth:`_Module._tops` reports wherever they appear
+#: (torch's namespaces, dangerous builtins, ``getattr``), made once.
+_WORTH = frozenset(name for name, meaning in _GLOBALS.items() if meaning[0] != "builtin" or
+                   name in _BARE_DANGEROUS or name == "getattr")
 
 
 class _Scope:
@@ -469,8 +473,7 @@ class _Module:
     def _tops(self) -> Iterator[tuple[ast.AST, _Scope]]:
         """Every outermost reference chain (a name or attribute not itself the base of a
         longer chain) that can stand for something of torch's, and every import."""
-        worth = {name for name, meaning in _GLOBALS.items() if meaning[0] != "builtin" or
-                 name in _BARE_DANGEROUS or name == "getattr"}
+        worth = set(_WORTH)
         for scope, name, _ in self.bindings:
             if any(m[0] in _NAMESPACE_KINDS for m in scope.bound[name]):
                 worth.add(name)
