@@ -7,16 +7,17 @@ shared as torch shares them. It reads every format :func:`torchless.load` reads,
 own safetensors and inert files too (whatever their name: Lightning opens a ``.ckpt`` that
 ``InertCheckpointIO`` wrote and passes the file object to ``torch.load``).
 
-Memory is torch's: without ``mmap`` each storage is copied out of the file's map and the
-map's pages are handed back at once, so the peak is the tensors' bytes (as ``torch.load``),
-not twice them; with ``mmap=True`` (or torch's ``torch.utils.serialization.config.load.mmap``)
-tensors view a private (or, with ``torch.serialization.set_default_mmap_options(MAP_SHARED)``,
-shared) map of the file made by torch, as ``torch.load(mmap=True)`` gives them. A missing file
-is a ``FileNotFoundError`` (:class:`~torchless.errors.MissingFileError`), as torch raises;
-a refused global or call (:class:`~torchless.errors.UnsafeGlobalError`) and a malformed
-pickle (:class:`~torchless.errors.PickleError`) are also the ``pickle.UnpicklingError`` that
-``torch.load(weights_only=True)`` raises for them, so code written around ``torch.load``
-catches them.
+Memory is torch's: without ``mmap`` each storage is read once, straight from the file into
+the tensor's own memory (no page of the file's map is touched, no copy in between), so the
+peak is the tensors' bytes (as ``torch.load``), not twice them; with ``mmap=True`` (or
+torch's ``torch.utils.serialization.config.load.mmap``) tensors view a private (or, with
+``torch.serialization.set_default_mmap_options(MAP_SHARED)``, shared) map of the file made by
+torch, as ``torch.load(mmap=True)`` gives them, and no page is read until a tensor is used.
+A missing file is a ``FileNotFoundError`` (:class:`~torchless.errors.MissingFileError`), as
+torch raises; a refused global or call (:class:`~torchless.errors.UnsafeGlobalError`) and a
+malformed pickle (:class:`~torchless.errors.PickleError`) are also the
+``pickle.UnpicklingError`` that ``torch.load(weights_only=True)`` raises for them, so code
+written around ``torch.load`` catches them.
 
 Unlike ``torch.load(weights_only=True)`` it reads the checkpoints that carry
 an ``argparse.Namespace``, NumPy values, OmegaConf or dataclass configs: what the rebuild rules
@@ -228,8 +229,8 @@ class _Loader:
 
     def __init__(self, torch: Any, map_location: MapLocation, limits: Limits, source: Any,
                  mapped: str | None) -> None:
-        """``source``: the file's :class:`Source` (pages of its map are handed back as
-        storages are copied), or None; ``mapped``: the path to map (``mmap=True``)."""
+        """``source``: the file's local :class:`Source` (storages are read from it), or
+        None; ``mapped``: the path to map (``mmap=True``)."""
         from torchless.model.interop import torch_dtypes
 
         self.torch = torch
@@ -278,28 +279,34 @@ class _Loader:
             return known[1]
         torch = self.torch
         unit = s.dtype.itemsize // 2 if s.dtype.name.startswith("complex") else s.dtype.itemsize
-        ust = self.mapped(s, unit)
-        if ust is None:
-            raw = bytearray(s.native_buffer(unit)) if s.nbytes else bytearray()
-            ust = (torch.frombuffer(raw, dtype=torch.uint8).untyped_storage() if raw
-                   else torch.UntypedStorage(0))
-            if self.source is not None and s.nbytes:
-                self.source.release_view(s.buffer())  # copied: the map's pages may go
+        where = self.file_offset(s, unit)
+        if not s.nbytes:
+            ust = torch.UntypedStorage(0)
+        elif where is not None and self.overall is not None:  # mmap=True: a view of the map
+            ust = self.overall[where:where + s.nbytes]
+        elif where is not None:  # read once, straight into the storage's own memory
+            out = torch.empty(s.nbytes, dtype=torch.uint8)
+            self.source.read_into(where, out.numpy())
+            ust = out.untyped_storage()
+        else:  # inflated or byte-swapped bytes, already in memory: copied once
+            raw = bytearray(s.native_buffer(unit))
+            ust = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage()
         ust = _restore(torch, ust, s.location, self.map_location)
         self.storages[id(s)] = (s, ust)  # the storage kept alive: ids stay unique
         return ust
 
-    def mapped(self, s: Any, unit: int) -> Any:
-        """``s`` as a slice of the file's torch map (``mmap=True``), as ``torch.load`` makes
-        it; None when there is no map or ``s`` is not plain bytes in the file."""
-        if self.overall is None or not s.nbytes or (s.byteorder != "little" and unit > 1) \
-                or s.streams:
+    def file_offset(self, s: Any, unit: int) -> int | None:
+        """Where the bytes of ``s`` lie in the local file, when they are plain bytes there
+        (stored, in this machine's order); None otherwise. Asking loads nothing: the
+        storage's buffer is a view of the file's map, no page of it touched."""
+        if self.source is None or self.source.remote or not s.nbytes \
+                or (s.byteorder != "little" and unit > 1) or s.streams:
             return None
         buf = s.buffer()
-        where = s.file_offset(self.source)
+        where: int | None = s.file_offset(self.source)
         if where is None and isinstance(buf, memoryview):
             where = self.source.offset_of(buf)
-        return None if where is None else self.overall[where:where + s.nbytes]
+        return where
 
     def leaf(self, t: Any) -> Any:
         """The torch value of ``t``, one per tensor: a tensor the file holds twice (the

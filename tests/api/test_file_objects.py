@@ -96,3 +96,38 @@ def test_mmap_views_the_file_as_torch_does(torch: ModuleType, tmp_path: Path) ->
         tt.load(f, mmap=True)
     with open(files["zip"], "rb") as f, pytest.raises(ValueError, match="file path"):
         torch.load(f, mmap=True)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_each_storage_is_read_once_or_mapped(torch: ModuleType, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             mmap: bool) -> None:
+    """Without mmap each stored storage is read once, straight into torch's memory (two
+    storages: two reads, whatever the tensors viewing them); with mmap none is read."""
+    from torchless.io.source import Source
+
+    base = torch.arange(10.0)
+    torch.save({"a": base, "b": base[2:5], "c": torch.arange(3, dtype=torch.bfloat16)},
+               tmp_path / "m.pt")
+    reads: list[int] = []
+    real = Source.read_into
+
+    def counted(self: Source, offset: int, out: object, what: str = "data") -> None:
+        reads.append(offset)
+        real(self, offset, out, what)
+
+    for path in (tmp_path / "m.pt", _files(torch, tmp_path)["safetensors"]):
+        reads.clear()
+        monkeypatch.setattr(Source, "read_into", counted)
+        ours = tt.load(path, mmap=mmap)
+        monkeypatch.undo()
+        want = torch.load(path) if path.suffix == ".pt" else {
+            "w": torch.arange(12.0).reshape(3, 4)}
+        assert ours.keys() == want.keys()
+        for k in want:
+            assert torch.equal(ours[k], want[k]) and ours[k].dtype == want[k].dtype
+        storages = {t.untyped_storage().data_ptr() for t in want.values()}
+        assert len(reads) == (0 if mmap else len(storages))
+        if "b" in ours:  # still one storage, as torch.load gives it
+            ours["a"][3] = -1.0
+            assert ours["b"][1] == -1.0

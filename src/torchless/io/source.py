@@ -193,6 +193,30 @@ class Source:
             raise CheckpointError(f"cannot read: {e.strerror or e}", path=self.path) from None
         return out
 
+    def read_into(self, offset: int, out: Any, what: str = "data") -> None:
+        """Fill the writable buffer ``out`` with the file's bytes from ``offset`` on (a
+        tensor's memory, read once: no copy in between). Read with ``os.preadv``, the map's
+        pages are never touched; where it is missing, copied through the map and those
+        pages handed back (:meth:`release`)."""
+        dest = memoryview(out).cast("B")
+        n = dest.nbytes
+        self._check(offset, n, what)
+        if self._fd < 0 or not hasattr(os, "preadv"):
+            dest[:] = self._view[offset:offset + n]
+            self.release(offset, n)
+            return
+        got = 0
+        try:
+            while got < n:  # short reads: Linux reads at most 2 GiB a call, or a cut file
+                step = os.preadv(self._fd, [dest[got:]], offset + got)
+                if not step:
+                    raise TruncatedInputError(
+                        f"{what}: the file was cut while open ({offset + got} bytes "
+                        f"left of {self.size})", offset=offset + got)
+                got += step
+        except OSError as e:
+            raise CheckpointError(f"cannot read: {e.strerror or e}", path=self.path) from None
+
     def release_view(self, view: memoryview | bytes) -> None:
         """:meth:`release` the pages under ``view`` when it is a slice of this file's map
         (a copy of the bytes has been made and the map's pages need not stay resident)."""
