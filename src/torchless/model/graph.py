@@ -160,7 +160,7 @@ def finish(
 
 #: Exact types of values :func:`finish` keeps as they are (never a node or a storage; a
 #: leaf only if the caller's ``leaf_types`` say so).
-_PLAIN = frozenset({str, int, float, bool, bytes, complex, type(None), Global})
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool, bytes, complex, type(None), Global})
 
 
 def _plain(g: Known) -> Global:
