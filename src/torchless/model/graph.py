@@ -160,7 +160,7 @@ def finish(
 
 #: Exact types of values :func:`finish` keeps as they are (never a node or a storage; a
 #: leaf only if the caller's ``leaf_types`` say so).
-_PLAIN = frozenset({str, int, float, bool, bytes, complex, type(None), Global})
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool, bytes, complex, type(None), Global})
 
 
 def _plain(g: Known) -> Global:
@@ -272,7 +272,7 @@ def _tensor_counts(root: Any, limits: Limits, cut: dict[int, set[int]]) -> dict[
         n = size = 0
         skip = cut.get(id(node), ())
         for pos, (name, c) in enumerate(children(node)):
-            if name is None or pos in skip:
+            if name is None or type(c) in _PLAIN or pos in skip:  # plain: no tensor below
                 continue
             if isinstance(c, LEAVES):
                 n += 1
@@ -331,7 +331,7 @@ def flatten(
         skip = cut.get(id(obj), ())
         kids = [(f"{full}.{name}" if full and name else full or name, child)
                 for pos, (name, child) in enumerate(children(obj))
-                if name is not None and pos not in skip
+                if name is not None and type(child) not in _PLAIN and pos not in skip
                 and (isinstance(child, LEAVES) or (is_node(child) and counts.get(id(child))))]
         stack.extend(reversed(kids))
     return tensors, unsupported
