@@ -183,6 +183,34 @@ def test_cast_tensor_streams_strided_tensors_in_blocks(monkeypatch: pytest.Monke
     assert cast.storage.buffer() == got  # a reader asking for all of it
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_blocks_and_pieces_in_threads_equal_torch(monkeypatch: pytest.MonkeyPatch,
+                                                  workers: int) -> None:
+    """float32 -> bfloat16 over several blocks cast by the worker threads, each block in
+    several pieces (the last ones short), NaNs only in a late piece and ties, subnormals and
+    overflows everywhere: torch's bytes, in order."""
+    torch = require("torch")
+    from torchless.model.chunks import chunks
+
+    monkeypatch.setattr(_cast, "BLOCK_BYTES", 4 * 1000)
+    monkeypatch.setattr(_cast, "_SUB_ELEMENTS", 96)
+    monkeypatch.setattr(_cast, "_WORKERS", workers)
+    monkeypatch.setattr(_cast, "_local", __import__("threading").local())
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 1 << 32, 10_007, dtype=np.uint64).astype("<u4")
+    bits[::3] = (bits[::3] & 0xFFFF0000) | 0x8000  # ties
+    bits[1::7] &= 0x807FFFFF  # subnormals
+    bits[2::11] |= 0x7F7F0000  # near the largest: overflow to inf
+    finite = bits.view("<f4")
+    finite[~np.isfinite(finite)] = 1.5
+    bits[6_500] = 0x7FC00001  # NaNs in one late piece only
+    bits[6_503] = 0xFF800001
+    t = _memory_tensor(bits.view("<f4"), "float32", (bits.size,), (1,), 0)
+    got = b"".join(bytes(c) for c in chunks(_cast.cast_tensor(t, by_torch_name("bfloat16"))))
+    ref = torch.from_numpy(bits.view("<f4").copy()).to(torch.bfloat16)
+    assert got == ref.view(torch.int16).numpy().tobytes()
+
+
 def test_targets_and_refusals() -> None:
     from torchless.errors import ConversionError
 
