@@ -36,10 +36,12 @@ def _classes(torch: ModuleType) -> tuple[type, type]:
             self._defaults[name] = value
             self._persistent[name] = persistent
 
-        def state_dict(self, destination: Any = None, prefix: str = "",
-                       keep_vars: bool = False) -> Any:
-            destination = super().state_dict(destination=destination, prefix=prefix,
-                                             keep_vars=keep_vars)
+        def state_dict(
+            self, destination: Any = None, prefix: str = "", keep_vars: bool = False
+        ) -> Any:
+            destination = super().state_dict(
+                destination=destination, prefix=prefix, keep_vars=keep_vars
+            )
             for key in self._defaults:  # torchmetrics' Metric.state_dict
                 if not self._persistent[key]:
                     continue
@@ -92,8 +94,15 @@ def test_metric_states_follow_the_module_entries(torch: ModuleType, tmp_path: Pa
     data = path.read_bytes()
     assert data.count(_FAKE.encode()) >= 2
     path.write_bytes(data.replace(f"{_FAKE}\n".encode(), b"torchmetrics.fake\n"))
-    assert expected == ["acc.child.scale", "acc.child.lin.weight", "acc.child.lin.bias",
-                        "acc.child.tp", "acc.child.preds.0", "acc.child.preds.1", "acc.total"]
+    assert expected == [
+        "acc.child.scale",
+        "acc.child.lin.weight",
+        "acc.child.lin.bias",
+        "acc.child.tp",
+        "acc.child.preds.0",
+        "acc.child.preds.1",
+        "acc.total",
+    ]
     assert list(torchless.open(path).tensors) == expected
 
 

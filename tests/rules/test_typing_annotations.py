@@ -53,7 +53,8 @@ def _ours(value: Any) -> Any:
 @pytest.mark.torch
 @pytest.mark.parametrize("proto", [2, 4])
 def test_annotations_are_inert_records_named_as_python_spells_them(
-        torch: ModuleType, tmp_path: Path, proto: int) -> None:
+    torch: ModuleType, tmp_path: Path, proto: int
+) -> None:
     forms = {
         "optional": typing.Optional[torch.Tensor],  # noqa: UP045
         "union": typing.Union[int, str, None],  # noqa: UP007
@@ -62,8 +63,7 @@ def test_annotations_are_inert_records_named_as_python_spells_them(
         "literal": typing.Literal["a", 1],
     }
     path = tmp_path / f"forms{proto}.pt"
-    torch.save({**forms, "none": type(None), "w": torch.arange(3.0)}, path,
-               pickle_protocol=proto)
+    torch.save({**forms, "none": type(None), "w": torch.arange(3.0)}, path, pickle_protocol=proto)
     loaded = torchless.load(path)
     for key, form in forms.items():
         got = loaded[key]
@@ -80,8 +80,10 @@ def test_annotations_are_inert_records_named_as_python_spells_them(
     [
         # getitem of something other than a typing form: a record, nothing subscripted
         (_g("collections", "OrderedDict") + b")R" + b"K\x00\x86R", "_operator.getitem"),
-        (_g("typing", "Union") + _g("collections", "OrderedDict") + b")R\x85\x86R",
-         "_operator.getitem"),
+        (
+            _g("typing", "Union") + _g("collections", "OrderedDict") + b")R\x85\x86R",
+            "_operator.getitem",
+        ),
         # type(name, bases, namespace) would make a class: a record
         (b"X\x01\x00\x00\x00C" + _g("builtins", "object") + b"\x85}\x87R", "builtins.type"),
         # type() of a record: a record
@@ -89,9 +91,13 @@ def test_annotations_are_inert_records_named_as_python_spells_them(
     ],
 )
 def test_other_getitem_and_type_calls_are_inert_records(
-        tmp_path: Path, body: bytes, callable_path: str) -> None:
-    func = _g("_operator", "getitem") if callable_path.endswith("getitem") \
+    tmp_path: Path, body: bytes, callable_path: str
+) -> None:
+    func = (
+        _g("_operator", "getitem")
+        if callable_path.endswith("getitem")
         else _g("__builtin__", "type")
+    )
     path = tmp_path / "x.pkl"
     path.write_bytes(b"\x80\x02" + func + body + b".")
     value = torchless.load(path)

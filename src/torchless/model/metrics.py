@@ -27,5 +27,8 @@ def metric_states(obj: Opaque, state: dict[Any, Any]) -> list[tuple[str, Any]]:
     defaults, persistent = state.get("_defaults"), state.get("_persistent")
     if not (isinstance(defaults, dict) and isinstance(persistent, dict)):
         return []
-    return [(key, state[key]) for key in defaults
-            if type(key) is str and persistent.get(key) is True and key in state]
+    return [
+        (key, state[key])
+        for key in defaults
+        if type(key) is str and persistent.get(key) is True and key in state
+    ]
