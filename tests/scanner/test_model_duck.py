@@ -148,3 +148,54 @@ def test_typing_forms_and_initializers_kept_in_a_checkpoint_are_clean(
         assert scan(path).files[0].status == "clean", proto
     bad = b"\x8c\x09_operator\x8c\x07getitem\x93" + _g("os", "environ") + _s("HOME") + b"\x86R"
     assert _scan(tmp_path, bad).status == "dangerous"
+
+
+_GETITEM = _g("_operator", "getitem")
+
+
+def _getitem_verdict(f: FileScan) -> list[str]:
+    return [a.severity for a in f.actions if a.kind == "call" and a.target.endswith("getitem")]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        # typing.Optional[torch.Tensor]: getitem(Union, (Tensor, type(None))): typing's code
+        (_GETITEM + _g("typing", "Union") + _g("torch", "Tensor") + _g("__builtin__", "type")
+         + b"N\x85R\x86\x86R", "clean"),
+        # Dict[str, List[int]]: a vetted typing result inside the key
+        (_GETITEM + _g("typing", "Dict") + _g("builtins", "str") + _GETITEM
+         + _g("typing", "List") + _g("builtins", "int") + b"\x86R\x86\x86R", "clean"),
+        # Literal["a", 1]: plain values
+        (_GETITEM + _g("typing", "Literal") + _s("a") + b"K\x01\x86\x86R", "clean"),
+        # a typing form subscripted with an object a vetted call built: typing hashes and
+        # compares it (_deduplicate, _type_check), which runs its class's code
+        (_GETITEM + _g("typing", "Union") + _g("collections", "OrderedDict") + b")R"
+         + _g("builtins", "int") + b"\x86\x86R", "unvetted"),
+        # getitem of an object the file built: its __getitem__ runs, not vetted
+        (_GETITEM + _g("collections", "OrderedDict") + b")R" + _s("k") + b"\x86R", "unvetted"),
+        # a defaultdict subscripted: its factory runs on the missing key, judged as called
+        (_GETITEM + _g("collections", "defaultdict") + _g("builtins", "list") + b"\x85R"
+         + _s("k") + b"\x86R", "unvetted"),
+    ],
+)
+def test_getitem_is_vetted_only_for_a_typing_form_over_classes(
+        tmp_path: Path, body: bytes, status: str) -> None:
+    f = _scan(tmp_path, body)
+    assert f.status == status
+    assert _getitem_verdict(f)[-1] == ("vetted" if status == "clean" else status)
+
+
+def test_a_defaultdict_factory_a_getitem_runs_is_judged_as_called(tmp_path: Path) -> None:
+    body = _GETITEM + _g("collections", "defaultdict") + _g("json", "dump") + b"\x85R" + \
+        _s("k") + b"\x86R"
+    assert "unvetted" in _probe_calls(_scan(tmp_path, body))
+
+
+def test_type_makes_a_class_unvetted_and_reads_a_type_vetted(tmp_path: Path) -> None:
+    """type(x) is Py_TYPE(x); type(name, bases, ns) runs the bases' metaclass and
+    __init_subclass__: code nobody vetted, not a known danger."""
+    one = _g("__builtin__", "type") + b"K\x01\x85R"
+    assert _scan(tmp_path, one).status == "clean"
+    three = _g("__builtin__", "type") + _s("C") + _g("builtins", "object") + b"\x85}\x87R"
+    assert _scan(tmp_path, three).status == "unvetted"

@@ -19,6 +19,7 @@ from torchless.core.limits import Limits
 from torchless.core.ndarrays import is_ndarray
 from torchless.errors import LimitError
 from torchless.model.chunks import detached
+from torchless.model.metrics import metric_states
 from torchless.model.qmodules import quantized_conv, quantized_entries
 from torchless.model.tensor import DATALESS, MissingStorage, Storage, Tensor, UnsupportedTensor
 from torchless.model.walk import LEAVES, children, depth_first, is_module_state, is_node
@@ -67,7 +68,8 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
     """``nn.Module.state_dict()`` of a module saved whole, from its pickled ``__dict__``.
 
     Parameters, then persistent buffers, then the entries torch's quantized modules add
-    (:mod:`.qmodules`), then each child's entries under ``child.``; ``None`` parameters and
+    (:mod:`.qmodules`), then each child's entries under ``child.``, then a torchmetrics
+    metric's persistent states (:mod:`.metrics`); ``None`` parameters and
     buffers are skipped, as torch does. Children were already turned into ModuleDicts (the
     walk is post-order); a child that could not be (a class with a ``__getstate__`` of its
     own) stays an inert record under its name.
@@ -99,6 +101,8 @@ def module_state_dict(obj: Opaque) -> ModuleDict | None:
                 out[f"{name}.{key}"] = value
         elif isinstance(child, Opaque):  # its class pickles a state of its own: kept whole,
             out[str(name)] = child       # so that the tensors it holds are not lost
+    for name, value in metric_states(obj, state):  # after the children: Metric.state_dict
+        out[name] = value
     return out
 
 

@@ -100,6 +100,10 @@ _RULES: dict[tuple[str, str], str] = {
     # a Generator saved whole: its state (a ByteTensor, seed, offset) is set by BUILD
     ("torch._C", "Generator"): "opaque",
     ("builtins", "getattr"): "getattr",
+    # typing.Optional[torch.Tensor] is pickled as getitem(typing.Union, (Tensor, type(None)))
+    ("builtins", "type"): "type",
+    ("operator", "getitem"): "getitem",
+    ("_operator", "getitem"): "getitem",
     ("zoneinfo", "ZoneInfo._unpickle"): "zoneinfo",
     # torch 0.3/0.4 full-model saves pickle each module's _backend through this call
     ("torch.nn.backends.thnn", "_get_thnn_function_backend"): "opaque",

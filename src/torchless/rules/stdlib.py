@@ -22,7 +22,8 @@ from torchless.pickle.known import Known
 from torchless.pickle.machine import Resolver
 from torchless.pickle.values import Global, Opaque
 
-__all__ = ["METHOD_CALL_HINT", "StdlibRules", "calls_a_method", "method_name", "system_zone"]
+__all__ = ["METHOD_CALL_HINT", "Annotation", "StdlibRules", "calls_a_method", "method_name",
+           "system_zone"]
 
 _CODECS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
 _SCALAR_TYPES = (int, float, str, bool, complex, type(None))
@@ -50,6 +51,54 @@ def _path_class(name: str) -> Callable[..., Any]:
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+#: ``type(x)`` of the plain values a pickle holds: the builtin class, as an inert reference.
+_BUILTIN_TYPES: dict[type, str] = {
+    type(None): "NoneType", bool: "bool", int: "int", float: "float", complex: "complex",
+    str: "str", bytes: "bytes", bytearray: "bytearray", tuple: "tuple", list: "list",
+    dict: "dict", set: "set", frozenset: "frozenset", slice: "slice", range: "range",
+    type(Ellipsis): "ellipsis", type(NotImplemented): "NotImplementedType",
+}
+#: Modules whose subscripted forms are type annotations (``typing.Optional[int]``,
+#: ``collections.abc.Callable[[int], str]``, ``builtins.list[int]``).
+_ANNOTATION_MODULES = frozenset({"typing", "typing_extensions", "collections.abc"})
+
+
+class Annotation(Opaque):
+    """A type annotation the file holds (``typing.Optional[torch.Tensor]``, which pickle
+    writes as ``operator.getitem(typing.Union, (torch.Tensor, type(None)))``): kept as the
+    inert record of that call, with :attr:`text` naming the annotation. Nothing is
+    subscripted or imported."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, func: Any, args: tuple[Any, ...], text: str) -> None:
+        super().__init__(func, args)
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Annotation({self.text})"
+
+
+def _annotation_text(value: Any) -> str | None:
+    """How Python spells ``value`` inside an annotation, or None when it is no part of one
+    (an object the file built, a container of data)."""
+    if isinstance(value, Annotation):
+        return value.text
+    if isinstance(value, Global):
+        if value.module in ("builtins", "__builtin__"):
+            return value.name
+        return value.path
+    if value is None or value is Ellipsis:
+        return repr(value)
+    if type(value) in (int, bool, str, bytes):  # Literal[...] members, forward references
+        return repr(value)
+    if type(value) in (list, tuple) and len(value) <= 64:
+        parts = [_annotation_text(v) for v in value]
+        if all(p is not None for p in parts):
+            text = ", ".join(p for p in parts if p is not None)
+            return f"[{text}]" if type(value) is list else text
+    return None
 _ZONE_KEY = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*\Z")
 
 
@@ -251,6 +300,38 @@ class StdlibRules(Resolver):
         if not all(type(x) is str for x in a):
             raise PickleError(f"pathlib.{f.name} takes str parts")
         return _path_class(f.name)(*a)
+
+    def _r_type(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``type(x)`` of a plain value: its builtin class, an inert reference (pickle writes
+        ``NoneType`` as ``type(None)``). Any other call (``type(x)`` of a record, ``type(name,
+        bases, namespace)``, which makes a class) stays an inert record."""
+        if len(a) == 1:
+            name = _BUILTIN_TYPES.get(type(a[0]))
+            if name is not None:
+                return Global("builtins", name)
+        return Opaque(f, a)
+
+    def _r_getitem(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``operator.getitem(form, key)``: a typing form subscripted with classes, names and
+        literals (``typing.Optional[int]``) becomes an :class:`Annotation`; any other
+        subscript (of an object the file builds, with other keys) stays an inert record."""
+        if len(a) == 2 and isinstance(a[0], Global) and (
+                a[0].module in _ANNOTATION_MODULES
+                or (a[0].module in ("builtins", "__builtin__") and a[0].name in (
+                    "list", "tuple", "dict", "set", "frozenset", "type"))):
+            key = _annotation_text(a[1])
+            if key is not None:
+                form = _annotation_text(a[0])
+                keys = a[1] if type(a[1]) is tuple else (a[1],)
+                if a[0].path == "typing.Union" and len(keys) == 2 and any(
+                        isinstance(k, Global) and k.module == "builtins"
+                        and k.name == "NoneType" for k in keys):
+                    other = [k for k in keys if not (isinstance(k, Global)
+                                                      and k.name == "NoneType")]
+                    if len(other) == 1:
+                        form, key = "typing.Optional", _annotation_text(other[0])
+                return Annotation(f, a, f"{form}[{key or '()'}]")
+        return Opaque(f, a)
 
     def _r_getattr(self, f: Known, a: tuple[Any, ...]) -> Any:
         """``getattr(Class, "Inner")``: how protocols < 4 name a nested class or a class's

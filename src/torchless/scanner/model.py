@@ -50,6 +50,39 @@ __all__ = ["IMPORTS", "ActionLog", "Made", "Model", "imported", "static_args",
 _TEXT_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8",
                           "ascii"})
 _TYPING = frozenset({"typing", "typing_extensions", "collections.abc", "builtins"})
+#: The maker of what a 1-argument ``type(x)`` returns (a class: Py_TYPE(x)).
+_TYPE_OF = "builtins.type()"
+#: The most values an annotation's key may hold (``Union[...]`` of that many classes).
+_ANNOTATION_MAX = 256
+
+
+def _annotation_key(key: Any) -> bool:
+    """Whether subscripting a typing form with ``key`` runs only typing's own code: its
+    ``__getitem__`` type-checks, compares and hashes each member (``_type_check``,
+    ``_deduplicate``), so every member must be a name the file gives (a class or function:
+    its metaclass's ``__eq__``/``__hash__``, its import judged on its own), a vetted typing
+    result (``List[int]`` in ``Dict[str, List[int]]``), ``type(x)``'s class, or plain data
+    (``Literal`` values, forward-reference strings: compiled, never run); lists and tuples of
+    those (``Callable[[int], str]``)."""
+    stack, seen = [key], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > _ANNOTATION_MAX:
+            return False
+        if type(v) in (tuple, list):
+            stack.extend(v)
+        elif isinstance(v, Made):
+            if v.severity != "vetted" or not (
+                    v.maker == _TYPE_OF or (v.maker.endswith("[…]")
+                                            and v.maker.split(".")[0] in _TYPING)):
+                return False
+        elif not (isinstance(v, Global) or v is None or v is Ellipsis
+                  or type(v) in (str, bytes, int, bool)):
+            return False
+    return True
+
+
 #: Characters of a static argument rendering kept in a report.
 _ARGS_MAX = 160
 #: Actions listed one by one per stream; past this, those of one kind, target and severity
@@ -329,20 +362,34 @@ class Model(DuckCalls):
         if path == "builtins.getattr":
             return self._getattr(func, args, offset)
         if path == "builtins.type":
+            # type(x) is Py_TYPE(x); type(name, bases, namespace) runs the bases' metaclass,
+            # __init_subclass__ and the namespace values' __set_name__: code of the classes
+            # handed to it, each judged as called (they are not HANDED_ON)
             ok = len(args) == 1
-            self._add_call(func, "vetted" if ok else "dangerous",
+            self._add_call(func, "vetted" if ok else "unvetted",
                            "type(x) only reads the type of x" if ok else
                            "type(name, bases, namespace) makes a class: its bases' and "
-                           "metaclass's code runs", offset, args)
-            return Made("builtins.type()", "vetted" if ok else "dangerous", origin)
+                           "metaclass's code runs, which is not vetted", offset, args)
+            return Made(_TYPE_OF if ok else "builtins.type(…)", "vetted" if ok else "unvetted",
+                        origin)
         if path in ("operator.getitem", "_operator.getitem"):
             base = args[0] if args else None
-            ok = isinstance(base, Global) and base.module in _TYPING
-            self._add_call(func, "vetted" if ok else "dangerous",
-                           "subscripts a typing form (how typing.Optional[int] is pickled)"
-                           if ok else "subscripts an object the file chose: its "
-                           "__getitem__ runs", offset, args)
-            return Made(f"{_show(base, 1)}[…]", "vetted" if ok else "dangerous", origin)
+            ok = isinstance(base, Global) and base.module in _TYPING and len(args) == 2 \
+                and _annotation_key(args[1])
+            severity: Severity = "vetted" if ok else "unvetted"
+            if not ok and isinstance(base, Made) and base.severity == "dangerous":
+                severity = "dangerous"
+            self._add_call(func, severity,
+                           "subscripts a typing form with classes (how typing.Optional[int] "
+                           "is pickled): typing's own __getitem__ runs" if ok else
+                           "subscripts an object the file chose, or a typing form with "
+                           "objects the file built: their __getitem__, __eq__ or __hash__ "
+                           "runs, which is not vetted", offset, args)
+            made = Made(f"{_show(base, 1)}[…]", severity, origin)
+            if not ok and isinstance(base, Made) and base.factory is not None:
+                self._judge_any(base.factory, f"{path} subscripts a defaultdict, whose "
+                                "factory runs on a missing key:", offset)
+            return made
         if path.startswith("hmac."):
             calls = forwarded(path, args, kwargs)
             self._add_call(func, "unvetted", "the standard library's hmac is not vetted",
