@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -260,6 +261,13 @@ def audit(mem: int, spec_path: str) -> int:
 
     assert all(d.numpy is not None for d in DTYPES if d.view is not None)
     ml_dtypes_by_name()
+    # and the readers of layouts and formats, imported when a file needs them: every module
+    # of the package (the integrations import their frameworks; __main__ runs the CLI)
+    import pkgutil
+
+    for info in pkgutil.walk_packages(torchless.__path__, "torchless."):
+        if not info.name.startswith(("torchless.integrations", "torchless.__main__")):
+            importlib.import_module(info.name)
     by_import = sorted(set(sys.modules) - pre)
     current = {"case": "<warm-up>", "recording": False}
     events: list[dict[str, Any]] = []
