@@ -48,7 +48,7 @@ from torchless.rules.policy import DENIED_MODULE_FAMILIES, PYTHON_CONSTANTS, tor
 
 __all__ = ["ANY_ARGS", "CALLS", "DANGEROUS", "FORWARDS", "HANDED_ON", "IMPORT_PACKAGES",
            "METHODS_CALLED", "NEW_ONLY", "SPECS", "ArgSpec", "Severity", "Spec",
-           "call_verdict", "import_verdict", "package_of"]
+           "call_verdict", "import_verdict", "method_verdict", "package_of"]
 
 #: What the scanner makes of one action.
 Severity = Literal["vetted", "unvetted", "dangerous"]
@@ -607,6 +607,46 @@ def call_verdict(module: str, name: str, *, new: bool = False) -> tuple[Severity
                             "whatever script calls torch.load), which is not vetted")
     where = "the standard library's" if top in _STDLIB else "the"
     return "unvetted", f"{verb} {path} runs code of {where} {top} package that is not vetted"
+
+
+#: Methods that touch files, processes or the network although their class is vetted to be
+#: created (prefixes of ``class.method``, as :data:`DANGEROUS`): a bound method of one, read
+#: with ``getattr`` and kept, is dangerous.
+DANGEROUS_METHODS: dict[str, str] = {
+    "pathlib": "a path object's methods read, write and delete the file it names (touch, "
+               "write_text, unlink, open …)",
+    "numpy.ndarray.tofile": "writes a file", "numpy.ndarray.dump": "writes a pickle file",
+    "array.array.tofile": "writes to a file",
+}
+
+
+def method_verdict(cls: Global, attr: str, cls_severity: Severity) -> tuple[Severity, str]:
+    """What ``getattr(obj, attr)`` runs, ``obj`` created by ``cls.__new__`` (NEWOBJ,
+    ``copyreg.__newobj__``, ``copyreg._reconstructor``) with ``cls_severity`` (its
+    :func:`call_verdict` with ``new``), ``attr`` a plain identifier, not a dunder: the class's
+    attribute lookup (``__getattribute__``, ``__getattr__``, descriptors), and the method it
+    finds, kept and so counted as called with unknown arguments. Code of the class: unvetted,
+    unless the class or the method is on a dangerous list, or the class is an unvetted one of
+    the standard library (its objects are files, sockets, processes …); vetted only for a
+    method vetted by name."""
+    path = f"{cls.path}.{attr}"
+    if cls_severity == "dangerous":
+        return "dangerous", f"looks up {path} on an object of a dangerous class"
+    key = _in(DANGEROUS_METHODS, path)
+    if key is not None:
+        return "dangerous", f"looks up and may call {path}: {DANGEROUS_METHODS[key]} ({key})"
+    danger = _known_danger(cls.module, f"{cls.name}.{attr}", called=True)
+    if danger is not None:
+        return "dangerous", f"looks up and may call {path}: {danger}"
+    if path in CALLS or path in ANY_ARGS:
+        return "vetted", CALLS.get(path) or ANY_ARGS[path]
+    top = package_of(cls.module)
+    if cls_severity != "vetted" and top in _STDLIB:
+        return "dangerous", (f"looks up and may call {path}: an unvetted class of the standard "
+                             "library (its objects include files, sockets and processes)")
+    whose = "the running program (__main__)" if top == "__main__" else f"the {top} package"
+    return "unvetted", (f"looks up and may call {path}: the attribute lookup and the method "
+                        f"are code of {cls.path} ({whose}), which is not vetted")
 
 
 def top_is(module: str, package: str) -> bool:

@@ -49,8 +49,8 @@ _PAIRS_MAX = 4096
 class Made:
     """What a call or ``__new__`` returned: judged by what made it."""
 
-    __slots__ = ("attr", "factory", "func", "holders", "maker", "origin", "pargs", "pkw",
-                 "severity", "walked")
+    __slots__ = ("attr", "cls", "factory", "func", "holders", "maker", "method", "origin",
+                 "pargs", "pkw", "severity", "walked")
 
     def __init__(self, maker: str, severity: Severity, origin: int | None) -> None:
         self.maker = maker
@@ -60,6 +60,10 @@ class Made:
         self.pargs: tuple[Any, ...] = ()
         self.pkw: dict[Any, Any] = {}  # a functools.partial's keywords
         self.attr: str | None = None  # getattr(obj, attr) of an object the file built
+        # the class whose __new__ made the object (NEWOBJ, copyreg.__newobj__,
+        # _reconstructor), while nothing can have changed it; None when the class is unknown
+        self.cls: Global | None = None
+        self.method: str | None = None  # a bound method's class.method (with ``cls`` known)
         # what the object keeps of what it was handed (keyword dicts, BUILD states, items),
         # where a method looked up on it may find a callable; the walks follow it
         self.holders: list[Any] | None = None
@@ -215,6 +219,15 @@ class DuckCalls:
         if arg.keeps and (result is None or not result.hold(value)):
             self._walk(value, f"what {callee} keeps", offset, self.duck_seen)
 
+    def judge_kept(self, obj: Made, attr: str, offset: int) -> None:
+        """``getattr(obj, attr)`` may find what ``obj`` keeps under ``attr`` (a Namespace's
+        keywords, its BUILD state): each callable found is judged as called."""
+        names = frozenset((attr,))
+        for holder in obj.holders or ():
+            for _, found in _attributes(holder, names):
+                self._judge_any(found, f"what {obj.maker} keeps (read by getattr as "
+                                f"{attr})", offset)
+
     def _judge_any(self, value: Any, where: str, offset: int) -> None:
         if type(value) is Global or type(value) is Made:
             self._judge(value, where, offset)
@@ -300,6 +313,13 @@ class DuckCalls:
             return
         if value.func is None and value.attr is None:
             return  # an object: a vetted class's, or reported when it was made
+        if value.method is not None:  # a bound method of a known class, judged by getattr
+            if value.severity != "vetted":
+                self.log.add("call", value.method, value.severity, f"{where} holds the bound "
+                             f"method {value.method}, which counts as called with unknown "
+                             "arguments (its getattr says what it may run)", offset,
+                             value.origin)
+            return
         if self.duck_depth >= DUCK_DEPTH:
             self.log.add("call", value.maker, "dangerous", "callables handed on nested too "
                          "deep to follow", offset, value.origin)

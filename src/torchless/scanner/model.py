@@ -39,6 +39,7 @@ from torchless.rules.allowlist import (
     call_verdict,
     forwarded,
     import_verdict,
+    method_verdict,
 )
 from torchless.rules.findclass import Failure, StorageName, find_class
 from torchless.scanner.duck import DUCK_DEPTH, FORWARDING, INERT, DuckCalls, Made
@@ -312,6 +313,8 @@ class Model(DuckCalls):
             log.add("call", f"{path}.__new__" if new else path, severity, reason, offset,
                     origin, args)
             made = Made(path, severity, origin)
+            if new:
+                made.cls = func
             if args or kwargs:
                 self._handed(path, args, kwargs, offset, result=made)
             return made
@@ -410,8 +413,10 @@ class Model(DuckCalls):
                 if severity != "dangerous":  # object.__new__ runs none of the class's code
                     severity, why = "vetted", "object.__new__(cls) runs none of its code"
                 self.log.add("call", f"{cls.path}.__new__", severity, why, offset, cls.offset)
-                return Made(cls.path, call_verdict(cls.module, cls.name, new=True)[0],
+                made = Made(cls.path, call_verdict(cls.module, cls.name, new=True)[0],
                             cls.offset)
+                made.cls = cls
+                return made
         if path in ("torch._tensor._rebuild_from_type_v2", "torch._tensor._rebuild_from_type"):
             new_type = args[1] if len(args) > 1 else None
             if isinstance(new_type, Global) and new_type.path not in (
@@ -428,6 +433,14 @@ class Model(DuckCalls):
         return Made(path, "vetted", origin)
 
     def _getattr(self, func: Global, args: tuple[Any, ...], offset: int) -> Any:
+        """``getattr(obj, name)``: vetted only for ``cls.__new__`` and an attribute of a
+        module or class the file names (judged as that name); the bound method of an object
+        made by a named class's ``__new__`` is judged by :func:`method_verdict` (unvetted
+        for an unvetted class's method: its code, not a known danger); dangerous for a name
+        that is not a constant identifier, for any dunder other than ``cls.__new__``
+        (``__globals__``, ``__builtins__``, ``__class__``, ``__subclasses__``, ``__reduce__``,
+        ``__init__`` …: they reach the interpreter's objects, and no pickler writes them), and
+        for an object whose class the model does not know."""
         if len(args) != 2 or type(args[1]) is not str or not args[1].isidentifier():
             self._add_call(func, "dangerous", "getattr is asked for something other than a "
                            "plain attribute name", offset, args)
@@ -447,13 +460,21 @@ class Model(DuckCalls):
             self._add_call(func, "vetted", "reads one attribute of a module or class the "
                            "file names", offset, args)
             name = Global(obj.module, f"{obj.name}.{attr}", obj.offset)
-            self.duck_unnamed[id(name)] = name  # no GLOBAL reported its import
+            self.duck_unnamed[id(name)] = name  # no GLOBAL reported their import
             return name
-        severity: Severity = obj.severity if isinstance(obj, Made) else "vetted"
-        self._add_call(func, severity, "reads an attribute of an object the file built",
-                       offset, args)
         maker = obj.maker if isinstance(obj, Made) else type(obj).__name__
-        made = Made(maker, severity, _origin(obj))
+        if isinstance(obj, Made) and obj.cls is not None and obj.attr is None and \
+                obj.func is None:
+            severity, reason = method_verdict(obj.cls, attr, obj.severity)
+            self._add_call(func, severity, reason, offset, args)
+            self.judge_kept(obj, attr, offset)  # an instance attribute shadows the method
+            made = Made(maker, severity, _origin(obj))
+            made.attr, made.method = attr, f"{obj.cls.path}.{attr}"
+            return made
+        self._add_call(func, "dangerous", f"reads the attribute {attr!r} of an object whose "
+                       f"class is not known ({maker}): what it finds may be any callable",
+                       offset, args)
+        made = Made(maker, "dangerous", _origin(obj))
         made.attr = attr
         return made
 
@@ -475,6 +496,10 @@ class Model(DuckCalls):
                 self._judge(obj, "a functools.partial rebuilt after it was handed on", offset)
             return obj
         self._update("build", obj, offset, state)
+        if isinstance(obj, Made) and obj.cls is not None and not (
+                type(state) is dict or (type(state) is tuple and len(state) == 2 and
+                                        state[1] is None)):
+            obj.cls = None  # slot state is set with setattr: its __class__ may change
         if isinstance(obj, (Made, Global)) and type(state) not in INERT:
             maker = obj.maker if isinstance(obj, Made) else obj.path
             self._handed(maker if isinstance(obj, Made) else "", state, None, offset,
