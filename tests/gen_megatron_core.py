@@ -17,6 +17,9 @@ torch's own DCP reader assembles it (``dcp_to_torch_save``, under its ShardedTen
 ``tensors``) and as Megatron's own ``dist_checkpointing.load`` gives it to the same model
 built with TP=1 (``megatron_load_tp1``: under the model's state-dict key, with the
 ShardedTensor key and the layer index it was read from).
+
+Megatron-Core cannot write the legacy ``mp_rank_XX/model_optim_rng.pt`` layout: that writer
+is Megatron-LM's ``megatron/training/checkpointing.py``, not part of the megatron-core wheel.
 """
 
 from __future__ import annotations

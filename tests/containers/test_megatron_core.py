@@ -58,3 +58,11 @@ def test_load_and_scan() -> None:
         assert tree[name] == [None], name
     report = torchless.scan(DIR)  # .metadata holds Megatron's all_local_plans (SavePlan)
     assert report.ok and report.counts()["clean"] == 1, report.files
+
+
+def test_convert_writes_the_same_bytes(tmp_path: Path) -> None:
+    torchless.convert(DIR, tmp_path / "model.safetensors")
+    with torchless.open(tmp_path / "model.safetensors") as out:
+        assert sorted(out.tensors) == sorted(EXPECTED["tensors"])
+        for name, w in EXPECTED["tensors"].items():
+            assert _sha(out.tensors[name].numpy()) == w["sha256"], name
