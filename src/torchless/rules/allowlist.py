@@ -207,7 +207,13 @@ for _m, _n in (("torch.distributed.checkpoint.metadata", "Metadata"),
                ("torch.distributed.checkpoint.metadata", "StorageMeta"),
                ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
                ("torch.distributed.checkpoint._hf_utils", "_HFStorageInfo"),
-               ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties")):
+               ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"),
+               # Megatron-Core (0.16) stores every rank's save plan in .metadata
+               # (state_dict_saver.py: global_metadata.all_local_plans): frozen dataclasses
+               ("torch.distributed.checkpoint.planner", "SavePlan"),
+               ("torch.distributed.checkpoint.planner", "WriteItem"),
+               ("torch.distributed.checkpoint.planner", "TensorWriteData"),
+               ("torch.distributed.checkpoint.planner", "BytesIOWriteData")):
     NEW_ONLY[f"{_m}.{_n}"] = _DCP
 NEW_ONLY["megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata"] = (
     "Megatron-Core's DCP Metadata: a dataclass subclass of torch's with one more field "
@@ -215,6 +221,7 @@ NEW_ONLY["megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata"] = (
     "BUILD fill its fields")
 CALLS["torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"] = _ENUM
 CALLS["torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING"] = _ENUM
+CALLS["torch.distributed.checkpoint.planner.WriteItemType"] = _ENUM
 # What a DTensor and a ShardedTensor pickle (FSDP2, verl's and FSDP1's per-rank files; read
 # in torch 2.13): dataclasses and NamedTuples whose BUILD fills their fields (DTensorSpec's
 # __setattr__ only checks a shard order; the layouts are frozen dataclasses BUILD writes

@@ -2,7 +2,8 @@
 
 ``torch.distributed.checkpoint`` pickles its own dataclasses there (``Metadata``,
 ``TensorStorageMetadata``, ``ChunkStorageMetadata``, ``TensorProperties``, ``MetadataIndex``,
-``_StorageInfo``, ``BytesStorageMetadata``, ``StorageMeta``). These names are known here and
+``_StorageInfo``, ``BytesStorageMetadata``, ``StorageMeta``; Megatron-Core adds the
+planner's ``SavePlan`` records). These names are known here and
 only here: each becomes an inert record (class, state) that :mod:`torchless.containers.dcpmeta`
 reads field by field. Nothing is imported or called; in an ordinary checkpoint the same
 names stay under the general policy.
@@ -19,6 +20,7 @@ __all__ = ["DCP_CLASSES", "DcpResolver"]
 
 _METADATA = "torch.distributed.checkpoint.metadata"
 _OLD_SHARD = "torch.distributed._shard.sharded_tensor.metadata"  # torch 2.0-2.1
+_PLANNER = "torch.distributed.checkpoint.planner"
 
 #: The dataclasses DCP pickles into ``.metadata``, by (module, name).
 DCP_CLASSES = frozenset({
@@ -34,6 +36,12 @@ DCP_CLASSES = frozenset({
     (_OLD_SHARD, "MEM_FORMAT_ENCODING"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.distributed.checkpoint._hf_utils", "_HFStorageInfo"),
+    # the save plans Megatron-Core keeps in .metadata (``all_local_plans``)
+    (_PLANNER, "SavePlan"),
+    (_PLANNER, "WriteItem"),
+    (_PLANNER, "WriteItemType"),
+    (_PLANNER, "TensorWriteData"),
+    (_PLANNER, "BytesIOWriteData"),
 })
 
 
