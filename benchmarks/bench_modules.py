@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench_open import forked
+
 READERS = ("torch", "torchless-open", "torchless-load")
 
 
@@ -100,35 +102,20 @@ def _op(reader: str, path: str) -> Callable[[], int]:
 
 
 def _in_child(reader: str, path: str) -> dict[str, float]:
-    """One measurement in a process forked from this one (imports done, nothing else)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        try:
-            op = _op(reader, path)
-            out: dict[str, float] = {}
-            for run in ("first", "warm"):
-                t0, c0 = time.perf_counter(), time.process_time()
-                n = op()
-                out[f"{run}_seconds"] = time.perf_counter() - t0
-                out[f"{run}_cpu"] = time.process_time() - c0
-                out["count"] = n
-            payload = json.dumps(out).encode()
-        except BaseException as e:
-            payload = json.dumps({"error": repr(e)}).encode()
-        os.write(w, payload)
-        os._exit(0)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    os.waitpid(pid, 0)
-    result: dict[str, float] = json.loads(b"".join(chunks))
-    if "error" in result:
-        raise RuntimeError(f"{reader} on {path}: {result['error']}")
-    return result
+    """One measurement in a process forked from this one (imports done, nothing else): the
+    first call and the warm one."""
+    def measure() -> dict[str, float]:
+        op = _op(reader, path)
+        out: dict[str, float] = {}
+        for run in ("first", "warm"):
+            t0, c0 = time.perf_counter(), time.process_time()
+            n = op()
+            out[f"{run}_seconds"] = time.perf_counter() - t0
+            out[f"{run}_cpu"] = time.process_time() - c0
+            out["count"] = n
+        return out
+
+    return forked(measure, f"{reader} on {path}")
 
 
 def run(scale: int, reps: int, directory: str) -> dict[str, Any]:

@@ -140,16 +140,15 @@ def _measure(reader: str, path: str, traced: bool) -> dict[str, float]:
     return out
 
 
-def _in_child(reader: str, path: str, traced: bool, big: bool | None = None
-              ) -> dict[str, float]:
-    """One measurement in a process forked from this one (imports done, nothing else)."""
+def forked(measure: Callable[[], dict[str, Any]], label: str) -> dict[str, Any]:
+    """``measure()`` in a process forked from this one (imports done, nothing else), its
+    result sent back as JSON; an error in the child is raised here, named by ``label``."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         os.close(r)
         try:
-            payload = json.dumps(_measure(reader, path, traced) if big is None
-                                 else _open_big(reader, path, big)).encode()
+            payload = json.dumps(measure()).encode()
         except BaseException as e:
             payload = json.dumps({"error": repr(e)}).encode()
         os.write(w, payload)
@@ -160,10 +159,17 @@ def _in_child(reader: str, path: str, traced: bool, big: bool | None = None
         chunks.append(chunk)
     os.close(r)
     os.waitpid(pid, 0)
-    result: dict[str, float] = json.loads(b"".join(chunks))
+    result: dict[str, Any] = json.loads(b"".join(chunks))
     if "error" in result:
-        raise RuntimeError(f"{reader} on {path}: {result['error']}")
+        raise RuntimeError(f"{label}: {result['error']}")
     return result
+
+
+def _in_child(reader: str, path: str, traced: bool, big: bool | None = None
+              ) -> dict[str, float]:
+    """One measurement in a forked process."""
+    return forked(lambda: _measure(reader, path, traced) if big is None
+                  else _open_big(reader, path, big), f"{reader} on {path}")
 
 
 def _read_bytes() -> int:
