@@ -291,6 +291,7 @@ class _Module:
         AST = ast.AST
         child_fields = _CHILD_FIELDS
         Name, Load = ast.Name, ast.Load
+        push = stack.append
         while stack:
             node, scope = stack.pop()
             kind = type(node)
@@ -337,21 +338,17 @@ class _Module:
             attrs = vars(node)
             for field in fields:
                 value = attrs.get(field)
-                if type(value) is list:
-                    children: list[ast.AST] = [v for v in value if isinstance(v, AST)]
-                elif isinstance(value, AST):
-                    children = [value]
-                else:
-                    continue
-                if not outside:
-                    for child in children:
-                        parent[id(child)] = node
-                        stack.append((child, inner))
-                    continue
-                for child in children:
+                if type(value) is not list:
+                    if not isinstance(value, AST):
+                        continue
+                    value = (value,)
+                for child in value:
+                    if not isinstance(child, AST):
+                        continue  # None in a Dict's keys or a default's place
                     parent[id(child)] = node
                     # decorators, defaults, annotations of parameters, bases: read outside
-                    stack.append((child, scope if any(child is o for o in outside) else inner))
+                    push((child, scope if outside and any(child is o for o in outside)
+                          else inner))
 
     def _bind(self, scope: _Scope, name: str, value: ast.expr | None) -> None:
         self.bindings.append((scope, name, value))

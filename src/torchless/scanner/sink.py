@@ -27,7 +27,6 @@ from torchless.io.detect import has_zip_tail, looks_like_safetensors, tar_polygl
 from torchless.io.source import Source
 from torchless.scanner.pickles import NOT_AN_OPCODE, PICKLE_START, looks_like_pickle, scan_stream
 from torchless.scanner.report import Action, GlobalRef
-from torchless.scanner.script import MAX_CODE_BYTES, MAX_CODE_TOTAL, script_calls
 
 __all__ = ["RegionScan"]
 
@@ -147,8 +146,8 @@ class RegionScan:
             return probe.problems[-1]
         return None
 
-    #: Characters of TorchScript code this file's scan may still parse (:meth:`code`).
-    _code_left: int = MAX_CODE_TOTAL
+    #: Characters of TorchScript code this file's scan has parsed (:meth:`code`).
+    _code_used: int = 0
 
     def code(self, member: str, data: bytes) -> None:
         """The operators TorchScript code refers to: file and network access is dangerous;
@@ -156,11 +155,14 @@ class RegionScan:
         or code that does not parse an anomaly (:mod:`.script`). Past
         :data:`~.script.MAX_CODE_TOTAL` characters of code in one archive, the rest is not
         parsed (a ``limit`` anomaly, once)."""
-        if self._code_left < 0:
+        # imported here: a scan of a file with no TorchScript code does not load the parser
+        from torchless.scanner.script import MAX_CODE_BYTES, MAX_CODE_TOTAL, script_calls
+
+        if self._code_used > MAX_CODE_TOTAL:
             return
         text = data.decode("utf-8", "replace")
-        self._code_left -= min(len(text), MAX_CODE_BYTES)
-        if self._code_left < 0:
+        self._code_used += min(len(text), MAX_CODE_BYTES)
+        if self._code_used > MAX_CODE_TOTAL:
             self.flag("limit", f"more than {MAX_CODE_TOTAL} characters of TorchScript "
                       "code: the rest is not scanned", member)
             return
