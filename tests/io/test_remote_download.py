@@ -12,7 +12,6 @@ import functools
 import gc
 import itertools
 import os
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,6 +24,8 @@ import torchless
 from torchless.cli.main import main
 from torchless.io.remote import download_progress
 
+from .._httpd import serving as _run
+
 pytestmark = pytest.mark.torch
 
 
@@ -33,16 +34,6 @@ class _Quiet(SimpleHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-def _run(server: ThreadingHTTPServer) -> Iterator[str]:
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

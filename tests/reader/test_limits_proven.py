@@ -340,7 +340,6 @@ def _plain_server(root: Path) -> Iterator[str]:
     """The standard library's file server over ``root`` (no Range support; it streams a
     file in 64 KiB blocks, so its own memory does not count against the bound)."""
     import functools
-    import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     class Quiet(SimpleHTTPRequestHandler):
@@ -351,14 +350,10 @@ def _plain_server(root: Path) -> Iterator[str]:
         def handle_error(self, *args: object) -> None:  # the client hung up: expected
             pass
 
-    server = Server(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    from .._httpd import serving
+
+    yield from serving(Server(("127.0.0.1", 0), functools.partial(Quiet,
+                                                                  directory=str(root))))
 
 
 # ---- the tests -------------------------------------------------------------------------
