@@ -61,6 +61,11 @@ def claim(outputs: Sequence[str], sources: Iterable[str], *, force: bool) -> lis
             raise ConversionError(f"the output is {what}: a file is never written over, nor "
                                   "verified against, itself", path=output,
                                   hint="name another output with -o (dst=...)")
+    for output in outputs:  # every output is a file; --force never replaces a directory
+        if os.path.isdir(output):
+            raise ConversionError("the output path is a directory", path=output,
+                                  hint="name the output file, e.g. -o DIR/model.safetensors "
+                                       "(dst=...)")
     existing = [o for o in outputs if os.path.lexists(o)]
     if existing and not force:
         what = ("the output file exists" if len(outputs) == 1 else

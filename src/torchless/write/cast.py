@@ -128,7 +128,7 @@ _local = threading.local()
 def _scratch() -> np.ndarray[Any, Any]:
     """This thread's buffer of :data:`_SUB_ELEMENTS` 32-bit words (one per thread, kept:
     a fresh one per block costs page faults)."""
-    buf: np.ndarray[Any, Any] | None = getattr(_local, "scratch", None)
+    buf: np.ndarray[Any, Any] | None = vars(_local).get("scratch")
     if buf is None:
         buf = _local.scratch = np.empty(_SUB_ELEMENTS, _U32)
     return buf
