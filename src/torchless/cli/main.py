@@ -210,11 +210,9 @@ def _run_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     from torchless.cli.inspecting import run_inspect, targets
 
     if args.tag is not None:
-        from torchless.containers.zero import tag_directory
-        from torchless.errors import error_boundary
+        from torchless.reader.checkpoint import tagged
 
-        with error_boundary("inspecting", args.file[0]):
-            args.file = [tag_directory(args.file[0], args.tag)]
+        args.file = [tagged(args.file[0], args.tag, "inspecting")]
     found, one = targets(args.file, _checkpoint_files)
     if (args.html or args.tree) and not one:
         parser.error("--html and --tree take one checkpoint: a file, a DCP directory or a "

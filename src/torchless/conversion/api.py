@@ -45,7 +45,7 @@ from torchless.errors import (
 )
 from torchless.inert import schema as _inert
 from torchless.io.remote import is_remote
-from torchless.reader.checkpoint import ReadOptions
+from torchless.reader.checkpoint import ReadOptions, tagged
 from torchless.write import atomic as _atomic
 from torchless.write.safetensors import (
     plan,
@@ -178,17 +178,11 @@ def convert(
                                   "object use torchless.open and save its tensors")
         if dst is None:
             dst = default_dst(os.path.basename(urllib.parse.urlparse(src).path) or "model")
-    if tag is not None:  # a DeepSpeed run directory: its reader only then
-        from torchless.containers.zero import check_tag, tag_directory
-
-        check_tag(tag)
-    spath = os.fspath(src)
+    spath = tagged(os.fspath(src), tag, "converting")
     limits = allowing_download(limits, allow_full_download)
     read = ReadOptions(limits, strict, tuple(allow_globals), verify_crc)
     with error_boundary("converting", spath, max_depth=limits.max_depth if limits else -1), \
             collector_paused():
-        if tag is not None:
-            spath = tag_directory(spath, tag)
         selection = Selection.of(include, exclude, rename, strip_prefix, ema)
         cast = _cast(dtype, dtype_filter)
         if skip_existing:
@@ -414,14 +408,7 @@ def verify(
     record of the cast must be the one convert writes. ``allow_full_download`` as for
     :func:`torchless.open`. ``tag``: of a DeepSpeed run directory SRC, the save to compare
     (as for :func:`torchless.open`)."""
-    if tag is not None:  # a DeepSpeed run directory: its reader only then
-        from torchless.containers.zero import check_tag, tag_directory
-
-        check_tag(tag)
-    spath, dpath = os.fspath(src), os.fspath(dst)
-    if tag is not None:
-        with error_boundary("verifying", spath):
-            spath = tag_directory(spath, tag)
+    spath, dpath = tagged(os.fspath(src), tag, "verifying"), os.fspath(dst)
     read = ReadOptions(allowing_download(limits, allow_full_download), strict,
                        tuple(allow_globals), verify_crc)
     cast = _cast(dtype, dtype_filter) if dtype is None or isinstance(dtype, str) else dtype

@@ -167,18 +167,26 @@ def open(
     """
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
-    if tag is not None:  # a DeepSpeed run directory: its reader only then
-        from torchless.containers.zero import check_tag, tag_directory
-
-        check_tag(tag)
     lim = allowing_download(limits, allow_full_download) or Limits()
     spath = path if is_file_object(path) or is_remote(path) else os.fspath(path)
+    spath = tagged(spath, tag, "reading")
     label = spath if isinstance(spath, str) else "<file object>"
     with error_boundary("reading", label, max_depth=lim.max_depth):
-        if tag is not None:
-            spath = tag_directory(spath, tag)
         return _open(spath, lim, strict, frozenset(allow_globals), root_name, verify_crc,
                      modules)
+
+
+def tagged(path: Any, tag: str | None, doing: str) -> Any:
+    """``path``, or with ``tag`` the directory of that save of the DeepSpeed run directory
+    ``path`` (``tag=`` of the entry points; the ZeRO reader is imported only then). A tag
+    that is not a str is a programming error (``TypeError``); an unknown one is refused."""
+    if tag is None:
+        return path
+    from torchless.containers.zero import check_tag, tag_directory
+
+    check_tag(tag)
+    with error_boundary(doing, path if isinstance(path, str) else "<file object>"):
+        return tag_directory(path, tag)
 
 
 def _open(path: Any, limits: Limits, strict: bool, allow: frozenset[str], root_name: str,
@@ -359,14 +367,8 @@ def load(
     limits = allowing_download(limits, allow_full_download)
     if modules not in ("record", "state_dict"):
         raise ValueError("modules must be 'record' or 'state_dict'")
-    if tag is not None:  # a DeepSpeed run directory: its reader only then
-        from torchless.containers.zero import check_tag, tag_directory
-
-        check_tag(tag)
-    spath: Any = path if is_file_object(path) or is_remote(path) else os.fspath(path)
-    if tag is not None:
-        with error_boundary("reading", spath if isinstance(spath, str) else "<file object>"):
-            spath = tag_directory(spath, tag)
+    spath: Any = tagged(path if is_file_object(path) or is_remote(path) else os.fspath(path),
+                        tag, "reading")
     if not (isinstance(spath, str) and not is_remote(spath) and os.path.isdir(spath)):
         source = open_source(spath, max_download=limits.max_download_bytes
                              if limits is not None else None)
