@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from torchless.errors import EXISTS_HINT, CheckpointError, ConversionError, InternalError
+from torchless.write.atomic import refuse_directory
 
 if TYPE_CHECKING:
     from torchless.conversion.common import VerifyReport
@@ -61,11 +62,8 @@ def claim(outputs: Sequence[str], sources: Iterable[str], *, force: bool) -> lis
             raise ConversionError(f"the output is {what}: a file is never written over, nor "
                                   "verified against, itself", path=output,
                                   hint="name another output with -o (dst=...)")
-    for output in outputs:  # every output is a file; --force never replaces a directory
-        if os.path.isdir(output):
-            raise ConversionError("the output path is a directory", path=output,
-                                  hint="name the output file, e.g. -o DIR/model.safetensors "
-                                       "(dst=...)")
+    for output in outputs:  # every output is a file
+        refuse_directory(output)
     existing = [o for o in outputs if os.path.lexists(o)]
     if existing and not force:
         what = ("the output file exists" if len(outputs) == 1 else

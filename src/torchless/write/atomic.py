@@ -70,6 +70,15 @@ def _token() -> str:
     return os.urandom(6).hex()
 
 
+def refuse_directory(dst: str) -> None:
+    """An output file's path that names a directory is refused (``force`` never replaces
+    one)."""
+    if os.path.isdir(dst):
+        raise ConversionError("the output path is a directory", path=dst,
+                              hint="name the output file, e.g. -o DIR/model.safetensors "
+                                   "(dst=...)")
+
+
 def _exists_error(dst: str) -> ConversionError:
     return ConversionError("the output file exists (use force=True / --force to replace it)",
                            path=dst, hint=EXISTS_HINT)
@@ -102,10 +111,7 @@ class Output:
         self.dst = dst
         self.directory = os.path.dirname(dst) or "."
         self.name = os.path.basename(dst)
-        if os.path.isdir(dst):
-            raise ConversionError("the output path is a directory", path=dst,
-                                  hint="name the output file, e.g. -o DIR/model.safetensors "
-                                       "(dst=...)")
+        refuse_directory(dst)
         if not force and os.path.lexists(dst):
             raise _exists_error(dst)
         self.fd = -1
