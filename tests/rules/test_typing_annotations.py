@@ -103,3 +103,73 @@ def test_other_getitem_and_type_calls_are_inert_records(
     value = torchless.load(path)
     assert type(value) is Opaque
     assert value.class_path == callable_path
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("proto", [2, 4])
+def test_builtin_generics_and_unions_are_annotations(
+    torch: ModuleType, tmp_path: Path, proto: int
+) -> None:
+    """``list[int]`` is pickled as ``types.GenericAlias(list, (int,))``, ``int | None`` as
+    ``functools.reduce(operator.or_, (int, NoneType))``: both are annotations, read and
+    scanned clean; the text is what ``repr`` of torch.load's value says."""
+    import collections
+
+    from torchless.scanner.files import scan
+
+    forms = {
+        "list": list[int],
+        "nested": dict[str, list[int]],
+        "ordered": collections.OrderedDict[str, int],
+        "union": int | None,
+        "union3": int | str | None,
+        "inner": list[int | None],
+        "mixed": typing.Optional[list[int]],  # noqa: UP045
+        "empty": tuple[()],
+    }
+    path = tmp_path / f"generics{proto}.pt"
+    torch.save({**forms, "w": torch.arange(3.0)}, path, pickle_protocol=proto)
+    reference = torch.load(path, weights_only=False)
+    loaded = torchless.load(path)
+    for key in forms:
+        got = loaded[key]
+        assert isinstance(got, Annotation), key
+        assert got.text == repr(reference[key]), key
+    report = scan(path).files[0]
+    assert report.status == "clean", [a for a in report.actions if a.severity != "vetted"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # reduce with a function other than or_: it calls it on the file's values
+        _g("functools", "reduce") + _g("_operator", "add") + b"K\x01K\x02\x86\x86R",
+        # | of an object the file built: its class's __or__ runs
+        _g("functools", "reduce") + _g("_operator", "or_")
+        + _g("mylib", "Thing") + b")R" + _g("__builtin__", "int") + b"\x86\x86R",
+        _g("_operator", "or_") + _g("mylib", "Thing") + b")R" + b"K\x01\x86R",
+    ],
+)
+def test_other_reduce_and_or_calls_are_refused_and_not_clean(
+    tmp_path: Path, body: bytes
+) -> None:
+    from torchless.scanner.files import scan
+
+    path = tmp_path / "x.pkl"
+    path.write_bytes(b"\x80\x02" + body + b".")
+    with pytest.raises(torchless.UnsafeGlobalError):
+        torchless.load(path)
+    assert scan(path).files[0].status != "clean"
+
+
+def test_a_generic_alias_of_a_callable_is_a_record_and_not_clean(tmp_path: Path) -> None:
+    """``types.GenericAlias`` keeps its origin; attribute reads and calls of the alias go to
+    it, so an alias of a callable the file built is no annotation."""
+    from torchless.scanner.files import scan
+
+    path = tmp_path / "x.pkl"
+    partial = _g("functools", "partial") + _g("mylib", "hook") + b"\x85R"
+    path.write_bytes(b"\x80\x02" + _g("types", "GenericAlias") + partial + b")\x86R.")
+    value = torchless.load(path)
+    assert type(value) is Opaque and value.class_path == "types.GenericAlias"
+    assert scan(path).files[0].status != "clean"

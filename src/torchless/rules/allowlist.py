@@ -115,6 +115,10 @@ CALLS: dict[str, str] = {
     "re.compile": "compiles a regular expression (nothing is matched at load)",
     "re.RegexFlag": _ENUM,
     "decimal.Decimal": "a number from a string", "fractions.Fraction": "a number",
+    # Address.__reduce__ gives (cls, (int,)), Network/Interface (cls, (str,)): __init__
+    # takes an int, bytes, a tuple, or str() of anything else, and parses it
+    **{f"ipaddress.IPv{v}{n}": "an IP address, network or interface parsed from a number "
+       "or a string" for v in (4, 6) for n in ("Address", "Network", "Interface")},
     "array.array": "a typed array from data",
     "array._array_reconstructor": "a typed array from bytes",
     "enum.Enum": _ENUM,
@@ -278,6 +282,15 @@ FORWARDS: dict[str, str] = {
     "operator.getitem": "subscripts its first argument (typing.Optional[int] is pickled so)",
     # protocols 4 and 5 name it by its __module__, the C module operator re-exports
     "_operator.getitem": "subscripts its first argument (typing.Optional[int] is pickled so)",
+    # list[int] and int | None are pickled as these calls (judged by the caller: they keep
+    # or combine classes; reduce calls its function, | runs its operands' __or__)
+    "types.GenericAlias": "keeps a class and its arguments (list[int] is pickled so)",
+    "functools.reduce": "calls its function on the items in turn (int | None is pickled as "
+                        "reduce(operator.or_, (int, NoneType)))",
+    "_functools.reduce": "calls its function on the items in turn (protocols 4 and 5 name "
+                         "functools.reduce so)",
+    "operator.or_": "a | b: runs the __or__ of its operands' classes",
+    "_operator.or_": "a | b: runs the __or__ of its operands' classes",
     "hmac.new": "calls its digestmod", "hmac.HMAC": "calls its digestmod",
     "hmac.digest": "calls its digest",
 }
@@ -378,6 +391,11 @@ HANDED_ON: dict[str, tuple[frozenset[int], frozenset[str]]] = {
     "builtins.type": (frozenset({0}), frozenset()),
     "operator.getitem": (frozenset({0, 1}), frozenset()),
     "_operator.getitem": (frozenset({0, 1}), frozenset()),
+    "types.GenericAlias": (frozenset({0, 1}), frozenset()),
+    "functools.reduce": (frozenset({0, 1, 2}), frozenset()),
+    "_functools.reduce": (frozenset({0, 1, 2}), frozenset()),
+    "operator.or_": (frozenset({0, 1}), frozenset()),
+    "_operator.or_": (frozenset({0, 1}), frozenset()),
     "hmac.new": (frozenset({2}), frozenset({"digestmod"})),
     "hmac.HMAC": (frozenset({2}), frozenset({"digestmod"})),
     "hmac.digest": (frozenset({2}), frozenset({"digest"})),
@@ -669,8 +687,9 @@ def forwarded(path: str, args: tuple[object, ...],
     """The calls a vetted forwarding rule ``path`` makes with what the file gave it, as
     ``(callable, arguments)`` pairs (the callable as the file built it); [] when it forwards
     nothing for these arguments. ``functools.partial`` forwards when the partial is called,
-    not here; ``builtins.getattr``, ``type`` and ``operator.getitem`` are judged by the caller
-    (they read, they do not call)."""
+    not here; ``builtins.getattr``, ``type``, ``operator.getitem``, ``types.GenericAlias``,
+    ``functools.reduce`` and ``operator.or_`` are judged by the caller (the scanner's model
+    of annotations)."""
     kw = kwargs or {}
     if path in ("torch._tensor._rebuild_from_type_v2", "torch._tensor._rebuild_from_type"):
         if len(args) >= 3 and isinstance(args[2], tuple):

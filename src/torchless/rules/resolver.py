@@ -104,6 +104,13 @@ _RULES: dict[tuple[str, str], str] = {
     ("builtins", "type"): "type",
     ("operator", "getitem"): "getitem",
     ("_operator", "getitem"): "getitem",
+    # list[int] is pickled as types.GenericAlias(list, (int,)); int | None as
+    # functools.reduce(operator.or_, (int, type(None)))
+    ("types", "GenericAlias"): "generic_alias",
+    ("functools", "reduce"): "reduce",
+    ("_functools", "reduce"): "reduce",
+    ("operator", "or_"): "or",
+    ("_operator", "or_"): "or",
     ("zoneinfo", "ZoneInfo._unpickle"): "zoneinfo",
     # torch 0.3/0.4 full-model saves pickle each module's _backend through this call
     ("torch.nn.backends.thnn", "_get_thnn_function_backend"): "opaque",

@@ -62,6 +62,8 @@ _BUILTIN_TYPES: dict[type, str] = {
 #: Modules whose subscripted forms are type annotations (``typing.Optional[int]``,
 #: ``collections.abc.Callable[[int], str]``, ``builtins.list[int]``).
 _ANNOTATION_MODULES = frozenset({"typing", "typing_extensions", "collections.abc"})
+#: The most members a union read from a file may have (``A | B | …``).
+_UNION_MAX = 256
 
 
 class Annotation(Opaque):
@@ -118,6 +120,24 @@ def system_zone(key: str) -> datetime.tzinfo | None:
             except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
                 return None
     return None
+
+
+def _union_text(members: Any) -> str | None:
+    """How Python spells the union of ``members`` (``int | None``), or None when one of them
+    is no class, name or annotation (``|`` would run its own code)."""
+    parts = []
+    for m in members[:_UNION_MAX]:
+        if not isinstance(m, (Global, Annotation)) and m is not None:
+            return None
+        if isinstance(m, Global) and m.name == "NoneType" and \
+                m.module in ("builtins", "__builtin__"):
+            parts.append("None")
+            continue
+        text = _annotation_text(m)
+        if text is None:
+            return None
+        parts.append(text)
+    return " | ".join(parts) if len(members) <= _UNION_MAX else None
 
 
 METHOD_CALL_HINT = (
@@ -332,6 +352,45 @@ class StdlibRules(Resolver):
                         form, key = "typing.Optional", _annotation_text(other[0])
                 return Annotation(f, a, f"{form}[{key or '()'}]")
         return Opaque(f, a)
+
+    def _r_generic_alias(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``types.GenericAlias(origin, args)``: how pickle writes ``list[int]`` (and
+        ``dict[str, list[int]]``, ``collections.OrderedDict[str, int]``). CPython's
+        constructor only keeps both; a class subscripted with classes, names and literals
+        becomes an :class:`Annotation`, anything else an inert record."""
+        if len(a) == 2:
+            form, key = _annotation_text(a[0]), _annotation_text(a[1])
+            if isinstance(a[0], (Global, Annotation)) and form is not None and key is not None:
+                return Annotation(f, a, f"{form}[{key or '()'}]")
+        return Opaque(f, a)
+
+    def _r_reduce(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``functools.reduce(operator.or_, (int, type(None)))``: how pickle writes the union
+        ``int | None`` (a ``types.UnionType``), kept as an :class:`Annotation`. reduce calls
+        the function it is given on the file's values: any other use is refused."""
+        if len(a) == 2 and isinstance(a[0], Known) and a[0].rule == "or" and \
+                type(a[1]) in (tuple, list) and a[1]:
+            text = _union_text(a[1])
+            if text is not None:
+                return Annotation(f, a, text)
+        raise UnsafeGlobalError(
+            f"refused call {f.path}: it calls the function it is given on values the "
+            "file built (only reduce(operator.or_, classes), a pickled union such as "
+            "int | None, is read)", names=(f.path,), hint=METHOD_CALL_HINT)
+
+    def _r_or(self, f: Known, a: tuple[Any, ...]) -> Any:
+        """``operator.or_(a, b)``: the union of two classes (``int | None``) as an
+        :class:`Annotation`, or of two integers; any other operands (their ``__or__`` is
+        code of the objects the file built) are refused."""
+        if len(a) == 2:
+            if all(type(x) in (int, bool) for x in a):
+                return a[0] | a[1]
+            text = _union_text(a)
+            if text is not None:
+                return Annotation(f, a, text)
+        raise UnsafeGlobalError(
+            f"refused call {f.path}: it runs the | of objects the file built (only a union of "
+            "classes, such as int | None, is read)", names=(f.path,), hint=METHOD_CALL_HINT)
 
     def _r_getattr(self, f: Known, a: tuple[Any, ...]) -> Any:
         """``getattr(Class, "Inner")``: how protocols < 4 name a nested class or a class's

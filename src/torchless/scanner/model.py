@@ -53,6 +53,14 @@ _TEXT_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8
 _TYPING = frozenset({"typing", "typing_extensions", "collections.abc", "builtins"})
 #: The maker of what a 1-argument ``type(x)`` returns (a class: Py_TYPE(x)).
 _TYPE_OF = "builtins.type()"
+#: The maker of a union of classes (``int | None``: ``reduce(operator.or_, …)``).
+_UNION = "types.UnionType"
+#: Modules whose classes a ``types.GenericAlias`` may subscript in a vetted annotation
+#: (``list[int]``, ``collections.OrderedDict[str, int]``): the alias keeps its origin, and
+#: reads every attribute it does not have from it.
+_ALIAS_ORIGINS = frozenset({*_TYPING, "collections"})
+_OR = frozenset({"operator.or_", "_operator.or_"})
+_REDUCE = frozenset({"functools.reduce", "_functools.reduce"})
 #: The most values an annotation's key may hold (``Union[...]`` of that many classes).
 _ANNOTATION_MAX = 256
 
@@ -74,12 +82,36 @@ def _annotation_key(key: Any) -> bool:
         if type(v) in (tuple, list):
             stack.extend(v)
         elif isinstance(v, Made):
-            if v.severity != "vetted" or not (
-                    v.maker == _TYPE_OF or (v.maker.endswith("[…]")
-                                            and v.maker.split(".")[0] in _TYPING)):
+            if not _annotation_made(v):
                 return False
         elif not (isinstance(v, Global) or v is None or v is Ellipsis
                   or type(v) in (str, bytes, int, bool)):
+            return False
+    return True
+
+
+def _annotation_made(v: Made) -> bool:
+    """A vetted annotation made by a call: ``type(x)``'s class, a typing form or builtin
+    class subscripted (``List[int]``, ``list[int]``), a union of classes."""
+    if v.severity != "vetted":
+        return False
+    if v.maker == _TYPE_OF or v.maker == _UNION:
+        return True
+    return v.maker.endswith("[…]") and v.maker[:-3].rpartition(".")[0] in _ALIAS_ORIGINS
+
+
+def _union_members(members: Any) -> bool:
+    """Whether ``a | b | …`` of ``members`` runs only the language's and typing's own code:
+    each is None, a class of ``builtins``/``typing`` (``type.__or__``, typing's ``__or__``)
+    or a vetted annotation (``list[int] | None``); the union compares them (``__eq__``, as
+    a subscript does)."""
+    if type(members) not in (tuple, list) or not members or len(members) > _ANNOTATION_MAX:
+        return False
+    for m in members:
+        if isinstance(m, Made):
+            if not _annotation_made(m):
+                return False
+        elif not (m is None or (isinstance(m, Global) and m.module in _TYPING)):
             return False
     return True
 
@@ -346,6 +378,43 @@ class Model(DuckCalls):
                 "calls a value that is not a name the file gave", offset, origin, args)
         return Made("?", "dangerous", origin)
 
+    def _annotating(self, func: Global, args: tuple[Any, ...], kwargs: dict[Any, Any],
+                    offset: int) -> Made:
+        """``list[int]`` (``types.GenericAlias(list, (int,))``) and ``int | None``
+        (``functools.reduce(operator.or_, (int, NoneType))``, or one ``operator.or_``):
+        vetted when they keep and combine classes; otherwise each callable they are handed
+        counts as called (reduce calls its function, ``|`` its operands' ``__or__``)."""
+        path = func.path
+        if len(args) + len(kwargs) < 2:
+            self._add_call(func, "vetted", f"{path} takes two arguments: the call fails, "
+                           "nothing runs", offset, args)
+            return Made("?", "vetted", func.offset)
+        if path == "types.GenericAlias":
+            base = args[0] if args else None
+            ok = (len(args) == 2 and not kwargs and isinstance(base, Global)
+                  and base.module in _ALIAS_ORIGINS and "." not in base.name
+                  and _annotation_key(args[1]))
+            maker = f"{_show(base, 1)}[…]"
+            why = "keeps a class subscripted with classes (list[int] is pickled so)"
+        else:
+            members = args
+            if path in _REDUCE:  # reduce(operator.or_, members)
+                reducer = args[0] if args else None
+                members = args[1] if isinstance(reducer, Global) and reducer.path in _OR \
+                    and len(args) == 2 else ()
+            ok = not kwargs and len(args) == 2 and _union_members(members)
+            maker = _UNION
+            why = "a union of classes (int | None is pickled so): type's or typing's __or__"
+        if not ok:
+            why = (f"{path} with what the file chose: it calls the function it is given"
+                   if path in _REDUCE else
+                   f"{path} of objects the file chose: their __or__, __eq__ or attribute "
+                   "lookups run, which is not vetted")
+        self._add_call(func, "vetted" if ok else "unvetted", why, offset, args)
+        if not ok:
+            self._walk((args, kwargs), f"what {path} is handed", offset, self.duck_seen)
+        return Made(maker, "vetted" if ok else "unvetted", func.offset)
+
     def _add_call(self, func: Global, severity: Severity, reason: str, offset: int,
                   args: Any) -> None:
         self.log.add("call", func.path, severity, reason, offset, func.offset, args)
@@ -393,6 +462,8 @@ class Model(DuckCalls):
                 self._judge_any(base.factory, f"{path} subscripts a defaultdict, whose "
                                 "factory runs on a missing key:", offset)
             return made
+        if path == "types.GenericAlias" or path in _REDUCE or path in _OR:
+            return self._annotating(func, args, kwargs, offset)
         if path.startswith("hmac."):
             calls = forwarded(path, args, kwargs)
             self._add_call(func, "unvetted", "the standard library's hmac is not vetted",
