@@ -173,3 +173,17 @@ def test_a_generic_alias_of_a_callable_is_a_record_and_not_clean(tmp_path: Path)
     value = torchless.load(path)
     assert type(value) is Opaque and value.class_path == "types.GenericAlias"
     assert scan(path).files[0].status != "clean"
+
+
+@pytest.mark.parametrize("origin", [("builtins", "eval"), ("collections", "namedtuple"),
+                                    ("typing", "get_type_hints"), ("mylib", "Thing")])
+def test_a_generic_alias_of_a_function_is_not_clean(
+    tmp_path: Path, origin: tuple[str, str]
+) -> None:
+    """Calling an alias calls its origin: only classes make a vetted annotation."""
+    from torchless.scanner.files import scan
+
+    path = tmp_path / "x.pkl"
+    path.write_bytes(b"\x80\x02" + _g("types", "GenericAlias") + _g(*origin)
+                     + _g("__builtin__", "int") + b"\x85\x86R.")
+    assert scan(path).files[0].status != "clean"

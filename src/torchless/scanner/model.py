@@ -57,8 +57,23 @@ _TYPE_OF = "builtins.type()"
 _UNION = "types.UnionType"
 #: Modules whose classes a ``types.GenericAlias`` may subscript in a vetted annotation
 #: (``list[int]``, ``collections.OrderedDict[str, int]``): the alias keeps its origin, and
-#: reads every attribute it does not have from it.
+#: reads every attribute it does not have from it (and calling it calls the origin).
 _ALIAS_ORIGINS = frozenset({*_TYPING, "collections"})
+#: The classes of those modules whose lower-case names are classes (the others are
+#: functions: ``eval``, ``collections.namedtuple``, ``typing.get_type_hints``).
+_ALIAS_CLASSES = frozenset({"list", "dict", "tuple", "set", "frozenset", "type",
+                            "defaultdict", "deque"})
+
+
+def _alias_origin(base: Any) -> bool:
+    """A class ``types.GenericAlias`` may keep in a vetted annotation: a builtin container
+    class, a ``collections`` class, a typing or ``collections.abc`` form."""
+    if not isinstance(base, Global) or base.module not in _ALIAS_ORIGINS or "." in base.name:
+        return False
+    if base.module in ("builtins", "collections"):
+        return base.name in _ALIAS_CLASSES or (base.module == "collections"
+                                               and base.name[:1].isupper())
+    return base.name[:1].isupper()
 _OR = frozenset({"operator.or_", "_operator.or_"})
 _REDUCE = frozenset({"functools.reduce", "_functools.reduce"})
 #: The most values an annotation's key may hold (``Union[...]`` of that many classes).
@@ -391,9 +406,8 @@ class Model(DuckCalls):
             return Made("?", "vetted", func.offset)
         if path == "types.GenericAlias":
             base = args[0] if args else None
-            ok = (len(args) == 2 and not kwargs and isinstance(base, Global)
-                  and base.module in _ALIAS_ORIGINS and "." not in base.name
-                  and _annotation_key(args[1]))
+            ok = len(args) == 2 and not kwargs and _alias_origin(base) and \
+                _annotation_key(args[1])
             maker = f"{_show(base, 1)}[…]"
             why = "keeps a class subscripted with classes (list[int] is pickled so)"
         else:
