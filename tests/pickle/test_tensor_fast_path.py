@@ -467,10 +467,13 @@ def test_the_written_sequences_take_the_fast_path() -> None:
     misses: damaged, a wrong put or get, a tuple opcode that takes another count, a limit)."""
     hits: list[int] = []
 
-    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @settings(max_examples=400, derandomize=True, database=None, deadline=None)
     @given(case=_tensor_sequence())
     def run(case: tuple[bytes, Limits]) -> None:
         hits.append(_plain_run(*case[:1], True, case[1])[2])
 
     run()
-    assert sum(hits) > len(hits) / 10  # 69 of these 200 (tight limits send most others)
+    # Hypothesis's draws differ with what ran before in the process (derandomize or not):
+    # 11 to 69 of 200 took the fast path in different runs, so the bound is loose; none
+    # taking it (a pattern that no longer matches what torch writes) fails
+    assert sum(hits) >= len(hits) / 50
