@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from torchless.cli.main import main
+from torchless.core.collector import importing, own_process
+
+own_process()
+with importing():
+    from torchless.cli.main import main
 
 sys.exit(main())

@@ -11,7 +11,8 @@ import textwrap
 
 _CHECKS = textwrap.dedent("""
     import gc, threading
-    from torchless.core.collector import collector_paused, pause_collector
+    from torchless.core.collector import (
+        collector_paused, importing, own_process, pause_collector)
 
     assert threading.active_count() == 1 and gc.isenabled()
     with collector_paused():
@@ -26,6 +27,14 @@ _CHECKS = textwrap.dedent("""
     except KeyError:
         pass
     assert gc.isenabled()
+
+    with importing():  # a program's own heap: paused, never frozen
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    own_process()  # python -m torchless: what the imports made is frozen after them
+    with importing():
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() > 0
 
     release = threading.Event()
     other = threading.Thread(target=release.wait)

@@ -260,9 +260,11 @@ def _check_verify(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 def _run_scan(args: argparse.Namespace) -> int:
     """Exit 0 clean, 1 dangerous, anomalous or unvetted, 2 unreadable (never raises for a
     file), 3 a directory with nothing to scan."""
-    from torchless.cli.progress import Progress, progress_wanted
-    from torchless.scanner.files import format_table, scan_paths
+    from torchless.core.collector import importing
 
+    with importing():
+        from torchless.cli.progress import Progress, progress_wanted
+        from torchless.scanner.files import format_table, scan_paths
     bar = Progress(str, unit="files") if progress_wanted(args.quiet or args.json) else None
     try:
         with _workers(args.jobs) as pool:

@@ -258,7 +258,10 @@ class DuckCalls:
                 if id(v) in seen:
                     continue
                 seen[id(v)] = v
-                if not self._spend(len(v) + 1, offset):
+                n = len(v) + 1
+                if self.duck_budget >= n:  # self._spend(n, offset), inlined
+                    self.duck_budget -= n
+                elif not self._spend(n, offset):
                     return
                 if kind is dict:
                     todo.extend(v.keys())

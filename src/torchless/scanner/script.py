@@ -106,18 +106,17 @@ _VALUE: Meaning = ("value",)
 _NAMESPACE_KINDS = frozenset({"ns", "ops", "classes", "pkg", "builtin"})
 #: Nodes that may be references (a name read, an attribute, ``getattr(x, "y")``, imports).
 _CANDIDATES = frozenset({ast.Name, ast.Attribute, ast.Call, ast.Import, ast.ImportFrom})
-#: Fields that never hold a node: the contexts, and what the grammar types ``identifier``,
-#: ``int`` or ``string`` (names, levels, flags, type comments).
+#: Fields that hold no node with children: the contexts, the operators (``op``, ``ops``:
+#: ``Add``, ``Eq`` …, which bind and refer to nothing), and what the grammar types
+#: ``identifier``, ``int`` or ``string`` (names, levels, flags, type comments).
 _NOT_NODES = frozenset({"ctx", "id", "attr", "name", "arg", "module", "asname", "level",
-                        "kind", "type_comment", "conversion", "is_async"})
-#: Each node type's fields that may hold nodes, in order (:func:`_child_fields`).
-_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+                        "kind", "type_comment", "conversion", "is_async", "op", "ops"})
 
 
 def _child_fields(kind: type[ast.AST]) -> tuple[str, ...]:
     """The fields of a node type that may hold child nodes: all of ``_fields`` but the
-    ``ctx`` of a name, attribute or subscript (a Load, Store or Del, which has no children
-    and binds nothing)."""
+    ``ctx`` of a name, attribute or subscript (a Load, Store or Del) and the operators,
+    which have no children and bind nothing."""
     if kind is ast.Constant:  # its value is a Python constant, never a node
         return ()
     return tuple(f for f in kind._fields if f not in _NOT_NODES)
@@ -127,6 +126,28 @@ def _child_fields(kind: type[ast.AST]) -> tuple[str, ...]:
 _BINDS = frozenset({ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.AugAssign, ast.For,
                     ast.AsyncFor, ast.comprehension, ast.withitem, ast.ExceptHandler,
                     ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal})
+
+
+#: The values whose meanings may change as the bindings are followed (:meth:`_Module._values`
+#: reads every other expression as a plain value).
+_FOLLOWED_VALUES = frozenset({ast.Attribute, ast.Call, ast.Name, ast.IfExp, ast.NamedExpr})
+#: What :meth:`_Module._walk` does at a node of each type besides visiting its children
+#: (bits: a candidate reference, a binding site, a function or lambda, a class).
+_CANDIDATE, _BINDING, _FUNCTION, _CLASS = 1, 2, 4, 8
+#: Each node type's child fields and role bits (:func:`_kind_info`), made as met.
+_KINDS: dict[type, tuple[tuple[str, ...], int]] = {}
+#: The nodes whose parent is asked for (:meth:`_Module._tops`, :meth:`_Module._report`,
+#: :meth:`_Module._followed`): the candidates, and what a followed namespace passes through.
+_PARENTED = _CANDIDATES | {ast.NamedExpr, ast.IfExp, ast.Tuple, ast.List}
+
+
+def _kind_info(kind: type[ast.AST]) -> tuple[tuple[str, ...], int]:
+    role = (_CANDIDATE if kind in _CANDIDATES else 0) | (_BINDING if kind in _BINDS else 0)
+    if kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+        role |= _FUNCTION
+    elif kind is ast.ClassDef:
+        role |= _CLASS
+    return _child_fields(kind), role
 
 
 @dataclass(frozen=True)
@@ -253,10 +274,14 @@ class _Module:
     def __init__(self, text: str, tree: ast.Module) -> None:
         self.tree = tree
         # the byte offset of each line as Python's tokenizer counts lines (\n, \r\n, \r)
-        starts, last = [0], 0
-        for end in _LINE_END.finditer(text):
-            starts.append(starts[-1] + len(text[last:end.end()].encode("utf-8", "replace")))
-            last = end.end()
+        if text.isascii():  # (serialized code mostly is) a character is a byte
+            starts = [0, *(end.end() for end in _LINE_END.finditer(text))]
+        else:
+            starts, last = [0], 0
+            for end in _LINE_END.finditer(text):
+                starts.append(starts[-1] + len(text[last:end.end()].encode("utf-8",
+                                                                           "replace")))
+                last = end.end()
         self.starts = starts
         self.scope_of: dict[int, _Scope] = {}
         self.parent: dict[int, ast.AST] = {}
@@ -289,11 +314,13 @@ class _Module:
         stack: list[tuple[ast.AST, _Scope]] = [(self.tree, module)]
         scope_of, parent, candidates = self.scope_of, self.parent, self.candidates
         AST = ast.AST
-        child_fields = _CHILD_FIELDS
+        kinds = _KINDS
+        parented = _PARENTED
         Name, Load = ast.Name, ast.Load
         push = stack.append
+        pop = stack.pop
         while stack:
-            node, scope = stack.pop()
+            node, scope = pop()
             kind = type(node)
             if kind is Name:  # most nodes: a reference or a binding, and no children
                 scope_of[id(node)] = scope
@@ -302,39 +329,45 @@ class _Module:
                 elif node.id not in scope.bound:  # type: ignore[attr-defined]
                     self._bind(scope, node.id, None)  # type: ignore[attr-defined]
                 continue
+            info = kinds.get(kind)
+            if info is None:
+                info = kinds[kind] = _kind_info(kind)
+            fields, role = info
             inner = scope
             outside: tuple[ast.AST | None, ...] = ()
-            if kind in _CANDIDATES:
-                scope_of[id(node)] = scope
-                candidates.append(node)
-            if kind in _BINDS:
-                self._binding_sites(node, scope, module)
-            if kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
-                assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-                if not isinstance(node, ast.Lambda):
+            if role:
+                if role & _CANDIDATE:
+                    scope_of[id(node)] = scope
+                    candidates.append(node)
+                if role & _BINDING:
+                    self._binding_sites(node, scope, module)
+                if role & _FUNCTION:
+                    assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                             ast.Lambda))
+                    if not isinstance(node, ast.Lambda):
+                        self._bind(scope, node.name, None)
+                        outside = (*node.decorator_list, node.returns, node.args)
+                    else:
+                        outside = (node.args,)
+                    outer = scope
+                    while outer.parent is not None and not outer.function:
+                        outer = outer.parent  # a method sees the module, not its class
+                    inner = _Scope(outer, True)
+                    args = node.args
+                    for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
+                              *([args.vararg] if args.vararg else []),
+                              *([args.kwarg] if args.kwarg else [])]:
+                        inner.params.add(a.arg)
+                elif role & _CLASS:
+                    assert isinstance(node, ast.ClassDef)
                     self._bind(scope, node.name, None)
-                    outside = (*node.decorator_list, node.returns, node.args)
-                else:
-                    outside = (node.args,)
-                outer = scope
-                while outer.parent is not None and not outer.function:
-                    outer = outer.parent  # a method sees the module, not its class
-                inner = _Scope(outer, True)
-                args = node.args
-                for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
-                          *([args.vararg] if args.vararg else []),
-                          *([args.kwarg] if args.kwarg else [])]:
-                    inner.params.add(a.arg)
-            elif kind is ast.ClassDef:
-                assert isinstance(node, ast.ClassDef)
-                self._bind(scope, node.name, None)
-                inner = _Scope(scope, False)
-                outside = (*node.bases, *node.keywords, *node.decorator_list)
+                    inner = _Scope(scope, False)
+                    outside = (*node.bases, *node.keywords, *node.decorator_list)
+            if not fields:
+                continue
             # the children, in the order of the node's fields (what ast.iter_child_nodes
-            # yields, without its generators, and no Load/Store/Del context)
-            fields = child_fields.get(kind)
-            if fields is None:
-                fields = child_fields[kind] = _child_fields(kind)
+            # yields, without its generators, and no Load/Store/Del context or operator);
+            # a parent kept for the nodes whose parent is asked (:data:`_PARENTED`)
             attrs = vars(node)
             for field in fields:
                 value = attrs.get(field)
@@ -345,7 +378,8 @@ class _Module:
                 for child in value:
                     if not isinstance(child, AST):
                         continue  # None in a Dict's keys or a default's place
-                    parent[id(child)] = node
+                    if type(child) in parented:
+                        parent[id(child)] = node
                     # decorators, defaults, annotations of parameters, bases: read outside
                     push((child, scope if outside and any(child is o for o in outside)
                           else inner))
@@ -394,10 +428,14 @@ class _Module:
     # -- what names can stand for ------------------------------------------------------------
 
     def _propagate(self) -> bool:
-        """Bind each name to the namespaces its values can be, until nothing changes."""
+        """Bind each name to the namespaces its values can be, until nothing changes. A
+        value that is no reference chain, conditional or walrus (a constant, an operation,
+        a subscript …; None: a plain value) is a plain value whatever the names mean: after
+        the first round its binding cannot change, and later rounds skip it."""
+        work = self.bindings
         for _ in range(_MAX_ROUNDS):
             changed = False
-            for scope, name, value in self.bindings:
+            for scope, name, value in work:
                 got = {m for m in self._values(value, scope) if m[0] in _NAMESPACE_KINDS}
                 got.add(_VALUE)
                 have = scope.bound[name]
@@ -408,6 +446,8 @@ class _Module:
                         return False
             if not changed:
                 return True
+            if work is self.bindings:
+                work = [b for b in work if type(b[2]) in _FOLLOWED_VALUES]
         return False
 
     def _values(self, value: ast.expr | None, scope: _Scope) -> set[Meaning]:
