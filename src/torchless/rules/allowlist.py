@@ -692,9 +692,13 @@ def forwarded(path: str, args: tuple[object, ...],
     of annotations)."""
     kw = kwargs or {}
     if path in ("torch._tensor._rebuild_from_type_v2", "torch._tensor._rebuild_from_type"):
-        if len(args) >= 3 and isinstance(args[2], tuple):
-            return [(args[0], args[2])]
-        return []
+        # func(*args) unpacks any iterable: a list, a dict's keys, a call's result
+        if len(args) < 3 or args[2] is None or isinstance(args[2], (bool, int, float, complex)):
+            return []  # not iterable: the call fails before func runs
+        fargs = args[2]
+        if isinstance(fargs, (tuple, list, dict)) and type(fargs) in (tuple, list, dict):
+            return [(args[0], tuple(fargs))]
+        return [(args[0], (fargs,))]  # items unknown (a str's characters, a call's result)
     if path == "copyreg._reconstructor":
         if len(args) == 3 and not _is_object(args[1]):
             return [(args[1], (args[2],))]

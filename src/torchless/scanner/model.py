@@ -567,15 +567,29 @@ class Model(DuckCalls):
 
     def model_build(self, obj: Any, state: Any, offset: int) -> Any:
         if isinstance(obj, Made) and obj.func is not None and obj.maker == "functools.partial":
-            if isinstance(state, tuple) and len(state) == 4:
-                obj.func = state[0]
-                obj.pargs = state[1] if isinstance(state[1], tuple) else ()
-                obj.pkw = state[2] if isinstance(state[2], dict) else {}
-            self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ sets "
-                         "its function (judged when the partial is called)", offset,
-                         obj.origin, state)
-            if isinstance(state, tuple) and len(state) == 4 and type(state[3]) is dict and \
-                    not obj.hold(state[3]):  # its __dict__: where .keys() … are looked up
+            # partial.__setstate__ takes any tuple (a call's result may be one) of a callable,
+            # a tuple of arguments, a dict of keywords or None, and its __dict__ (any value)
+            if type(state) is tuple and len(state) == 4 and type(state[1]) is tuple and \
+                    (state[2] is None or type(state[2]) is dict):
+                obj.func, obj.pargs, obj.pkw = state[0], state[1], state[2] or {}
+                self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ "
+                             "sets its function (judged when the partial is called)", offset,
+                             obj.origin, state)
+            elif type(state) in INERT or type(state) in (list, dict, set, frozenset) or \
+                    (type(state) is tuple and len(state) != 4):
+                self.log.add("build", "functools.partial", "vetted", "partial.__setstate__ "
+                             "refuses a state that is not a tuple of four: nothing runs",
+                             offset, obj.origin, state)
+            else:  # its function, arguments or keywords are objects the file built
+                obj.func = Made("functools.partial.__setstate__()", "dangerous", obj.origin)
+                obj.pargs, obj.pkw = (), {}
+                self.log.add("build", "functools.partial", "dangerous", "partial.__setstate__ "
+                             "sets its function and arguments from objects the file built: "
+                             "calling the partial calls whatever they hold", offset,
+                             obj.origin, state)
+            if type(state) is tuple and len(state) == 4 and state[3] is not None and \
+                    (type(state[3]) is not dict or not obj.hold(state[3])):
+                # its __dict__: where .keys() … are looked up
                 self._walk(state[3], "a functools.partial's __dict__", offset, self.duck_seen)
             if self.duck_judged.pop(id(obj), None) is not None:  # judged with its old function
                 self._judge(obj, "a functools.partial rebuilt after it was handed on", offset)
