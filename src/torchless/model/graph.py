@@ -187,6 +187,12 @@ def _hashable(new: Callable[[Any], Any], v: Any) -> Any:
 
 
 def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None) -> Any:
+    kind = type(obj)
+    if kind is Opaque:  # the commonest nodes first, by their exact types
+        return _rebuild_opaque(obj, new, module_hook)
+    if kind is dict:
+        _rebuild_dict(obj, new)
+        return obj
     if isinstance(obj, Pending):
         return new(obj.resolved())
     if isinstance(obj, list):
@@ -229,14 +235,20 @@ def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None
             obj[index] = new(obj[index])
         return obj
     assert isinstance(obj, Opaque)
+    return _rebuild_opaque(obj, new, module_hook)
+
+
+def _rebuild_opaque(obj: Opaque, new: Callable[[Any], Any],
+                    module_hook: ModuleHook | None) -> Any:
     obj.callable = new(obj.callable)
-    obj.args = tuple(new(v) for v in obj.args)
+    obj.args = tuple([new(v) for v in obj.args]) if obj.args else ()
     if obj.kwargs:
         obj.kwargs = {k: new(v) for k, v in obj.kwargs.items()}
     if obj.state is not NOTSET:
         obj.state = new(obj.state)
-    obj.items = [new(v) for v in obj.items]
-    obj.dict_items = [(_hashable(new, k), new(v)) for k, v in obj.dict_items]
+    obj.items = [new(v) for v in obj.items] if obj.items else []
+    obj.dict_items = [(_hashable(new, k), new(v)) for k, v in obj.dict_items] \
+        if obj.dict_items else []
     module = module_hook(obj) if module_hook is not None else None
     return obj if module is None else module
 
