@@ -1003,10 +1003,14 @@ class Machine:
     def _setitems(self, target: Any, items: list[Any]) -> None:
         if isinstance(target, dict):
             self._check_len(len(target) + len(items) // 2)
-            self.keycost.charge(items[::2], self.op_start)
+            keys = items[::2]
+            self.keycost.charge(keys, self.op_start)
             try:
-                for i in range(0, len(items), 2):
-                    target[items[i]] = items[i + 1]
+                if type(target) is dict:  # a module's __dict__: its ~20 entries at once
+                    target.update(zip(keys, items[1::2], strict=True))
+                else:  # a subclass's own __setitem__ (Counter's update would add)
+                    for i in range(0, len(items), 2):
+                        target[items[i]] = items[i + 1]
             except TypeError as e:
                 raise PickleError(f"unhashable dict key: {e}", offset=self.op_start) from None
         else:
