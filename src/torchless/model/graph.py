@@ -356,8 +356,11 @@ def flatten(
 def _flat_state_dict(root: Any, limits: Limits, root_name: str) -> dict[str, Tensor] | None:
     """:func:`flatten` of the commonest tree, a plain dict of str keys and tensors without
     attributes, at once: each tensor is named by its key, in the dict's order, with the
-    same limits checked (:func:`_tensor_counts`); None for any other tree."""
-    if type(root) is not dict or root_name:
+    same limits checked (:func:`_tensor_counts`); None for any other tree. An OrderedDict or
+    a :class:`ModuleDict` (a module saved whole, opened) without attributes is such a dict:
+    :func:`~torchless.model.walk.children` gives it no other child."""
+    kind = type(root)
+    if root_name or not (kind is dict or (kind in _FLAT_MAPPINGS and not vars(root))):
         return None
     size = 0
     for key, value in root.items():
@@ -371,6 +374,10 @@ def _flat_state_dict(root: Any, limits: Limits, root_name: str) -> dict[str, Ten
         raise LimitError("max_name_bytes", limits.max_name_bytes, size,
                          "characters of the flat tensor names")
     return dict(root)
+
+
+#: The dict subclasses :func:`_flat_state_dict` takes when they hold no attributes.
+_FLAT_MAPPINGS = (collections.OrderedDict, ModuleDict)
 
 
 _MISSING: Any = object()
