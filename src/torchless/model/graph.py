@@ -152,13 +152,13 @@ def finish(
 
     def post(node: Any) -> None:
         alive.append(node)
-        done[id(node)] = _rebuild(node, new, module_hook)
+        done[id(node)] = _rebuild(node, new, module_hook, plain)
 
     depth_first(root, limits, post, lambda parent, _, child: back.append((parent, child)))
     for parent, child in back:
         target = done.get(id(child), child)
         if target is not child:
-            _rebuild(done.get(id(parent), parent), new, None)
+            _rebuild(done.get(id(parent), parent), new, None, plain)
     return new(root)
 
 
@@ -186,12 +186,15 @@ def _hashable(new: Callable[[Any], Any], v: Any) -> Any:
     return out
 
 
-def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None) -> Any:
+def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None,
+             kept: frozenset[type] = frozenset()) -> Any:
+    """``obj`` with ``new`` applied to what it holds (``kept``: exact types of values
+    ``new`` returns as they are, which need not be passed to it)."""
     kind = type(obj)
     if kind is Opaque:  # the commonest nodes first, by their exact types
         return _rebuild_opaque(obj, new, module_hook)
     if kind is dict:
-        _rebuild_dict(obj, new)
+        _rebuild_dict(obj, new, kept)
         return obj
     if isinstance(obj, Pending):
         return new(obj.resolved())
@@ -200,7 +203,7 @@ def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None
             obj[i] = new(v)
         return obj
     if isinstance(obj, dict):
-        _rebuild_dict(obj, new)
+        _rebuild_dict(obj, new, kept)
         if type(obj) is not dict and hasattr(obj, "__dict__"):
             _rebuild_attrs(vars(obj), new)
         return obj
@@ -260,13 +263,16 @@ def _rebuild_attrs(attrs: dict[str, Any], new: Callable[[Any], Any]) -> None:
             attrs[k] = nv
 
 
-def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any]) -> None:
+def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any],
+                  kept: frozenset[type] = frozenset()) -> None:
     keys_change = False
     for k, v in obj.items():
         if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage, DType, Global))) \
                 and _hashable(new, k) is not k:
             keys_change = True
             break
+        if type(v) in kept:  # new(v) is v (a module's flags, sizes and names)
+            continue
         nv = new(v)
         if nv is not v:
             obj[k] = nv  # replacing a value keeps the order and the iteration valid

@@ -38,6 +38,7 @@ import argparse
 import collections
 import types
 from collections.abc import Callable, Iterator
+from operator import length_hint
 from typing import Any
 
 from torchless.core.limits import Limits
@@ -308,11 +309,13 @@ def depth_first(root: Any, limits: Limits, post: Callable[[Any], None],
     if not is_node(root):
         return
     state: dict[int, bool] = {id(root): False}  # False while being walked, True when done
-    stack: list[tuple[Any, Iterator[tuple[int, tuple[str | None, Any]]]]] = [
-        (root, enumerate(children(root)))]
+    kids = children(root)
+    # each node with its children and the iterator over them (a child's position, wanted
+    # only for an edge back, is what the iterator has left: no enumerate tuple per child)
+    stack: list[tuple[Any, list[Child], Iterator[Child]]] = [(root, kids, iter(kids))]
     while stack:
-        node, it = stack[-1]
-        for pos, (_, child) in it:
+        node, kids, it = stack[-1]
+        for _, child in it:
             kind = type(child)
             if kind in _NEVER_NODES or (kind is Tensor and not child.attrs) \
                     or not is_node(child):
@@ -323,10 +326,11 @@ def depth_first(root: Any, limits: Limits, post: Callable[[Any], None],
                     raise LimitError("max_depth", limits.max_depth, len(stack) + 1,
                                      "nested containers")
                 state[id(child)] = False
-                stack.append((child, enumerate(children(child))))
+                grandchildren = children(child)
+                stack.append((child, grandchildren, iter(grandchildren)))
                 break
             if not seen and back is not None:
-                back(node, pos, child)
+                back(node, len(kids) - length_hint(it) - 1, child)
         else:
             stack.pop()
             state[id(node)] = True
