@@ -91,6 +91,10 @@ class KeyCost:
         sizes = self.sizes
         if not sizes:  # no nested tuple yet (a checkpoint's usual run): no key costs more
             return
+        if type(keys) is not list:
+            keys = list(keys)
+        if tuple not in set(map(type, keys)):  # a module's str keys: none costs more
+            return
         work = 0
         for k in keys:
             if type(k) is tuple:
