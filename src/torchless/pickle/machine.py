@@ -363,7 +363,7 @@ class Machine:
                         guard = max_end + 1
             code = data[pos]
             op = pos
-            if code == 0x68 or code == 0x6A:  # BINGET, LONG_BINGET
+            if code in {0x68, 0x6A}:  # BINGET, LONG_BINGET (a set: one test, not two)
                 if code == 0x68:
                     pos += 2
                     if pos > limit:
@@ -378,7 +378,7 @@ class Machine:
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append(value)
-            elif code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
+            elif code in {0x72, 0x71}:  # LONG_BINPUT, BINPUT
                 if code == 0x72:
                     pos += 5
                     if pos > limit:
@@ -416,18 +416,18 @@ class Machine:
                     value = immutable(value)
                 stack.append(value)
                 pos += 1
-            elif code == 0x29 or code == 0x4E or code == 0x88 or code == 0x89:
+            elif code in {0x29, 0x4E, 0x88, 0x89}:
                 # EMPTY_TUPLE NONE NEWTRUE NEWFALSE
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append(_CONSTANTS[code])
                 pos += 1
-            elif code == 0x7D or code == 0x5D:  # EMPTY_DICT, EMPTY_LIST
+            elif code in {0x7D, 0x5D}:  # EMPTY_DICT, EMPTY_LIST
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append({} if code == 0x7D else [])
                 pos += 1
-            elif code == 0x4B or code == 0x4D or code == 0x4A:  # BININT1, BININT2, BININT
+            elif code in {0x4B, 0x4D, 0x4A}:  # BININT1, BININT2, BININT
                 if code == 0x4B:
                     pos += 2
                     if pos > limit:
@@ -491,7 +491,7 @@ class Machine:
                     self._at(op)._stack_full()
                 stack.append(value)
                 pos += 1
-            elif code == 0x58 or code == 0x8C:  # BINUNICODE, SHORT_BINUNICODE
+            elif code in {0x58, 0x8C}:  # BINUNICODE, SHORT_BINUNICODE
                 if code == 0x58:
                     pos += 5
                     if pos > limit:
