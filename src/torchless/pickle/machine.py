@@ -391,10 +391,11 @@ class Machine:
                     index = data[op + 1]
                 if not stack:
                     raise PickleError("stack underflow", offset=op)
-                if index < len(dense):
-                    dense[index] = stack[-1]
-                elif index == len(dense) and not memo and index < max_memo:
+                n = len(dense)
+                if index == n and not memo and index < max_memo:  # the next slot: most PUTs
                     dense.append(stack[-1])
+                elif index < n:
+                    dense[index] = stack[-1]
                 else:
                     self.op_start = op
                     self._memo_put(index, stack[-1])
