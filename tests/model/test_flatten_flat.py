@@ -57,6 +57,21 @@ def test_a_flat_dict_names_alike(limits: Limits, monkeypatch: pytest.MonkeyPatch
     assert graph._flat_state_dict(dict(FLAT), Limits(), "") is not None
 
 
+def _with_attribute(d: Any) -> Any:
+    d.extra = _tensor()
+    return d
+
+
+@pytest.mark.parametrize("make", [collections.OrderedDict, graph.ModuleDict])
+@pytest.mark.parametrize("limits", [Limits(), Limits(max_tensors=5), Limits(max_name_bytes=21)])
+def test_an_ordered_dict_without_attributes_names_alike(
+        make: Any, limits: Limits, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make(FLAT)
+    assert graph._flat_state_dict(root, Limits(), "") is not None
+    fast, walk = _both(root, limits, monkeypatch)
+    assert fast == walk
+
+
 def test_the_names_are_the_keys_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     fast, _ = _both(dict(FLAT), Limits(), monkeypatch)
     assert [k for k, _ in fast[0]] == list(FLAT)  # written out: the keys, as they are
@@ -65,7 +80,8 @@ def test_the_names_are_the_keys_in_order(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.parametrize("root", [
     {"a": _tensor(), "b": _tensor(attrs={"x": _tensor()})},  # a tensor with attributes
-    collections.OrderedDict(a=_tensor()),  # a subclass: its attributes are children too
+    _with_attribute(collections.OrderedDict(a=_tensor())),  # its attributes are children
+    _with_attribute(graph.ModuleDict(a=_tensor())),
     {1: _tensor(), "b": _tensor()},  # a key that is not a str
     {"a": _tensor(), "b": [_tensor()]},  # a container
     {"a": _tensor(), "b": 3},  # another value

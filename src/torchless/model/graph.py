@@ -152,13 +152,13 @@ def finish(
 
     def post(node: Any) -> None:
         alive.append(node)
-        done[id(node)] = _rebuild(node, new, module_hook)
+        done[id(node)] = _rebuild(node, new, module_hook, plain)
 
     depth_first(root, limits, post, lambda parent, _, child: back.append((parent, child)))
     for parent, child in back:
         target = done.get(id(child), child)
         if target is not child:
-            _rebuild(done.get(id(parent), parent), new, None)
+            _rebuild(done.get(id(parent), parent), new, None, plain)
     return new(root)
 
 
@@ -186,7 +186,16 @@ def _hashable(new: Callable[[Any], Any], v: Any) -> Any:
     return out
 
 
-def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None) -> Any:
+def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None,
+             kept: frozenset[type] = frozenset()) -> Any:
+    """``obj`` with ``new`` applied to what it holds (``kept``: exact types of values
+    ``new`` returns as they are, which need not be passed to it)."""
+    kind = type(obj)
+    if kind is Opaque:  # the commonest nodes first, by their exact types
+        return _rebuild_opaque(obj, new, module_hook)
+    if kind is dict:
+        _rebuild_dict(obj, new, kept)
+        return obj
     if isinstance(obj, Pending):
         return new(obj.resolved())
     if isinstance(obj, list):
@@ -194,7 +203,7 @@ def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None
             obj[i] = new(v)
         return obj
     if isinstance(obj, dict):
-        _rebuild_dict(obj, new)
+        _rebuild_dict(obj, new, kept)
         if type(obj) is not dict and hasattr(obj, "__dict__"):
             _rebuild_attrs(vars(obj), new)
         return obj
@@ -229,14 +238,20 @@ def _rebuild(obj: Any, new: Callable[[Any], Any], module_hook: ModuleHook | None
             obj[index] = new(obj[index])
         return obj
     assert isinstance(obj, Opaque)
+    return _rebuild_opaque(obj, new, module_hook)
+
+
+def _rebuild_opaque(obj: Opaque, new: Callable[[Any], Any],
+                    module_hook: ModuleHook | None) -> Any:
     obj.callable = new(obj.callable)
-    obj.args = tuple(new(v) for v in obj.args)
+    obj.args = tuple([new(v) for v in obj.args]) if obj.args else ()
     if obj.kwargs:
         obj.kwargs = {k: new(v) for k, v in obj.kwargs.items()}
     if obj.state is not NOTSET:
         obj.state = new(obj.state)
-    obj.items = [new(v) for v in obj.items]
-    obj.dict_items = [(_hashable(new, k), new(v)) for k, v in obj.dict_items]
+    obj.items = [new(v) for v in obj.items] if obj.items else []
+    obj.dict_items = [(_hashable(new, k), new(v)) for k, v in obj.dict_items] \
+        if obj.dict_items else []
     module = module_hook(obj) if module_hook is not None else None
     return obj if module is None else module
 
@@ -248,13 +263,16 @@ def _rebuild_attrs(attrs: dict[str, Any], new: Callable[[Any], Any]) -> None:
             attrs[k] = nv
 
 
-def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any]) -> None:
+def _rebuild_dict(obj: dict[Any, Any], new: Callable[[Any], Any],
+                  kept: frozenset[type] = frozenset()) -> None:
     keys_change = False
     for k, v in obj.items():
         if type(k) is not str and (is_node(k) or isinstance(k, (Tensor, Storage, DType, Global))) \
                 and _hashable(new, k) is not k:
             keys_change = True
             break
+        if type(v) in kept:  # new(v) is v (a module's flags, sizes and names)
+            continue
         nv = new(v)
         if nv is not v:
             obj[k] = nv  # replacing a value keeps the order and the iteration valid
@@ -344,8 +362,11 @@ def flatten(
 def _flat_state_dict(root: Any, limits: Limits, root_name: str) -> dict[str, Tensor] | None:
     """:func:`flatten` of the commonest tree, a plain dict of str keys and tensors without
     attributes, at once: each tensor is named by its key, in the dict's order, with the
-    same limits checked (:func:`_tensor_counts`); None for any other tree."""
-    if type(root) is not dict or root_name:
+    same limits checked (:func:`_tensor_counts`); None for any other tree. An OrderedDict or
+    a :class:`ModuleDict` (a module saved whole, opened) without attributes is such a dict:
+    :func:`~torchless.model.walk.children` gives it no other child."""
+    kind = type(root)
+    if root_name or not (kind is dict or (kind in _FLAT_MAPPINGS and not vars(root))):
         return None
     size = 0
     for key, value in root.items():
@@ -359,6 +380,10 @@ def _flat_state_dict(root: Any, limits: Limits, root_name: str) -> dict[str, Ten
         raise LimitError("max_name_bytes", limits.max_name_bytes, size,
                          "characters of the flat tensor names")
     return dict(root)
+
+
+#: The dict subclasses :func:`_flat_state_dict` takes when they hold no attributes.
+_FLAT_MAPPINGS = (collections.OrderedDict, ModuleDict)
 
 
 _MISSING: Any = object()

@@ -50,8 +50,8 @@ _PACKED_ATTRS = {
 
 def _kind(obj: Opaque) -> str | None:
     cls = obj.callable
-    if not isinstance(cls, Global):
-        return None
+    if not isinstance(cls, Global) or not cls.module.startswith(_ROOTS):
+        return None  # most modules: one test for all the roots
     for root in _ROOTS:
         if cls.module.startswith(root):
             return f"{cls.module[len(root):]}.{cls.name}"

@@ -38,6 +38,7 @@ import argparse
 import collections
 import types
 from collections.abc import Callable, Iterator
+from operator import length_hint
 from typing import Any
 
 from torchless.core.limits import Limits
@@ -86,12 +87,12 @@ def is_node(obj: Any) -> bool:
         return len(obj) > 0
     if kind is Opaque:
         return True
+    if kind is collections.OrderedDict:  # an empty one may still hold attributes
+        return len(obj) > 0 or len(obj.__dict__) > 0
     if kind is Tensor:
         return bool(obj.attrs)
     if kind in _NEVER_NODES:
         return False
-    if kind is collections.OrderedDict:  # an empty one may still hold attributes
-        return len(obj) > 0 or len(vars(obj)) > 0
     if is_ndarray(obj):
         return obj.dtype.hasobject and obj.dtype.fields is None
     return isinstance(obj, NODES)
@@ -144,21 +145,35 @@ def entry_name(index: int, key: Any) -> str:
     return key_text(key) if plain_key(key) else f"{index}.1"
 
 
-def _items(pairs: Any) -> Iterator[tuple[str | None, Any]]:
+Child = tuple[str | None, Any]
+
+_STR_ONLY = frozenset({str})
+
+
+def _entries(mapping: Any) -> list[Child]:
+    """The entries of a dict, each value named by its key (see the module docstring)."""
+    if _STR_ONLY.issuperset(map(type, mapping)):
+        return list(mapping.items())  # nearly every dict: str keys name their values
+    return _items(mapping.items())
+
+
+def _items(pairs: Any) -> list[Child]:
+    """The entries of a mapping as ``(key, value)`` pairs, each value named by its key."""
+    named: list[Child] = []
     for i, (k, v) in enumerate(pairs):
-        if type(k) is str:  # nearly every key: no node to walk, the name is the key
-            yield k, v
+        if type(k) is str:
+            named.append((k, v))
         elif plain_key(k):
-            yield None, k
-            yield key_text(k), v
+            named.append((None, k))
+            named.append((key_text(k), v))
         else:
-            yield f"{i}.0", k
-            yield entry_name(i, k), v
+            named.append((f"{i}.0", k))
+            named.append((entry_name(i, k), v))
+    return named
 
 
-def _attrs(obj: Any) -> Iterator[tuple[str | None, Any]]:
-    for k, v in vars(obj).items():
-        yield (k if type(k) is str else key_text(k)), v
+def _attrs(obj: Any) -> list[Child]:
+    return [((k if type(k) is str else key_text(k)), v) for k, v in vars(obj).items()]
 
 
 def _canonical(members: Any) -> list[Any]:
@@ -182,15 +197,12 @@ def _canonical(members: Any) -> list[Any]:
         return list(members)
 
 
-def _state(state: Any) -> Iterator[tuple[str | None, Any]]:
+def _state(state: Any) -> list[Child]:
     if isinstance(state, (dict, list, tuple)) and not _is_slots_pair(state):
-        yield "", state  # its keys or indices name the object's values directly
-    elif isinstance(state, tuple):
-        if state[0]:
-            yield "", state[0]
-        yield "", state[1]
-    else:
-        yield "state", state
+        return [("", state)]  # its keys or indices name the object's values directly
+    if isinstance(state, tuple):
+        return [("", state[0]), ("", state[1])] if state[0] else [("", state[1])]
+    return [("state", state)]
 
 
 def _is_slots_pair(state: Any) -> bool:
@@ -232,51 +244,59 @@ def arg_names(obj: Opaque) -> list[str | None]:
     return [f"args.{i}" for i in range(len(args))]
 
 
-def _opaque(obj: Opaque) -> Iterator[tuple[str | None, Any]]:
+def _opaque(obj: Opaque) -> list[Child]:
     c = obj.callable
-    yield ("callable" if isinstance(c, Opaque) else None), c
-    yield from zip(arg_names(obj), obj.args, strict=True)
+    out: list[Child] = [(("callable" if isinstance(c, Opaque) else None), c)]
+    if obj.args:
+        out.extend(zip(arg_names(obj), obj.args, strict=True))
     if obj.kwargs:
         for k, v in obj.kwargs.items():
-            yield None, k
-            yield f"kwargs.{key_text(k) if plain_key(k) else '?'}", v
-    if is_module_state(obj.state):
-        yield None, obj.state  # walked whole, named through its entries:
-        for name, v in _items(obj.state.items()):
-            yield ("" if name in MODULE_DICTS else name), v
-    elif obj.state is not NOTSET:
-        yield from _state(obj.state)
-    for i, v in enumerate(obj.items):
-        yield str(i), v
-    yield from _items(obj.dict_items)
+            out.append((None, k))
+            out.append((f"kwargs.{key_text(k) if plain_key(k) else '?'}", v))
+    state = obj.state
+    if is_module_state(state):
+        out.append((None, state))  # walked whole, named through its entries:
+        out.extend([(("" if name in MODULE_DICTS else name), v)
+                    for name, v in _entries(state)])
+    elif state is not NOTSET:
+        out.extend(_state(state))
+    if obj.items:
+        out.extend([(str(i), v) for i, v in enumerate(obj.items)])
+    if obj.dict_items:
+        out.extend(_items(obj.dict_items))
+    return out
 
 
-def children(obj: Any) -> Iterator[tuple[str | None, Any]]:
+def children(obj: Any) -> list[Child]:
     """Every reference ``obj`` holds, in a fixed order, each with its name segment (None for
     a reference that names nothing of its own: a plain dict key, the class an object names).
-    Values that are not :func:`nodes <is_node>` have none."""
+    Values that are not :func:`nodes <is_node>` have none. A new list, made at once (a
+    module's record has a few dozen: generators passing each along cost more than the walk
+    did with them)."""
+    kind = type(obj)
+    if kind is Opaque:  # the commonest nodes first, by their exact types
+        return _opaque(obj)
+    if kind is dict:
+        return _entries(obj)
     if isinstance(obj, dict):
-        yield from _items(obj.items())
-        if type(obj) is not dict and hasattr(obj, "__dict__"):
-            yield from _attrs(obj)
-    elif isinstance(obj, (list, tuple, collections.deque)):
-        for i, v in enumerate(obj):
-            yield str(i), v
-    elif isinstance(obj, (set, frozenset)):
-        for i, v in enumerate(_canonical(obj)):
-            yield str(i), v
-    elif isinstance(obj, Opaque):
-        yield from _opaque(obj)
-    elif isinstance(obj, Tensor):
-        if obj.attrs:
-            yield from _items(obj.attrs.items())
-    elif isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
-        yield from _attrs(obj)
-    elif isinstance(obj, Pending):
-        yield None, obj.resolved()  # the same value each time it is asked
-    elif is_ndarray(obj) and obj.dtype.hasobject and obj.dtype.fields is None:
-        for i, v in enumerate(obj.ravel(order="C")):
-            yield str(i), v
+        if hasattr(obj, "__dict__"):
+            return _entries(obj) + _attrs(obj)
+        return _entries(obj)
+    if isinstance(obj, (list, tuple, collections.deque)):
+        return [(str(i), v) for i, v in enumerate(obj)]
+    if isinstance(obj, (set, frozenset)):
+        return [(str(i), v) for i, v in enumerate(_canonical(obj))]
+    if isinstance(obj, Opaque):
+        return _opaque(obj)
+    if isinstance(obj, Tensor):
+        return _entries(obj.attrs) if obj.attrs else []
+    if isinstance(obj, (argparse.Namespace, types.SimpleNamespace)):
+        return _attrs(obj)
+    if isinstance(obj, Pending):
+        return [(None, obj.resolved())]  # the same value each time it is asked
+    if is_ndarray(obj) and obj.dtype.hasobject and obj.dtype.fields is None:
+        return [(str(i), v) for i, v in enumerate(obj.ravel(order="C"))]
+    return []
 
 
 def depth_first(root: Any, limits: Limits, post: Callable[[Any], None],
@@ -289,11 +309,13 @@ def depth_first(root: Any, limits: Limits, post: Callable[[Any], None],
     if not is_node(root):
         return
     state: dict[int, bool] = {id(root): False}  # False while being walked, True when done
-    stack: list[tuple[Any, Iterator[tuple[int, tuple[str | None, Any]]]]] = [
-        (root, enumerate(children(root)))]
+    kids = children(root)
+    # each node with its children and the iterator over them (a child's position, wanted
+    # only for an edge back, is what the iterator has left: no enumerate tuple per child)
+    stack: list[tuple[Any, list[Child], Iterator[Child]]] = [(root, kids, iter(kids))]
     while stack:
-        node, it = stack[-1]
-        for pos, (_, child) in it:
+        node, kids, it = stack[-1]
+        for _, child in it:
             kind = type(child)
             if kind in _NEVER_NODES or (kind is Tensor and not child.attrs) \
                     or not is_node(child):
@@ -304,10 +326,11 @@ def depth_first(root: Any, limits: Limits, post: Callable[[Any], None],
                     raise LimitError("max_depth", limits.max_depth, len(stack) + 1,
                                      "nested containers")
                 state[id(child)] = False
-                stack.append((child, enumerate(children(child))))
+                grandchildren = children(child)
+                stack.append((child, grandchildren, iter(grandchildren)))
                 break
             if not seen and back is not None:
-                back(node, pos, child)
+                back(node, len(kids) - length_hint(it) - 1, child)
         else:
             stack.pop()
             state[id(node)] = True

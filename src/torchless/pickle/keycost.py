@@ -89,6 +89,12 @@ class KeyCost:
         anything else hashes in one step (a frozenset caches its hash once computed, and its
         members were charged when it was built)."""
         sizes = self.sizes
+        if not sizes:  # no nested tuple yet (a checkpoint's usual run): no key costs more
+            return
+        if type(keys) is not list:
+            keys = list(keys)
+        if tuple not in set(map(type, keys)):  # a module's str keys: none costs more
+            return
         work = 0
         for k in keys:
             if type(k) is tuple:

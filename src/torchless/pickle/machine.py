@@ -363,7 +363,7 @@ class Machine:
                         guard = max_end + 1
             code = data[pos]
             op = pos
-            if code == 0x68 or code == 0x6A:  # BINGET, LONG_BINGET
+            if code in {0x68, 0x6A}:  # BINGET, LONG_BINGET (a set: one test, not two)
                 if code == 0x68:
                     pos += 2
                     if pos > limit:
@@ -378,7 +378,7 @@ class Machine:
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append(value)
-            elif code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
+            elif code in {0x72, 0x71}:  # LONG_BINPUT, BINPUT
                 if code == 0x72:
                     pos += 5
                     if pos > limit:
@@ -391,10 +391,11 @@ class Machine:
                     index = data[op + 1]
                 if not stack:
                     raise PickleError("stack underflow", offset=op)
-                if index < len(dense):
-                    dense[index] = stack[-1]
-                elif index == len(dense) and not memo and index < max_memo:
+                n = len(dense)
+                if index == n and not memo and index < max_memo:  # the next slot: most PUTs
                     dense.append(stack[-1])
+                elif index < n:
+                    dense[index] = stack[-1]
                 else:
                     self.op_start = op
                     self._memo_put(index, stack[-1])
@@ -416,18 +417,18 @@ class Machine:
                     value = immutable(value)
                 stack.append(value)
                 pos += 1
-            elif code == 0x29 or code == 0x4E or code == 0x88 or code == 0x89:
+            elif code in {0x29, 0x4E, 0x88, 0x89}:
                 # EMPTY_TUPLE NONE NEWTRUE NEWFALSE
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append(_CONSTANTS[code])
                 pos += 1
-            elif code == 0x7D or code == 0x5D:  # EMPTY_DICT, EMPTY_LIST
+            elif code in {0x7D, 0x5D}:  # EMPTY_DICT, EMPTY_LIST
                 if len(stack) >= room:
                     self._at(op)._stack_full()
                 stack.append({} if code == 0x7D else [])
                 pos += 1
-            elif code == 0x4B or code == 0x4D or code == 0x4A:  # BININT1, BININT2, BININT
+            elif code in {0x4B, 0x4D, 0x4A}:  # BININT1, BININT2, BININT
                 if code == 0x4B:
                     pos += 2
                     if pos > limit:
@@ -491,7 +492,7 @@ class Machine:
                     self._at(op)._stack_full()
                 stack.append(value)
                 pos += 1
-            elif code == 0x58 or code == 0x8C:  # BINUNICODE, SHORT_BINUNICODE
+            elif code in {0x58, 0x8C}:  # BINUNICODE, SHORT_BINUNICODE
                 if code == 0x58:
                     pos += 5
                     if pos > limit:
@@ -1003,10 +1004,14 @@ class Machine:
     def _setitems(self, target: Any, items: list[Any]) -> None:
         if isinstance(target, dict):
             self._check_len(len(target) + len(items) // 2)
-            self.keycost.charge(items[::2], self.op_start)
+            keys = items[::2]
+            self.keycost.charge(keys, self.op_start)
             try:
-                for i in range(0, len(items), 2):
-                    target[items[i]] = items[i + 1]
+                if type(target) is dict:  # a module's __dict__: its ~20 entries at once
+                    target.update(zip(keys, items[1::2], strict=True))
+                else:  # a subclass's own __setitem__ (Counter's update would add)
+                    for i in range(0, len(items), 2):
+                        target[items[i]] = items[i + 1]
             except TypeError as e:
                 raise PickleError(f"unhashable dict key: {e}", offset=self.op_start) from None
         else:

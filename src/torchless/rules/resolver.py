@@ -243,23 +243,27 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
 
     def call(self, func: Any, args: Any, offset: int) -> Any:
         vetted = self._unforwarding.get(id(func))
-        if vetted is None or vetted[0] is not func:
+        if vetted is not None and vetted[0] is func:  # a rule's callable met before (a
+            rule = vetted[1]                          # Known): its method is kept
+        else:
             self._vet_call(func, args, offset)
-            vetted = None
-        if isinstance(func, Known):
-            try:
-                if vetted is not None:  # a rule's callable met before: its method is kept
-                    return vetted[1](func, args)
-                rule = self._rule_methods.get(func.rule)
-                if rule is None:
-                    rule = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
-                return rule(func, args)
-            except CheckpointError as e:
-                if e.offset is None:
-                    e.offset = offset
-                raise
-            except (TypeError, ValueError, OverflowError, UnicodeError) as e:
-                raise PickleError(f"bad arguments for {func}: {e}", offset=offset) from None
+            if not isinstance(func, Known):
+                return self._call_record(func, args, offset)
+            known = self._rule_methods.get(func.rule)
+            if known is None:
+                known = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
+            rule = known
+        try:
+            return rule(func, args)
+        except CheckpointError as e:
+            if e.offset is None:
+                e.offset = offset
+            raise
+        except (TypeError, ValueError, OverflowError, UnicodeError) as e:
+            raise PickleError(f"bad arguments for {func}: {e}", offset=offset) from None
+
+    def _call_record(self, func: Any, args: Any, offset: int) -> Any:
+        """A call of what no rule knows (vetted): an inert record of it."""
         if isinstance(func, Opaque):
             if calls_a_method(func):
                 raise UnsafeGlobalError(
