@@ -125,3 +125,19 @@ def test_damaged_local_headers_and_descriptors_read_alike(
                 assert fast == full, (path.name, at, mode)
             differs += _outcome(target, "strict") != _outcome(path, "strict")
     assert differs > k // 3  # the damage is seen, not only in bytes no check reads
+
+
+def test_digit_keys_are_plain_record_names() -> None:
+    """``TorchZip.persistent_load`` takes a key of ASCII digits (what torch writes) without
+    its regular expression: every such key must be one the expression takes, and the
+    others still go to it (random strings of digits, letters, ``_`` and look-alikes)."""
+    from torchless.containers.torchzip import _KEY
+
+    rng = random.Random(30)
+    alphabet = "0123456789_aZ/.-\x00 \u0660\u00b2\u0966\uff10"  # ASCII and Unicode digits
+    for _ in range(20000):
+        key = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        if key.isdigit() and key.isascii():
+            assert _KEY.match(key), key
+        shortcut = (key.isdigit() and key.isascii()) or bool(_KEY.match(key))
+        assert shortcut == bool(_KEY.match(key)), key

@@ -14,8 +14,8 @@ Every member lives under one prefix, taken from the first entry as torch does.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +38,13 @@ from torchless.errors import (
 )
 from torchless.io.source import Source
 from torchless.model.graph import ModuleDict, ModuleHook, module_state_dict
-from torchless.model.tensor import LocatedLoader, Storage, storage_record
+from torchless.model.tensor import Storage, storage_record
 from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["TorchZip", "archive_prefix", "member_storage", "not_a_torch_zip"]
+__all__ = ["MemberStorage", "TorchZip", "archive_prefix", "member_storage",
+           "not_a_torch_zip"]
 
 #: Highest ``version`` record torch 2.x writes is single-digit; anything far beyond
 #: is a file from the future or a lie.
@@ -53,29 +54,38 @@ _CLASS = re.compile(r"^class (\w+)\((\w+(?:\.\w+)*)\):", re.M)
 _LIST = re.compile(r"^  (__parameters__|__buffers__) = \[(.*?)\]", re.M)
 
 
-class _Member(LocatedLoader):
-    """A storage's bytes in the archive: its loader (called) and, where the bytes are
-    compressed or remote, its stream (:meth:`blocks`). A small object per storage, not two
-    closures (opening a file of many small tensors made one of each per tensor)."""
+class MemberStorage(Storage):
+    """A storage whose bytes are an archive member: it reads them itself (:meth:`_load`)
+    and, where they are compressed or remote, streams them (``_stream``). One object per
+    storage, no loader beside it (opening a file of many small tensors made a loader
+    object, and before that two closures, per tensor)."""
 
-    __slots__ = ("archive", "check", "name")
+    __slots__ = ("archive", "check", "member")
 
-    def __init__(self, archive: ZipArchive, name: str, check: bool) -> None:
+    def __init__(self, archive: ZipArchive, member: str, key: str, dtype: DType, nbytes: int,
+                 location: str, byteorder: str, check: bool) -> None:
+        self.key = key
+        self.dtype = dtype
+        self.nbytes = nbytes
+        self.location = location
+        self.byteorder = byteorder
         self.archive = archive
-        self.name = name
+        self.member = member
         self.check = check
+        self._buffer = None
+        self._swapped = None
+        # not a bound method of self: a storage that holds itself is a cycle
+        self._stream = functools.partial(archive.iter_member, member, check_crc=check) \
+            if archive.source.remote or archive.is_deflated(member) else None
 
-    def __call__(self) -> memoryview | bytes:
-        return self.archive.data(self.name, check_crc=self.check)
+    def _load(self) -> memoryview | bytes:
+        return self.archive.data(self.member, check_crc=self.check)
 
-    def blocks(self, chunk: int) -> Iterator[memoryview | bytes]:
-        return self.archive.iter_member(self.name, chunk, check_crc=self.check)
-
-    def offset_in(self, source: object) -> int | None:
+    def _offset_in(self, source: object) -> int | None:
         """Where the member's stored bytes lie in ``source``'s file (None when the archive
         is not on that local source, or the member is deflated or not located)."""
         archive = self.archive
-        e = archive.entries.get(self.name)
+        e = archive.entries.get(self.member)
         if archive.source is not source or archive.source.remote or e is None or not e.located \
                 or e.method != STORED:
             return None
@@ -202,13 +212,14 @@ class TorchZip:
         if len(pid) != 5:
             raise StorageError(f"persistent id has {len(pid)} fields, expected 5")
         tag, storage_type, key, location, numel = pid
-        if isinstance(tag, bytes):
-            tag = tag.decode("ascii", "replace")
         if tag != "storage":
-            raise StorageError(f"persistent id tag is {tag!r}, expected 'storage'")
+            if isinstance(tag, bytes):
+                tag = tag.decode("ascii", "replace")
+            if tag != "storage":
+                raise StorageError(f"persistent id tag is {tag!r}, expected 'storage'")
         if type(key) is not str:  # torch forms the record name from it: str only
             raise StorageError(f"storage key is {type_phrase(key)}, not a str")
-        if not _KEY.match(key):
+        if not (key.isdigit() and key.isascii()) and not _KEY.match(key):  # digits: torch's
             raise UnsafePathError(f"storage key {key[:60]!r} is not a plain record name")
         if type(storage_type) is not StorageType or type(location) is not str or \
                 type(numel) is not int or numel < 0:  # else storage_record changes nothing
@@ -225,18 +236,20 @@ class TorchZip:
                     f"storage {key!r} is used as {known.dtype!r} x {known.nbytes} bytes and as "
                     f"{dtype!r} x {nbytes} bytes")
             return known
-        name = self._member_name(self.storage_member(key))
-        entry = self.archive.entries.get(name)
+        archive = self.archive
+        name = self.storage_member(key)
+        name = archive.resolve(name) or name  # self._member_name(name)
+        entry = archive.entries.get(name)
         if entry is None:
             raise StorageError(f"storage {key!r} has no record {name!r} in the archive")
         if entry.size != nbytes:
             raise StorageError(
                 f"storage {key!r} declares {numel} x {dtype.itemsize} = {nbytes} bytes, "
                 f"its record holds {entry.size}")
-        # not self: the loader must not keep the storage table alive; the entry's name, not
-        # ours: one string per member
-        storage = member_storage(self.archive, entry.name, key, dtype, nbytes, location,
-                                 self.byteorder, self.verify_crc and self.has_crc)
+        # the archive, not self: a storage must not keep the storage table alive; the
+        # entry's name, not ours: one string per member
+        storage = MemberStorage(archive, entry.name, key, dtype, nbytes, location,
+                                self.byteorder, self.verify_crc and self.has_crc)
         self._storages[key] = storage
         return storage
 
@@ -320,8 +333,5 @@ def member_storage(archive: ZipArchive, name: str, key: str, dtype: DType, nbyte
                    location: str, byteorder: str, check: bool) -> Storage:
     """A storage over archive member ``name`` (its size already checked), read when first
     used; a deflated or remote member can also be read block by block (converting, in
-    bounded memory). The loader holds the archive, never the container's storage table."""
-    member = _Member(archive, name, check)
-    stream = member.blocks if archive.is_deflated(name) or archive.source.remote else None
-    return Storage(key, dtype, nbytes, member, location=location, byteorder=byteorder,
-                   stream=stream)
+    bounded memory). It holds the archive, never the container's storage table."""
+    return MemberStorage(archive, name, key, dtype, nbytes, location, byteorder, check)

@@ -21,24 +21,10 @@ from torchless.errors import (
     type_phrase,
 )
 
-__all__ = ["DATALESS", "LocatedLoader", "MissingStorage", "Storage", "Tensor", "TensorArray",
+__all__ = ["DATALESS", "MissingStorage", "Storage", "Tensor", "TensorArray",
            "UnsupportedTensor", "make_tensor", "storage_record", "with_attrs"]
 
 _INT64_MAX = (1 << 63) - 1
-
-
-class LocatedLoader:
-    """A storage's loader that can also say where the bytes it gives lie in a file (a
-    stored archive member): :meth:`Storage.file_offset` asks it."""
-
-    __slots__ = ()
-
-    def __call__(self) -> memoryview | bytes:  # pragma: no cover - subclasses load
-        raise NotImplementedError
-
-    def offset_in(self, source: object) -> int | None:  # pragma: no cover - subclasses say
-        """Where the bytes lie in ``source``'s file, or None."""
-        return None
 
 
 class Storage:
@@ -78,7 +64,7 @@ class Storage:
 
     def buffer(self) -> memoryview | bytes:
         if self._buffer is None:
-            buf = self._loader()
+            buf = self._load()
             got = memoryview(buf).nbytes
             if got != self.nbytes:  # never view past what is there
                 raise StorageError(f"storage {self.key!r} holds {got} bytes, "
@@ -86,15 +72,23 @@ class Storage:
             self._buffer = buf
         return self._buffer
 
+    def _load(self) -> memoryview | bytes:
+        """The bytes, read (:meth:`buffer` calls it once and checks their size); a subclass
+        that knows where they lie reads them itself instead of holding a loader."""
+        return self._loader()
+
     def file_offset(self, source: object) -> int | None:
         """Where the bytes :meth:`buffer` gives (once it has been called) lie in the file
-        of ``source``, when the loader knows it (a stored archive member on that very
-        source: a :class:`LocatedLoader`); None when it does not say. Cheaper than
-        asking the buffer's address, once per tensor of a file of many."""
-        loader = self._loader
-        if self._buffer is None or not isinstance(loader, LocatedLoader):
+        of ``source``, when the storage knows it (a stored archive member on that very
+        source: :meth:`_offset_in`); None when it does not say. Cheaper than asking the
+        buffer's address, once per tensor of a file of many."""
+        if self._buffer is None:
             return None
-        return loader.offset_in(source)
+        return self._offset_in(source)
+
+    def _offset_in(self, source: object) -> int | None:
+        """Where the bytes lie in ``source``'s file, or None (a loader does not say)."""
+        return None
 
     @property
     def streams(self) -> bool:
