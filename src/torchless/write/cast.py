@@ -90,11 +90,16 @@ CASTABLE = frozenset({"float64", "float32", "float16", "bfloat16", *_FLOAT8})
 _REFUSED_PREFIX = "float8"
 
 _U16, _U32 = np.dtype("<u2"), np.dtype("<u4")
-#: Elements of float32 cast to bfloat16 at once inside a block (256 KiB of source: with its
-#: scratch and output it stays in a core's L2 cache). CPU time of the cast per 512 MiB on the
-#: shared machine, best of 7: 0.26 s against 0.38 s for whole 2 MiB blocks and a fresh
-#: temporary per pass.
-_SUB_ELEMENTS = 64 << 10
+#: Elements of float32 cast to bfloat16 at once inside a block (1 MiB of source: two pieces
+#: a block; with its scratch and output, 2.5 MiB per thread stay in the shared L3 cache, and
+#: NumPy's cost per call, six calls a piece, is spread over more elements than with pieces
+#: that fit a core's 1 MiB L2). User CPU time of ``cast_block`` over the 4 GiB source of
+#: ``benchmarks/cast_convert.py`` read through its map (one thread, nothing written), medians
+#: of 10 interleaved runs on the shared 2-core machine: 1.62 s with 256 Ki elements, against
+#: 1.91 s with 64 Ki (256 KiB of source) and 1.82 s with whole 512 Ki blocks (6 runs: 1.58 s
+#: with 256 Ki, 1.67 s with 128 Ki, 1.83 s with 64 Ki). Before, a fresh temporary per pass
+#: on whole blocks: 0.38 s of CPU per 512 MiB against 0.26 s with pieces.
+_SUB_ELEMENTS = 256 << 10
 #: Blocks cast at once by :func:`_ahead`'s threads: one per core, two at most (with the
 #: writer's thread beside them, more would only contend).
 _WORKERS = max(1, min(2, os.cpu_count() or 1))
@@ -138,7 +143,7 @@ def _f32_to_bf16(u: np.ndarray[Any, Any], nan: int | None = 0xFFFF) -> np.ndarra
     """bfloat16 bits of float32 bits, rounded to nearest even; NaN -> ``nan`` (None: the
     caller sets them).
 
-    The block is done in pieces of :data:`_SUB_ELEMENTS` that stay in the core's L2 cache:
+    The block is done in pieces of :data:`_SUB_ELEMENTS` that stay in the cache:
     four in-place passes on one scratch buffer of 32-bit words, the last shift narrowing
     straight into the output, and the NaN test (``max``) on the piece still in cache."""
     out = np.empty(u.size, _U16)
