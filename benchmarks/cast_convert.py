@@ -22,7 +22,15 @@ peak RSS its ``VmHWM``, warm cache, medians):
 * ``torchless-nofsync``  the same with ``os.fsync`` a no-op: like for like against ``cp``;
 * ``cp``, ``cp+sync``    ``cp`` of the bfloat16 output, then (``+sync``) ``sync DST``;
 * ``torch``              ``torch.load(src, mmap=True, weights_only=True)``, every tensor
-                         ``.to(torch.bfloat16)``, ``safetensors.torch.save_file``.
+                         ``.to(torch.bfloat16)``, ``safetensors.torch.save_file``;
+* ``read``               the parts alone: the source's map read in the cast's blocks of
+                         :data:`~torchless.write.cast.BLOCK_BYTES`, pages handed back behind;
+* ``cast``               that read with ``cast_block`` of every block (one thread, nothing
+                         written): what torchless does beyond the write ``cp`` does too.
+
+``CPU`` is the process's user + system time, all threads (``wait4``): on the shared 2-core
+machine it varies far less than the wall time, and shows the work each method needs.
+``--src FILE`` converts an existing float32 checkpoint instead of writing one.
 
 Targets (issue 28): ``torchless`` <= 1.2x the ``cp`` time (durable against ``cp+sync``, page
 cache against ``cp``), peak RSS <= 64 MiB.
@@ -46,7 +54,32 @@ from convert import TIMED_CHILD, TORCH_WRITER_MAX, _env, f32_tree, measure, warm
 
 MiB = 1 << 20
 QUICK = {"mib": 1, "big": 2, "reps": 1}
-METHODS = ("torchless", "torchless-nofsync", "cp", "cp+sync", "torch")
+METHODS = ("torchless", "torchless-nofsync", "cp", "cp+sync", "torch", "read", "cast")
+#: The parts of the conversion alone, on the source's bytes (the whole file read as float32:
+#: its few KiB of ZIP headers as well): its map read in the cast's blocks, each block's pages
+#: handed back behind it (``read``), and that read with torchless's cast of every block, one
+#: thread, nothing written (``cast``): what the conversion costs before the write ``cp``
+#: does too.
+_PARTS_IMPORTS = """\
+import mmap, os
+import numpy as np
+from torchless.core.dtypes import by_torch_name
+from torchless.write.cast import BLOCK_BYTES, cast_block
+f32, bf16 = by_torch_name("float32"), by_torch_name("bfloat16")"""
+_PARTS = """\
+fd = os.open(SRC, os.O_RDONLY)
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+view, size = memoryview(m), len(m) // 4 * 4
+for i in range(0, size, BLOCK_BYTES):
+    block = view[i:min(size, i + BLOCK_BYTES)]
+    {work}
+    begin = -(-i // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (i + len(block)) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > begin:
+        m.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+del block, view
+m.close()
+os.close(fd)"""
 _CHILD = {
     "torchless": ("import torchless", "torchless.convert(SRC, DST, dtype='bf16')"),
     "torchless-nofsync": ("import os, torchless\nos.fsync = lambda fd: None",
@@ -55,11 +88,15 @@ _CHILD = {
               "sd = torch.load(SRC, mmap=True, weights_only=True)\n"
               "sd = {k: v.to(torch.bfloat16) for k, v in sd.items()}\n"
               "safetensors.torch.save_file(sd, DST, metadata={'format': 'pt'})"),
+    "read": (_PARTS_IMPORTS, _PARTS.format(work="np.frombuffer(block, '<f4').max()")),
+    "cast": (_PARTS_IMPORTS, _PARTS.format(work="cast_block(f32, bf16, block)")),
 }
 #: (numerator, denominator) of the ratios reported: durable against durable, page cache
 #: against page cache.
 RATIOS = (("torchless", "cp+sync"), ("torchless-nofsync", "cp"),
           ("torch", "torchless-nofsync"), ("torch", "torchless"))
+#: The parts against ``cp``: their ``op`` (no interpreter start-up) over cp's whole process.
+PART_RATIOS = (("read", "cp"), ("cast", "cp"))
 
 
 def _argv(method: str, src: str, copied: str, dst: str) -> list[str]:
@@ -83,12 +120,15 @@ def run(src: str, methods: list[str], reps: int, work: str) -> dict[str, Any]:
             dst = os.path.join(work, f"out-{method}.safetensors")
             os.sync()
             samples[method].append(measure(_argv(method, src, copied, dst), method))
-            os.unlink(dst)
+            if os.path.exists(dst):  # read and cast write nothing
+                os.unlink(dst)
         log(f"  rep {rep + 1}/{reps} done")
-    med = {m: {k: statistics.median(s[k] for s in samples[m]) for k in ("seconds", "op", "rss")}
-           for m in methods}
+    med = {m: {k: statistics.median(s[k] for s in samples[m])
+               for k in ("seconds", "op", "rss", "cpu")} for m in methods}
     ratios = {f"{a}/{b}": med[a]["seconds"] / med[b]["seconds"] for a, b in RATIOS
               if a in med and b in med}
+    ratios.update({f"{a} op/{b}": med[a]["op"] / med[b]["seconds"] for a, b in PART_RATIOS
+                   if a in med and b in med})
     targets: dict[str, bool] = {}
     for a, b in RATIOS[:2]:
         if f"{a}/{b}" in ratios:
@@ -104,9 +144,10 @@ def print_results(r: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(r, indent=2))
         return
     print(f"f32 {human(r['source_bytes'])} -> bf16 {human(r['output_bytes'])}")
-    print(f"{'method':<18} {'seconds':>8} {'op':>8} {'peak RSS':>10}")
+    print(f"{'method':<18} {'seconds':>8} {'op':>8} {'CPU':>8} {'peak RSS':>10}")
     for m, s in r["median"].items():
-        print(f"{m:<18} {s['seconds']:8.3f} {s['op']:8.3f} {human(s['rss']):>10}")
+        print(f"{m:<18} {s['seconds']:8.3f} {s['op']:8.3f} {s['cpu']:8.3f} "
+              f"{human(s['rss']):>10}")
     print("ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["ratios"].items()))
     print("targets: " + ", ".join(f"{k}: {'yes' if ok else 'NO'}"
                                   for k, ok in r["targets"].items()))
@@ -120,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated subset of {','.join(METHODS)} (all)")
     p.add_argument("--dir", help="where to write the files (default: a temporary directory)")
+    p.add_argument("--src", help="an existing float32 checkpoint to convert (not written)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: " + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
@@ -138,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = tempfile.mkdtemp(prefix="torchless-cast-", dir=args.dir)
     try:
-        src = os.path.join(work, f"f32-{args.mib}M.pt")
-        log(f"writing {src}")
-        # in a child: this process must stay small, since a child inherits its peak RSS
-        subprocess.run([sys.executable, __file__, "--generate", src, "--mib", str(args.mib),
-                        "--big", str(args.big)], check=True)
+        src = args.src or os.path.join(work, f"f32-{args.mib}M.pt")
+        if not args.src:
+            log(f"writing {src}")
+            # in a child: this process must stay small, since a child inherits its peak RSS
+            subprocess.run([sys.executable, __file__, "--generate", src, "--mib",
+                            str(args.mib), "--big", str(args.big)], check=True)
         print_results(run(src, methods, args.reps, work), args.json)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -268,7 +268,8 @@ def _env() -> dict[str, str]:
 
 
 def measure(argv: list[str], what: str) -> dict[str, float]:
-    """One process: its wall time, its own figure for the operation, its peak RSS."""
+    """One process: its wall time, its own figure for the operation, its peak RSS, and the
+    CPU time (user + system, all its threads) it used."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     _, status, usage = os.wait4(proc.pid, 0)  # the outputs are a line: no pipe fills up
@@ -281,7 +282,8 @@ def measure(argv: list[str], what: str) -> dict[str, float]:
                                            or ["?"])[-1])
     got = json.loads(out.splitlines()[-1]) if out.strip() else {}
     rss = got.get("rss") or usage.ru_maxrss * 1024
-    return {"seconds": wall, "op": got.get("seconds", wall), "rss": rss}
+    return {"seconds": wall, "op": got.get("seconds", wall), "rss": rss,
+            "cpu": usage.ru_utime + usage.ru_stime}
 
 
 def warm(path: str) -> None:

@@ -276,21 +276,23 @@ def test_cast_convert(torch: ModuleType) -> None:
     """cast_convert.py --json: every method's medians, the ratios and the targets of issue
     28; then the table, for two of the methods."""
     r = json.loads(_run("cast_convert.py", "--quick", "--json"))
-    methods = ("torchless", "torchless-nofsync", "cp", "cp+sync", "torch")
+    methods = ("torchless", "torchless-nofsync", "cp", "cp+sync", "torch", "read", "cast")
     assert set(r["median"]) == set(methods) and set(r["samples"]) == set(methods)
-    assert all(_positive(r["median"][m][k]) for m in methods for k in ("seconds", "op", "rss"))
+    assert all(_positive(r["median"][m][k]) for m in methods for k in ("seconds", "rss"))
+    assert all(r["median"][m][k] >= 0 for m in methods for k in ("op", "cpu"))
     assert r["output_bytes"] < r["source_bytes"]  # bfloat16: about half
     assert set(r["ratios"]) == {"torchless/cp+sync", "torchless-nofsync/cp",
-                                "torch/torchless-nofsync", "torch/torchless"}
-    assert all(_positive(v) for v in r["ratios"].values())
+                                "torch/torchless-nofsync", "torch/torchless",
+                                "read op/cp", "cast op/cp"}
+    assert all(v >= 0 for v in r["ratios"].values())
     assert set(r["targets"]) == {"torchless <= 1.2x cp+sync", "torchless-nofsync <= 1.2x cp",
                                  "peak RSS <= 64 MiB"}
     lines = _run("cast_convert.py", "--quick", "--methods", "torchless-nofsync,cp").splitlines()
     assert lines[0].startswith("f32 ") and " -> bf16 " in lines[0]
-    assert lines[1].split() == ["method", "seconds", "op", "peak", "RSS"]
+    assert lines[1].split() == ["method", "seconds", "op", "CPU", "peak", "RSS"]
     for line, method in zip(lines[2:4], ("torchless-nofsync", "cp"), strict=True):
         cols = line.split()
-        assert cols[0] == method and all(re.fullmatch(NUMBER, c) for c in cols[1:4]), cols
+        assert cols[0] == method and all(re.fullmatch(NUMBER, c) for c in cols[1:5]), cols
     assert re.fullmatch(rf"ratios: torchless-nofsync/cp {NUMBER}x", lines[4]), lines[4]
     assert re.fullmatch(r"targets: torchless-nofsync <= 1.2x cp: (yes|NO)", lines[5]), lines[5]
 

@@ -183,17 +183,19 @@ def test_cast_tensor_streams_strided_tensors_in_blocks(monkeypatch: pytest.Monke
     assert cast.storage.buffer() == got  # a reader asking for all of it
 
 
+@pytest.mark.parametrize("target", ["bfloat16", "float16"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_blocks_and_pieces_in_threads_equal_torch(monkeypatch: pytest.MonkeyPatch,
-                                                  workers: int) -> None:
-    """float32 -> bfloat16 over several blocks cast by the worker threads, each block in
-    several pieces (the last ones short), NaNs only in a late piece and ties, subnormals and
-    overflows everywhere: torch's bytes, in order."""
+                                                  workers: int, target: str) -> None:
+    """float32 -> bfloat16 / float16 over several blocks cast by the worker threads, each
+    block in several pieces (the last ones short), NaNs only in a late piece and ties,
+    subnormals and overflows everywhere: torch's bytes, in order."""
     torch = require("torch")
     from torchless.model.chunks import chunks
 
     monkeypatch.setattr(_cast, "BLOCK_BYTES", 4 * 1000)
     monkeypatch.setattr(_cast, "_SUB_ELEMENTS", 96)
+    monkeypatch.setattr(_cast, "_F16_ELEMENTS", 96)
     monkeypatch.setattr(_cast, "_WORKERS", workers)
     monkeypatch.setattr(_cast, "_local", __import__("threading").local())
     rng = np.random.default_rng(7)
@@ -206,9 +208,26 @@ def test_blocks_and_pieces_in_threads_equal_torch(monkeypatch: pytest.MonkeyPatc
     bits[6_500] = 0x7FC00001  # NaNs in one late piece only
     bits[6_503] = 0xFF800001
     t = _memory_tensor(bits.view("<f4"), "float32", (bits.size,), (1,), 0)
-    got = b"".join(bytes(c) for c in chunks(_cast.cast_tensor(t, by_torch_name("bfloat16"))))
-    ref = torch.from_numpy(bits.view("<f4").copy()).to(torch.bfloat16)
+    got = b"".join(bytes(c) for c in chunks(_cast.cast_tensor(t, by_torch_name(target))))
+    ref = torch.from_numpy(bits.view("<f4").copy()).to(getattr(torch, target))
     assert got == ref.view(torch.int16).numpy().tobytes()
+
+
+@pytest.mark.parametrize("target", ["bfloat16", "float16"])
+def test_float32_bulk_equals_torch(target: str) -> None:
+    """float32 -> bfloat16 / float16 on a million random bit patterns and on every exponent
+    with mantissas at the rounding boundaries of both targets (ties, one unit either side,
+    NaN payloads, both signs): torch's bits, every one, whatever the position."""
+    torch = require("torch")
+    rng = np.random.default_rng(28)
+    mant = rng.integers(0, 1 << 23, 512, dtype=np.uint64).astype("<u4")
+    mant[:12] = [0, 1, 0x7FFFFF, 0x400000, 0x1000, 0xFFF, 0x1001, 0x3000, 0x8000, 0x7FFF,
+                 0x8001, 0x18000]
+    grid = ((np.arange(256, dtype="<u4") << 23)[:, None] | mant[None, :]).ravel()
+    bits = np.concatenate([rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype("<u4"),
+                           grid, grid | 0x80000000])
+    ours, theirs = _ours("float32", target, bits), _torch_cast(torch, "float32", target, bits)
+    assert (ours == theirs).all(), bits[ours != theirs][:8]
 
 
 def test_targets_and_refusals() -> None:
