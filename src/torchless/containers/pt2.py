@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchless.containers.torchzip import TorchZip, member_storage
+from torchless.containers.torchzip import MemberStorage, TorchZip
 from torchless.containers.ziparchive import ZipArchive
 from torchless.core import dtypes as _dtypes
 from torchless.core import jsondepth
@@ -243,8 +243,8 @@ class Pt2Archive:
         if nbytes % dtype.itemsize:
             raise StorageError(f"record {name} holds {nbytes} bytes, not a whole number of "
                                f"{dtype.name} elements")
-        storage = member_storage(self.archive, name, key, dtype, nbytes, location,
-                                 self.byteorder, self.check)
+        storage = MemberStorage(self.archive, name, key, dtype, nbytes, location,
+                                self.byteorder, self.check)
         self._storages[member] = storage
         return storage
 

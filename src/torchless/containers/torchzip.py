@@ -43,8 +43,7 @@ from torchless.pickle.machine import run_pickle
 from torchless.pickle.values import Global, Opaque
 from torchless.rules.resolver import TorchResolver
 
-__all__ = ["MemberStorage", "TorchZip", "archive_prefix", "member_storage",
-           "not_a_torch_zip"]
+__all__ = ["MemberStorage", "TorchZip", "archive_prefix", "not_a_torch_zip"]
 
 #: Highest ``version`` record torch 2.x writes is single-digit; anything far beyond
 #: is a file from the future or a lie.
@@ -64,19 +63,13 @@ class MemberStorage(Storage):
 
     def __init__(self, archive: ZipArchive, member: str, key: str, dtype: DType, nbytes: int,
                  location: str, byteorder: str, check: bool) -> None:
-        self.key = key
-        self.dtype = dtype
-        self.nbytes = nbytes
-        self.location = location
-        self.byteorder = byteorder
+        # the stream is not a bound method of self: a storage that holds itself is a cycle
+        super().__init__(key, dtype, nbytes, None, location=location, byteorder=byteorder,
+                         stream=functools.partial(archive.iter_member, member, check_crc=check)
+                         if archive.source.remote or archive.is_deflated(member) else None)
         self.archive = archive
         self.member = member
         self.check = check
-        self._buffer = None
-        self._swapped = None
-        # not a bound method of self: a storage that holds itself is a cycle
-        self._stream = functools.partial(archive.iter_member, member, check_crc=check) \
-            if archive.source.remote or archive.is_deflated(member) else None
 
     def _load(self) -> memoryview | bytes:
         return self.archive.data(self.member, check_crc=self.check)
@@ -237,8 +230,7 @@ class TorchZip:
                     f"{dtype!r} x {nbytes} bytes")
             return known
         archive = self.archive
-        name = self.storage_member(key)
-        name = archive.resolve(name) or name  # self._member_name(name)
+        name = self._member_name(self.storage_member(key))
         entry = archive.entries.get(name)
         if entry is None:
             raise StorageError(f"storage {key!r} has no record {name!r} in the archive")
@@ -327,11 +319,3 @@ def archive_prefix(archive: ZipArchive) -> str:
                 f"archive member {name!r} lies outside the prefix {prefix!r} "
                 "(several checkpoints in one archive)")
     return prefix
-
-
-def member_storage(archive: ZipArchive, name: str, key: str, dtype: DType, nbytes: int,
-                   location: str, byteorder: str, check: bool) -> Storage:
-    """A storage over archive member ``name`` (its size already checked), read when first
-    used; a deflated or remote member can also be read block by block (converting, in
-    bounded memory). It holds the archive, never the container's storage table."""
-    return MemberStorage(archive, name, key, dtype, nbytes, location, byteorder, check)

@@ -46,7 +46,7 @@ class Storage:
         key: str,
         dtype: DType,
         nbytes: int,
-        loader: Callable[[], memoryview | bytes],
+        loader: Callable[[], memoryview | bytes] | None,
         *,
         location: str = "cpu",
         byteorder: str = "little",
@@ -74,7 +74,9 @@ class Storage:
 
     def _load(self) -> memoryview | bytes:
         """The bytes, read (:meth:`buffer` calls it once and checks their size); a subclass
-        that knows where they lie reads them itself instead of holding a loader."""
+        that knows where they lie reads them itself instead of holding a loader (None)."""
+        if self._loader is None:  # pragma: no cover - such a subclass overrides this
+            raise NotImplementedError("a storage without a loader reads its bytes itself")
         return self._loader()
 
     def file_offset(self, source: object) -> int | None:
