@@ -737,7 +737,7 @@ ALLOWED_CALLS = {
     ("pathlib.Path.__new__", "torchless/rules/stdlib.py:StdlibRules._r_path"):
         "the pathlib rebuild rule builds a path from checked str parts, which touches no file "
         "(seen for gadget_pathlib_touch_chain, whose getattr(path, 'touch') is then refused)",
-    ("builtins.getattr", "torchless/rules/resolver.py:TorchResolver.call"):
+    ("builtins.getattr", "torchless/rules/resolver.py:TorchResolver._rule_method"):
         "the resolver looks up its own rule method, getattr(self, '_r_' + rule), once per rule "
         "of its own table (the rule names come from the table, never from the file); a case "
         "meets a rule the warm-up did not (seen for gadget_pathlib_touch_chain)",

@@ -249,10 +249,7 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             self._vet_call(func, args, offset)
             if not isinstance(func, Known):
                 return self._call_record(func, args, offset)
-            known = self._rule_methods.get(func.rule)
-            if known is None:
-                known = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
-            rule = known
+            rule = self._rule_method(func)
         try:
             return rule(func, args)
         except CheckpointError as e:
@@ -289,10 +286,15 @@ class TorchResolver(TorchRules, StdlibRules, NumpyRules):
             # call_refusal passes a rule's callable that forwards nothing, whatever the
             # arguments: each such object is vetted once, not at each of its calls, and its
             # rule's method looked up once
-            rule = self._rule_methods.get(func.rule)
-            if rule is None:
-                rule = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
-            self._unforwarding[id(func)] = (func, rule)
+            self._unforwarding[id(func)] = (func, self._rule_method(func))
+
+    def _rule_method(self, func: Known) -> Callable[[Known, Any], Any]:
+        """The method of ``func``'s rule (``_r_<rule>``, a name of our own table), looked up
+        once per rule."""
+        rule = self._rule_methods.get(func.rule)
+        if rule is None:
+            rule = self._rule_methods[func.rule] = getattr(self, "_r_" + func.rule)
+        return rule
 
     def _call_partial(self, p: Opaque, args: tuple[Any, ...], offset: int) -> Any:
         """``functools.partial(cls.__new__, cls, *a, **kw)()``: how protocols < 4 pickle an
