@@ -47,7 +47,6 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-
 #: Whether this process is torchless's own command line (``python -m torchless``), where
 #: what the start-up imports made may be frozen for good (:func:`importing`); never in a
 #: program that calls torchless, whose heap is not ours to freeze.

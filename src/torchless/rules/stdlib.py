@@ -125,8 +125,10 @@ def system_zone(key: str) -> datetime.tzinfo | None:
 def _union_text(members: Any) -> str | None:
     """How Python spells the union of ``members`` (``int | None``), or None when one of them
     is no class, name or annotation (``|`` would run its own code)."""
+    if len(members) > _UNION_MAX:
+        return None
     parts = []
-    for m in members[:_UNION_MAX]:
+    for m in members:
         if not isinstance(m, (Global, Annotation)) and m is not None:
             return None
         if isinstance(m, Global) and m.name == "NoneType" and \
@@ -137,7 +139,7 @@ def _union_text(members: Any) -> str | None:
         if text is None:
             return None
         parts.append(text)
-    return " | ".join(parts) if len(members) <= _UNION_MAX else None
+    return " | ".join(parts)
 
 
 METHOD_CALL_HINT = (
@@ -358,9 +360,9 @@ class StdlibRules(Resolver):
         ``dict[str, list[int]]``, ``collections.OrderedDict[str, int]``). CPython's
         constructor only keeps both; a class subscripted with classes, names and literals
         becomes an :class:`Annotation`, anything else an inert record."""
-        if len(a) == 2:
+        if len(a) == 2 and isinstance(a[0], (Global, Annotation)):
             form, key = _annotation_text(a[0]), _annotation_text(a[1])
-            if isinstance(a[0], (Global, Annotation)) and form is not None and key is not None:
+            if form is not None and key is not None:
                 return Annotation(f, a, f"{form}[{key or '()'}]")
         return Opaque(f, a)
 

@@ -74,8 +74,12 @@ def _alias_origin(base: Any) -> bool:
         return base.name in _ALIAS_CLASSES or (base.module == "collections"
                                                and base.name[:1].isupper())
     return base.name[:1].isupper()
+
+
 _OR = frozenset({"operator.or_", "_operator.or_"})
 _REDUCE = frozenset({"functools.reduce", "_functools.reduce"})
+#: The calls :meth:`Model._annotating` judges.
+_ANNOTATING = frozenset({"types.GenericAlias", *_OR, *_REDUCE})
 #: The most values an annotation's key may hold (``Union[...]`` of that many classes).
 _ANNOTATION_MAX = 256
 
@@ -404,30 +408,28 @@ class Model(DuckCalls):
             self._add_call(func, "vetted", f"{path} takes two arguments: the call fails, "
                            "nothing runs", offset, args)
             return Made("?", "vetted", func.offset)
+        two = len(args) == 2 and not kwargs
         if path == "types.GenericAlias":
-            base = args[0] if args else None
-            ok = len(args) == 2 and not kwargs and _alias_origin(base) and \
-                _annotation_key(args[1])
-            maker = f"{_show(base, 1)}[…]"
+            ok = two and _alias_origin(args[0]) and _annotation_key(args[1])
+            maker = f"{_show(args[0] if args else None, 1)}[…]"
             why = "keeps a class subscripted with classes (list[int] is pickled so)"
         else:
-            members = args
             if path in _REDUCE:  # reduce(operator.or_, members)
-                reducer = args[0] if args else None
-                members = args[1] if isinstance(reducer, Global) and reducer.path in _OR \
-                    and len(args) == 2 else ()
-            ok = not kwargs and len(args) == 2 and _union_members(members)
+                ok = two and isinstance(args[0], Global) and args[0].path in _OR and \
+                    _union_members(args[1])
+            else:  # a | b
+                ok = two and _union_members(args)
             maker = _UNION
             why = "a union of classes (int | None is pickled so): type's or typing's __or__"
-        if not ok:
-            why = (f"{path} with what the file chose: it calls the function it is given"
-                   if path in _REDUCE else
-                   f"{path} of objects the file chose: their __or__, __eq__ or attribute "
-                   "lookups run, which is not vetted")
-        self._add_call(func, "vetted" if ok else "unvetted", why, offset, args)
-        if not ok:
-            self._walk((args, kwargs), f"what {path} is handed", offset, self.duck_seen)
-        return Made(maker, "vetted" if ok else "unvetted", func.offset)
+        if ok:
+            self._add_call(func, "vetted", why, offset, args)
+            return Made(maker, "vetted", func.offset)
+        self._add_call(func, "unvetted", f"{path} with what the file chose: it calls the "
+                       "function it is given" if path in _REDUCE else
+                       f"{path} of objects the file chose: their __or__, __eq__ or attribute "
+                       "lookups run, which is not vetted", offset, args)
+        self._walk((args, kwargs), f"what {path} is handed", offset, self.duck_seen)
+        return Made(maker, "unvetted", func.offset)
 
     def _add_call(self, func: Global, severity: Severity, reason: str, offset: int,
                   args: Any) -> None:
@@ -476,7 +478,7 @@ class Model(DuckCalls):
                 self._judge_any(base.factory, f"{path} subscripts a defaultdict, whose "
                                 "factory runs on a missing key:", offset)
             return made
-        if path == "types.GenericAlias" or path in _REDUCE or path in _OR:
+        if path in _ANNOTATING:
             return self._annotating(func, args, kwargs, offset)
         if path.startswith("hmac."):
             calls = forwarded(path, args, kwargs)
